@@ -1,0 +1,156 @@
+"""Building blocks shared by every model family: attention, MLP, the decayed pre-LN block,
+patch embedding and fixed sin-cos position tables.
+
+Parameter names follow timm / facebookresearch/mae (``norm1``, ``attn.qkv``, ``attn.proj``,
+``norm2``, ``mlp.fc1``, ``mlp.fc2``) so that checkpoints written by those projects map onto
+ours key for key.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def decayed_add(x: torch.Tensor, branch: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``alpha * x + branch`` (paper eq. 3): alpha scales the identity path, never the branch.
+
+    ``torch.add(branch, x, alpha=alpha)`` is one fused multiply-add kernel, so a decayed block
+    costs exactly what a plain one does (benchmarks/block_overhead.py measures it).
+    """
+    if alpha == 1.0:
+        return x + branch
+    return torch.add(branch, x, alpha=alpha)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention through PyTorch's fused SDPA kernel."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"width {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, D // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, D/H)
+        x = F.scaled_dot_product_attention(q, k, v)  # (B, H, T, D/H)
+        return self.proj(x.transpose(1, 2).reshape(B, T, D))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()  # exact GELU, as ViT/MAE
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block with decayed identity shortcuts::
+
+        x = alpha_attn * x + Attn(LN(x))
+        x = alpha_mlp  * x + MLP(LN(x))
+
+    With ``alpha_attn = alpha_mlp = 1`` this is the standard ViT block. The alphas are plain
+    Python floats (fixed numbers, not parameters, as in the paper); the model's config
+    records them so a checkpoint rebuilds the same network.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        alpha_attn: float = 1.0,
+        alpha_mlp: float = 1.0,
+        norm_eps: float = 1e-6,
+    ):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = Attention(dim, num_heads, qkv_bias)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.alpha_attn = float(alpha_attn)
+        self.alpha_mlp = float(alpha_mlp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
+        x = decayed_add(x, self.attn(self.norm1(x)), self.alpha_attn)
+        x = decayed_add(x, self.mlp(self.norm2(x)), self.alpha_mlp)
+        return x
+
+    def zero_init_branches(self) -> None:
+        """Zero each branch's last layer so the block starts as ``x -> alpha_attn*alpha_mlp*x``.
+
+        Paper §3 ("residual zero initialization"): without it feature norms explode for
+        alpha_min <= 0.7, because the branches learn to out-shout the decayed shortcut.
+        """
+        for layer in (self.attn.proj, self.mlp.fc2):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def extra_repr(self) -> str:
+        return f"alpha_attn={self.alpha_attn:.4f}, alpha_mlp={self.alpha_mlp:.4f}"
+
+
+class PatchEmbed(nn.Module):
+    """Image (B, C, H, W) -> patch tokens (B, N, D) with one strided convolution."""
+
+    def __init__(self, img_size: int, patch_size: int, in_chans: int, dim: int):
+        super().__init__()
+        if img_size % patch_size:
+            raise ValueError(f"image size {img_size} is not divisible by patch size {patch_size}")
+        self.img_size, self.patch_size = img_size, patch_size
+        self.grid = img_size // patch_size
+        self.num_patches = self.grid**2
+        self.proj = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, g, g) -> (B, N, D)
+
+
+def sincos_pos_embed_2d(dim: int, grid: int, cls_token: bool = True) -> torch.Tensor:
+    """Fixed 2-D sin-cos position table (MAE's), shape (grid*grid [+1], dim); the cls slot is 0."""
+    if dim % 4:
+        raise ValueError(f"sin-cos position embedding needs a width divisible by 4, got {dim}")
+
+    def one_axis(d: int, pos: np.ndarray) -> np.ndarray:
+        omega = 1.0 / 10000 ** (np.arange(d // 2, dtype=np.float64) / (d / 2.0))
+        out = np.einsum("m,d->md", pos.reshape(-1), omega)  # (M, d/2)
+        return np.concatenate([np.sin(out), np.cos(out)], axis=1)
+
+    # MAE's convention: first half of the channels encodes the column, second half the row.
+    col, row = np.meshgrid(np.arange(grid, dtype=np.float64), np.arange(grid, dtype=np.float64))
+    table = np.concatenate([one_axis(dim // 2, col), one_axis(dim // 2, row)], axis=1)
+    if cls_token:
+        table = np.concatenate([np.zeros((1, dim)), table], axis=0)
+    return torch.from_numpy(table).float()
+
+
+def init_linear_xavier(module: nn.Module) -> None:
+    """ViT/MAE default: xavier-uniform Linear weights, zero biases, unit LayerNorms."""
+    if isinstance(module, nn.Linear):
+        nn.init.xavier_uniform_(module.weight)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+def init_patch_embed(patch_embed: PatchEmbed) -> None:
+    """MAE initialises the patch projection like a Linear (xavier on the flattened kernel)."""
+    w = patch_embed.proj.weight.data
+    nn.init.xavier_uniform_(w.view(w.shape[0], -1))
+    nn.init.zeros_(patch_embed.proj.bias)
+

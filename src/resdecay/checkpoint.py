@@ -1,0 +1,140 @@
+"""Checkpoints: written atomically, pruned to the last k, loaded with ``weights_only=True``.
+
+A checkpoint holds named parts (as torchtitan): ``model``, ``optimizer``, ``scaler``,
+``train_state`` (step, epoch, position in the epoch), ``rng`` (every rank's Python, NumPy,
+torch CPU and CUDA generator states) and ``config`` (the fully resolved run config, alpha_min
+and schedule included, so the network can be rebuilt without the preset).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import CheckpointError
+
+FORMAT = "resdecay-checkpoint-v1"
+_STEP_FILE = re.compile(r"^step_(\d{8,})\.pt$")
+
+
+def rng_state() -> dict:
+    """This process's random generator states, in types ``weights_only`` loading accepts."""
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def atomic_save(obj, path: Path) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over ``path``: a run
+    killed mid-write leaves the previous checkpoint intact, never a truncated one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def checkpoint_path(ckpt_dir: Path, step: int) -> Path:
+    return Path(ckpt_dir) / f"step_{step:08d}.pt"
+
+
+def list_checkpoints(ckpt_dir: Path) -> list[Path]:
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := _STEP_FILE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def save_checkpoint(state: dict, ckpt_dir: Path, step: int, keep_last: int) -> Path:
+    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    path = checkpoint_path(ckpt_dir, step)
+    atomic_save({"format": FORMAT, **state}, path)
+    for old in list_checkpoints(ckpt_dir)[:-keep_last]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """Load a resdecay checkpoint safely (``weights_only=True``) or raise one clear error."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        reason = " ".join(str(e).split())[:160]
+        raise CheckpointError(f"{path} is not a readable resdecay checkpoint ({reason})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a resdecay checkpoint (no '{FORMAT}' marker); "
+                              "pass a file from <run>/checkpoints/")
+    return ckpt
+
+
+def resolve_resume(resume: str | None, ckpt_dir: Path) -> Path | None:
+    """``auto`` -> newest checkpoint in the run's folder (None if there is none yet)."""
+    if not resume:
+        return None
+    if resume == "auto":
+        found = list_checkpoints(ckpt_dir)
+        return found[-1] if found else None
+    path = Path(resume)
+    if path.is_dir():
+        found = list_checkpoints(path / "checkpoints") or list_checkpoints(path)
+        if not found:
+            raise CheckpointError(f"--resume {path}: the folder holds no step_*.pt checkpoint")
+        return found[-1]
+    if not path.is_file():
+        raise CheckpointError(f"--resume {path}: no such checkpoint; use --resume auto or a step_*.pt file")
+    return path
+
+
+def model_differences(saved: dict, current: dict) -> list[str]:
+    """Model settings that differ between a checkpoint's config and this run's."""
+    keys = sorted(set(saved) | set(current))
+    return [f"model.{k}: checkpoint {saved.get(k)!r} vs run {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu"):
+    """Rebuild the network a checkpoint describes (alpha_min and schedule from its config) and
+    load its weights. Returns (model in eval mode, RunConfig)."""
+    from .config import from_dict
+    from .models import build_model
+
+    state = load_checkpoint(path)
+    cfg = from_dict(state["config"])
+    model = build_model(cfg.model)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: weights do not fit the model its config describes ({str(e).splitlines()[0]})") from None
+    return model.to(device).eval(), cfg

@@ -1,0 +1,138 @@
+"""``resdecay`` command line: demo, alpha, pretrain, presets.
+
+Errors a user can fix print one line and exit with code 2; a diverged run exits with 3.
+Under torchrun use the module form: ``torchrun --nproc_per_node 8 -m resdecay pretrain ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import TrainingDiverged, UserError, one_line
+
+
+def cmd_alpha(args) -> None:
+    from .plots import plot_alpha_schedules
+    from .schedule import alpha_schedule, effective_decay, solve_alpha_min
+
+    if (args.alpha_min is None) == (args.target_eff is None):
+        raise UserError("give exactly one of --alpha-min (to see its schedule) or --target-eff (to solve for alpha_min)")
+    try:
+        if args.target_eff is not None:
+            alpha_min = solve_alpha_min(args.depth, args.target_eff, args.schedule)
+            print(f"alpha_min {alpha_min:.6f} gives alpha_eff {args.target_eff:.3g} at depth {args.depth} ({args.schedule} schedule)")
+        else:
+            alpha_min = args.alpha_min
+        a = alpha_schedule(args.depth, alpha_min, args.schedule)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    eff = effective_decay(a)
+    if args.json:
+        print(json.dumps({"depth": args.depth, "alpha_min": alpha_min, "schedule": args.schedule,
+                          "alpha_eff": eff, "alphas": a.tolist()}))
+    else:
+        print(f"{'block':>5} {'alpha_attn':>10} {'alpha_mlp':>10} {'cumulative':>11}")
+        running = 1.0
+        for i, (at, ml) in enumerate(a.tolist()):
+            running *= at * ml
+            print(f"{i:>5} {at:>10.4f} {ml:>10.4f} {running:>11.3e}")
+        hint = "inside" if 1e-3 <= eff < 1e-2 else "outside"
+        print(f"alpha_eff = {eff:.3e} ({hint} the paper's recommended [1e-3, 1e-2)); depth {args.depth}, "
+              f"alpha_min {alpha_min:.4g}, {args.schedule} schedule")
+    out = Path(args.out or f"alpha_d{args.depth}_{alpha_min:.3f}_{args.schedule}.png")
+    plot_alpha_schedules({f"depth {args.depth}, alpha_min {alpha_min:.3g} ({args.schedule})": a}, out)
+    print(f"plot: {out}")
+
+
+def cmd_pretrain(args) -> None:
+    from .config import load_config
+    from .train import train
+
+    cfg = load_config(args.preset, args.overrides)
+    if args.print_config:
+        import yaml
+
+        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        return
+    summary = train(cfg, resume=args.resume, progress=not args.no_progress)
+    if summary.get("checkpoint"):
+        print(f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
+              f"{summary['train_time_s']:.0f}s; checkpoint {summary['checkpoint']}")
+        (Path(summary["out_dir"]) / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def cmd_demo(args) -> None:
+    from .demo import run_demo
+
+    if args.epochs is not None and args.epochs < 1:
+        raise UserError(f"--epochs must be a positive integer, got {args.epochs}")
+    if not 0 < args.alpha_min <= 1:
+        raise UserError(f"--alpha-min must lie in (0, 1], got {args.alpha_min}")
+    run_demo(data=args.data, out_dir=args.out, epochs=args.epochs, alpha_min=args.alpha_min, seed=args.seed,
+             progress=not args.no_progress)
+
+
+def cmd_presets(args) -> None:
+    from .config import _preset_dir, list_presets
+
+    for name in list_presets():
+        first = (_preset_dir() / f"{name}.yaml").read_text().splitlines()[0].lstrip("# ")
+        print(f"{name:<24} {first}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="resdecay", description="Decayed identity shortcuts: x <- alpha*x + f(x), alpha falling with depth.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="pretrain a plain and a decayed U-Net MAE on small data and compare them")
+    d.add_argument("--data", default="auto", help="auto (Fashion-MNIST if its IDX files are installed, else digits), digits, fashion-mnist")
+    d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    d.add_argument("--epochs", type=int, default=None, help="override the demo's epochs for both models")
+    d.add_argument("--alpha-min", type=float, default=0.6, help="alpha_min of the decayed model (default 0.6)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--no-progress", action="store_true", help="no progress bars")
+    d.set_defaults(func=cmd_demo)
+
+    a = sub.add_parser("alpha", help="print and plot an alpha schedule, or solve alpha_min for a target alpha_eff")
+    a.add_argument("--depth", type=int, required=True, help="number of transformer blocks")
+    a.add_argument("--alpha-min", type=float, default=None, help="alpha of the last sub-block")
+    a.add_argument("--target-eff", type=float, default=None, help="solve for the alpha_min giving this alpha_eff")
+    a.add_argument("--schedule", default="linear", help="linear (authors' code) | paper (eq. 5) | cosine | constant")
+    a.add_argument("--out", default=None, help="PNG path (default alpha_d<depth>_<alpha_min>_<schedule>.png)")
+    a.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    a.set_defaults(func=cmd_alpha)
+
+    t = sub.add_parser("pretrain", help="pretrain a preset on CPU, one GPU or many (torchrun)")
+    t.add_argument("--preset", required=True, help="preset name (resdecay presets) or a YAML file")
+    t.add_argument("--resume", default=None, help="auto (newest checkpoint in the run folder) or a checkpoint path")
+    t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. alpha_min=0.7 train.epochs=100 data.path=/data/in100")
+    t.set_defaults(func=cmd_pretrain)
+
+    s = sub.add_parser("presets", help="list the shipped presets")
+    s.set_defaults(func=cmd_presets)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except UserError as e:
+        print(f"resdecay: error: {one_line(e)}", file=sys.stderr)
+        return 2
+    except TrainingDiverged as e:
+        print(f"resdecay: training stopped: {e}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("resdecay: interrupted; resume with --resume auto", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Typed run configuration: YAML presets plus ``key=value`` overrides, checked up front.
+
+A run is three sections: ``model`` (the family's config, e.g. ``MAEConfig``), ``data``
+(``DataConfig``) and ``train`` (``TrainConfig``). A preset may start from another with
+``base: <preset>`` and change a few keys (the ``-plain`` baselines do this).
+
+Overrides name a field as ``section.field=value`` or, where the field name is unique,
+``field=value`` (``alpha_min=0.7``); values are parsed as YAML (``true``, ``0.7``, ``[1, 3]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .data import DataConfig
+from .errors import ConfigError, UserError
+from .models import FAMILIES, model_config_class
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 800
+    warmup_epochs: float = 40  # linear warmup, then half-cycle cosine to min_lr, per iteration
+    batch_size: int = 64  # per device; effective batch = batch_size * accum_steps * world size
+    accum_steps: int = 1  # gradient accumulation micro-batches per optimizer step
+    base_lr: float = 1.5e-4  # lr = base_lr * effective_batch / 256 (MAE's rule)
+    lr: float | None = None  # absolute lr; overrides the base_lr rule when set
+    min_lr: float = 0.0
+    weight_decay: float = 0.05  # not applied to biases and 1-D parameters (norms, tokens' scales)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float | None = None  # max global grad norm; None = off (MAE pretraining)
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp16 | fp32
+    compile: bool = False  # torch.compile the model
+    ckpt_every: int = 500  # optimizer steps between checkpoints (and one at the end)
+    keep_last: int = 2  # checkpoints kept on disk
+    log_every: int = 10  # optimizer steps between log lines
+    out_dir: str | None = None  # default: runs/<preset>
+    threads: int | None = None  # torch CPU threads; None = torch's default
+
+    def validate(self) -> None:
+        for name in ("epochs", "batch_size", "accum_steps", "ckpt_every", "keep_last", "log_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be a positive integer, got {getattr(self, name)}")
+        if self.warmup_epochs < 0:
+            raise ConfigError(f"train.warmup_epochs must be >= 0, got {self.warmup_epochs}")
+        if self.base_lr <= 0 or (self.lr is not None and self.lr <= 0):
+            raise ConfigError("train.base_lr (and train.lr when set) must be positive")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"train.device {self.device!r} is unknown; choose auto, cpu or cuda")
+        if self.precision not in ("auto", "bf16", "fp16", "fp32"):
+            raise ConfigError(f"train.precision {self.precision!r} is unknown; choose auto, bf16, fp16 or fp32")
+
+
+@dataclass
+class RunConfig:
+    preset: str
+    model: Any
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict:
+        return {"preset": self.preset, "model": asdict(self.model), "data": asdict(self.data), "train": asdict(self.train)}
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.train.out_dir or f"runs/{self.preset}")
+
+    def validate(self) -> None:
+        try:
+            self.model.validate()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.data.validate()
+        self.train.validate()
+
+
+# ----------------------------------------------------------------------------- presets
+def _preset_dir():
+    return resources.files("resdecay") / "presets"
+
+
+def list_presets() -> list[str]:
+    return sorted(p.name[:-5] for p in _preset_dir().iterdir() if p.name.endswith(".yaml"))
+
+
+def _read_preset(name: str, seen: tuple = ()) -> dict:
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        text = path.read_text()
+    else:
+        file = _preset_dir() / f"{name}.yaml"
+        if not file.is_file():
+            raise ConfigError(f"preset {name!r} does not exist; valid presets: {', '.join(list_presets())} "
+                              "(or a path to a .yaml file)")
+        text = file.read_text()
+    raw = yaml.safe_load(text) or {}
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    if base in seen:
+        raise ConfigError(f"preset {name!r} inherits from itself through {base!r}")
+    merged = _read_preset(base, seen + (name,))
+    for section, values in raw.items():
+        merged.setdefault(section, {}).update(values or {})
+    return merged
+
+
+def _section_classes(family: str) -> dict[str, type]:
+    return {"model": model_config_class(family), "data": DataConfig, "train": TrainConfig}
+
+
+def _check_type(value: Any, hint: Any, key: str) -> Any:
+    """Coerce ``value`` to the dataclass field type ``hint`` or raise a one-line ConfigError."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _check_type(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key} has an invalid value {value!r}")
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list like [1, 3], got {value!r}")
+        return [_check_type(v, args[0], key) for v in value] if args else list(value)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    return value  # dict / Any
+
+
+def _build_section(cls: type, values: dict, section: str):
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in values if k not in names]
+    if unknown:
+        raise ConfigError(f"{section}.{unknown[0]} is not a setting; valid {section} keys: {', '.join(names)}")
+    return cls(**{k: _check_type(v, hints[k], f"{section}.{k}") for k, v in values.items()})
+
+
+def parse_overrides(pairs: list[str], family: str) -> dict[str, dict]:
+    """``["alpha_min=0.7", "train.epochs=5"]`` -> ``{"model": {...}, "train": {...}}``."""
+    sections = {s: {f.name for f in dataclasses.fields(c)} for s, c in _section_classes(family).items()}
+    out: dict[str, dict] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"override {pair!r} is not key=value (for example alpha_min=0.7 or train.epochs=5)")
+        key, raw = pair.split("=", 1)
+        key = key.strip().replace("-", "_")
+        if "." in key:
+            section, name = key.split(".", 1)
+            if section not in sections:
+                raise ConfigError(f"{key!r}: section {section!r} does not exist; use model., data. or train.")
+            if name not in sections[section]:
+                raise ConfigError(f"{key!r} is not a setting; valid {section} keys: {', '.join(sorted(sections[section]))}")
+        else:
+            owners = [s for s, names in sections.items() if key in names]
+            if not owners:
+                valid = sorted(f"{s}.{n}" for s, names in sections.items() for n in names)
+                raise ConfigError(f"{key!r} is not a setting; valid keys: {', '.join(valid)}")
+            if len(owners) > 1:
+                raise ConfigError(f"{key!r} is ambiguous; write one of {', '.join(f'{s}.{key}' for s in owners)}")
+            section, name = owners[0], key
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        out.setdefault(section, {})[name] = value
+    return out
+
+
+def from_dict(d: dict, preset: str = "custom") -> RunConfig:
+    model = dict(d.get("model") or {})
+    family = model.get("family", "mae")
+    if family not in FAMILIES:
+        raise ConfigError(f"model.family {family!r} is unknown; known families: {', '.join(sorted(FAMILIES))}")
+    unknown = set(d) - {"model", "data", "train", "preset"}
+    if unknown:
+        raise ConfigError(f"config section {sorted(unknown)[0]!r} does not exist; use model, data and train")
+    classes = _section_classes(family)
+    cfg = RunConfig(
+        preset=d.get("preset", preset),
+        model=_build_section(classes["model"], model, "model"),
+        data=_build_section(DataConfig, dict(d.get("data") or {}), "data"),
+        train=_build_section(TrainConfig, dict(d.get("train") or {}), "train"),
+    )
+    cfg.validate()
+    return cfg
+
+
+def load_config(preset: str, overrides: list[str] | None = None) -> RunConfig:
+    """Resolve a preset (name or YAML path) and overrides into a checked RunConfig."""
+    raw = _read_preset(preset)
+    family = (raw.get("model") or {}).get("family", "mae")
+    try:
+        extra = parse_overrides(overrides or [], family)
+    except KeyError as e:
+        raise UserError(str(e)) from None
+    for section, values in extra.items():
+        raw.setdefault(section, {}).update(values)
+    return from_dict(raw, preset=Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset)

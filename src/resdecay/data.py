@@ -1,0 +1,317 @@
+"""Datasets, augmentation and the resumable sampler. Nothing here downloads anything.
+
+Supported (``data.name``):
+    digits         scikit-learn's embedded 8x8 digits (1,797 images; stratified 80/20 split)
+    fashion-mnist  IDX files (.gz or raw) in ``data.path`` (default: Debian's dataset-fashion-mnist)
+    cifar10/100    torchvision's on-disk format (``cifar-10-batches-py`` / ``cifar-100-python``)
+    imagefolder    ImageNet / ImageNet-100 layout: ``path/train/<class>/*`` and ``path/val/<class>/*``
+    synthetic      random images (benchmarks); size from the model
+
+Determinism: the sampler yields ``(index, epoch)`` and augmentation of a sample is seeded by
+``(seed, epoch, index)``, so a run resumed mid-epoch sees exactly the batches and crops an
+uninterrupted run would, whatever the number of DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from .errors import DataError
+
+DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "synthetic")
+FASHION_MNIST_DEBIAN = "/usr/share/datasets/fashion-mnist"
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits"  # one of DATASETS
+    path: str | None = None  # dataset folder; fashion-mnist defaults to the Debian path
+    augment: str = "none"  # none | flip | mae (RandomResizedCrop scale 0.2-1 bicubic + flip)
+    num_workers: int = 0  # DataLoader worker processes (0 = load in the main process)
+    train_subset: int | None = None  # use only the first N training images (quick runs)
+    resize: bool = False  # resize fixed-size datasets to model.img_size instead of refusing
+
+    def validate(self) -> None:
+        if self.name not in DATASETS:
+            raise DataError(f"data.name {self.name!r} is unknown; choose one of {', '.join(DATASETS)}")
+        if self.augment not in ("none", "flip", "mae"):
+            raise DataError(f"data.augment {self.augment!r} is unknown; choose none, flip or mae")
+        if self.num_workers < 0:
+            raise DataError(f"data.num_workers must be >= 0, got {self.num_workers}")
+        if self.train_subset is not None and self.train_subset < 1:
+            raise DataError(f"data.train_subset must be a positive number of images, got {self.train_subset}")
+
+
+@dataclass
+class DataInfo:
+    name: str
+    num_classes: int
+    in_chans: int
+    native_size: int | None  # side of fixed-size datasets; None for ImageFolder
+    mean: tuple
+    std: tuple
+
+
+def fashion_mnist_available(path: str | None = None) -> bool:
+    root = Path(path or FASHION_MNIST_DEBIAN)
+    return any((root / f"train-images-idx3-ubyte{ext}").exists() for ext in ("", ".gz"))
+
+
+# ----------------------------------------------------------------------------- raw loaders
+def _need_dir(path: str | None, name: str, hint: str) -> Path:
+    if not path:
+        raise DataError(f"data.path is required for {name}: {hint}")
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise DataError(f"data path {root} does not exist; pass data.path=<folder> ({hint})")
+    if not root.is_dir():
+        raise DataError(f"data path {root} is not a folder; pass data.path=<folder> ({hint})")
+    return root
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+        zero, dtype, ndim = raw[0:2], raw[2], raw[3]
+        if zero != b"\x00\x00" or dtype != 0x08:
+            raise ValueError("not an unsigned-byte IDX file")
+        shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+        return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+    except (OSError, ValueError, EOFError, IndexError) as e:
+        raise DataError(f"cannot read IDX file {path}: {e}") from None
+
+
+def _load_fashion_mnist(path: str | None, train: bool):
+    root = _need_dir(path or FASHION_MNIST_DEBIAN, "fashion-mnist",
+                     "a folder with train-images-idx3-ubyte[.gz] etc.; apt-get install dataset-fashion-mnist")
+    prefix = "train" if train else "t10k"
+    files = []
+    for kind in ("images-idx3", "labels-idx1"):
+        cands = [root / f"{prefix}-{kind}-ubyte{ext}" for ext in (".gz", "")]
+        found = next((c for c in cands if c.exists()), None)
+        if found is None:
+            raise DataError(f"data path {root} holds no Fashion-MNIST file {cands[1].name}[.gz]")
+        files.append(found)
+    images, labels = _read_idx(files[0]), _read_idx(files[1])
+    if images.ndim != 3 or len(images) != len(labels):
+        raise DataError(f"{files[0]} and {files[1]} do not hold matching images and labels")
+    return torch.from_numpy(images.copy()).unsqueeze(1), torch.from_numpy(labels.astype(np.int64))
+
+
+def _load_digits(train: bool):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    images = np.round(d.images * (255.0 / 16.0)).astype(np.uint8)  # 0..16 -> 0..255
+    idx = np.arange(len(images))
+    tr, te = train_test_split(idx, test_size=0.2, random_state=0, stratify=d.target)
+    sel = np.sort(tr if train else te)
+    return torch.from_numpy(images[sel]).unsqueeze(1), torch.from_numpy(d.target[sel].astype(np.int64))
+
+
+def _load_cifar(path: str | None, name: str, train: bool):
+    from torchvision.datasets import CIFAR10, CIFAR100
+
+    cls, folder = (CIFAR10, "cifar-10-batches-py") if name == "cifar10" else (CIFAR100, "cifar-100-python")
+    root = _need_dir(path, name, f"the folder that contains {folder}/ (torchvision's format)")
+    if root.name == folder:
+        root = root.parent
+    try:
+        ds = cls(str(root), train=train, download=False)
+    except Exception as e:  # torchvision: "Dataset not found or corrupted", unpickling errors
+        raise DataError(f"cannot read {name} from {root}: {e}; it needs {folder}/ in torchvision's format") from None
+    images = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).contiguous()
+    return images, torch.as_tensor(ds.targets, dtype=torch.int64)
+
+
+# ----------------------------------------------------------------------------- datasets
+class TensorImages(Dataset):
+    """uint8 images (N, C, H, W) in memory -> normalised float tensors, optional augmentation."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, info: DataInfo, transform=None):
+        self.images, self.labels, self.info, self.transform = images, labels, info, transform
+        self.mean = torch.tensor(info.mean).view(-1, 1, 1)
+        self.std = torch.tensor(info.std).view(-1, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        x = self.images[i].float().div_(255.0)
+        if self.transform is not None:
+            x = self.transform(x)
+        return (x - self.mean) / self.std, int(self.labels[i])
+
+
+def _checked_pil_loader(path: str):
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as f:
+            return Image.open(f).convert("RGB")
+    except Exception as e:
+        raise DataError(f"cannot read image {path}: {e}; remove or replace the file") from None
+
+
+def _image_folder(root: Path, transform):
+    from torchvision.datasets import ImageFolder
+
+    try:
+        return ImageFolder(str(root), transform=transform, loader=_checked_pil_loader)
+    except FileNotFoundError as e:
+        raise DataError(f"data path {root} holds no images in class folders ({e}); "
+                        f"expected {root}/<class>/<image>{IMG_EXTENSIONS[0]}") from None
+
+
+def _tensor_transform(augment: str, size: int, native: int, resize: bool):
+    import torchvision.transforms.v2 as T
+
+    ops = []
+    if augment == "mae":
+        ops.append(T.RandomResizedCrop(size, scale=(0.2, 1.0), interpolation=T.InterpolationMode.BICUBIC, antialias=True))
+    elif native != size and resize:
+        ops.append(T.Resize(size, interpolation=T.InterpolationMode.BICUBIC, antialias=True))
+    if augment in ("mae", "flip"):
+        ops.append(T.RandomHorizontalFlip())
+    return T.Compose(ops) if ops else None
+
+
+def _pil_transform(augment: str, size: int, mean, std):
+    import torchvision.transforms as T
+
+    bicubic = T.InterpolationMode.BICUBIC
+    if augment == "mae":
+        ops = [T.RandomResizedCrop(size, scale=(0.2, 1.0), interpolation=bicubic), T.RandomHorizontalFlip()]
+    else:  # evaluation view (MAE: resize to 256/224 of the side, centre crop)
+        ops = [T.Resize(int(math.ceil(size * 256 / 224)), interpolation=bicubic), T.CenterCrop(size)]
+        if augment == "flip":
+            ops.append(T.RandomHorizontalFlip())
+    return T.Compose([*ops, T.ToTensor(), T.Normalize(mean, std)])
+
+
+def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | None = None):
+    """The ``split`` ("train" | "test") of a dataset as (Dataset, DataInfo).
+
+    Training views get ``cfg.augment``; pass ``augment=False`` for frozen-feature evaluation.
+    """
+    cfg.validate()
+    train = split == "train"
+    aug = cfg.augment if (augment is None and train) or augment else "none"
+    if cfg.name == "imagefolder":
+        root = _need_dir(cfg.path, "imagefolder", "ImageNet layout: <path>/train/<class>/*.JPEG and <path>/val/...")
+        sub = root / ("train" if train else "val")
+        if not sub.is_dir():
+            if not train:
+                raise DataError(f"data path {root} has no val/ folder for evaluation; add <path>/val/<class>/*")
+            sub = root
+        ds = _image_folder(sub, _pil_transform(aug, img_size, IMAGENET_MEAN, IMAGENET_STD))
+        info = DataInfo("imagefolder", len(ds.classes), 3, None, IMAGENET_MEAN, IMAGENET_STD)
+        if cfg.train_subset and train:
+            ds = torch.utils.data.Subset(ds, range(min(cfg.train_subset, len(ds))))
+        return ds, info
+
+    if cfg.name == "digits":
+        images, labels = _load_digits(train)
+        stats = ((0.3056,), (0.3777,))
+    elif cfg.name == "fashion-mnist":
+        images, labels = _load_fashion_mnist(cfg.path, train)
+        stats = ((0.2860,), (0.3530,))
+    elif cfg.name in ("cifar10", "cifar100"):
+        images, labels = _load_cifar(cfg.path, cfg.name, train)
+        stats = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+    else:  # synthetic: a fixed random set, for benchmarks and smoke tests
+        g = torch.Generator().manual_seed(0 if train else 1)
+        n = 2048 if train else 512
+        images = torch.randint(0, 256, (n, 3, img_size, img_size), dtype=torch.uint8, generator=g)
+        labels = torch.randint(0, 10, (n,), generator=g)
+        stats = ((0.5,) * 3, (0.29,) * 3)
+    if len(images) == 0:
+        raise DataError(f"{cfg.name} at {cfg.path} holds no images")
+    native = int(images.shape[-1])
+    if native != img_size and not cfg.resize and aug != "mae":
+        raise DataError(
+            f"{cfg.name} images are {native}x{native} but model.img_size is {img_size}; "
+            f"set model.img_size={native} (with a patch_size that divides it) or data.resize=true"
+        )
+    if cfg.train_subset and train:
+        images, labels = images[: cfg.train_subset], labels[: cfg.train_subset]
+    num_classes = 100 if cfg.name == "cifar100" else 10
+    info = DataInfo(cfg.name, num_classes, int(images.shape[1]), native, *stats)
+    return TensorImages(images, labels, info, _tensor_transform(aug, img_size, native, cfg.resize)), info
+
+
+class SeededSamples(Dataset):
+    """Makes each sample's augmentation a function of (seed, epoch, index) alone.
+
+    Keys are ``(index, epoch)`` from ``ResumableSampler`` (or plain indices). The global torch
+    RNG is forked around the transform, so augmentation never disturbs the RNG that draws masks
+    and noise in the training process.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int):
+        self.dataset, self.seed = dataset, seed
+        self.stochastic = getattr(dataset, "transform", None) is not None or not isinstance(dataset, TensorImages)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        index, epoch = key if isinstance(key, tuple) else (key, 0)
+        if not self.stochastic:
+            return self.dataset[index]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed((self.seed * 1_000_003 + epoch) * 10_000_019 + index)
+            return self.dataset[index]
+
+
+class ResumableSampler(Sampler):
+    """Per-epoch permutation seeded by (seed, epoch), split across ranks like DistributedSampler
+    (padded to a multiple of the world size), that can start mid-epoch at ``start`` samples."""
+
+    def __init__(self, n: int, rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True):
+        self.n, self.rank, self.world, self.seed, self.shuffle = n, rank, world_size, seed, shuffle
+        self.per_rank = math.ceil(n / world_size)
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def __len__(self) -> int:
+        return self.per_rank - self.start
+
+    def __iter__(self):
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
+            order = torch.randperm(self.n, generator=g).tolist()
+        else:
+            order = list(range(self.n))
+        order += order[: self.per_rank * self.world - self.n]  # pad so every rank gets per_rank
+        mine = order[self.rank:: self.world]
+        return iter([(i, self.epoch) for i in mine[self.start:]])
+
+
+def check_first_sample(dataset: Dataset, expected_chans: int, img_size: int, what: str) -> None:
+    """Load one sample up front so shape problems surface as one clear line before training."""
+    x, _ = dataset[(0, 0)] if isinstance(dataset, SeededSamples) else dataset[0]
+    if x.shape[0] != expected_chans:
+        raise DataError(f"{what} images have {x.shape[0]} channels but model.in_chans is {expected_chans}; "
+                        f"set model.in_chans={x.shape[0]}")
+    if tuple(x.shape[-2:]) != (img_size, img_size):
+        raise DataError(f"{what} images come out {tuple(x.shape[-2:])} but model.img_size is {img_size}")
+
+
+def num_cpu_workers() -> int:
+    return max(1, (os.cpu_count() or 2) - 1)

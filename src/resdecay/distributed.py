@@ -1,0 +1,77 @@
+"""One code path for CPU, one GPU and many GPUs: the environment decides.
+
+Under ``torchrun`` (RANK / WORLD_SIZE / LOCAL_RANK set) a process group is started (NCCL on
+GPUs, Gloo on CPU) and each process takes GPU ``LOCAL_RANK``; otherwise it is a single
+process on ``cuda`` if available (or asked for) and on the CPU otherwise. Multi-node works the
+same way, torchrun sets the variables.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .errors import ConfigError
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def setup(device: str = "auto") -> DistEnv:
+    """Start (or join) the process group torchrun describes and pick this process's device."""
+    want_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device=cuda but no CUDA GPU is visible; use train.device=cpu or auto")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+        if want_cuda:
+            torch.cuda.set_device(local)
+        if not dist.is_initialized():
+            dist.init_process_group(backend="nccl" if want_cuda else "gloo")
+        dev = torch.device("cuda", local) if want_cuda else torch.device("cpu")
+        return DistEnv(rank, world, local, dev)
+    return DistEnv(device=torch.device("cuda") if want_cuda else torch.device("cpu"))
+
+
+def cleanup(env: DistEnv) -> None:
+    if env.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def gather_objects(env: DistEnv, obj) -> list:
+    """Every rank's ``obj`` on every rank (a one-element list when not distributed)."""
+    if not env.distributed:
+        return [obj]
+    out = [None] * env.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(env: DistEnv, obj):
+    if not env.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(env: DistEnv) -> None:
+    if env.distributed:
+        dist.barrier()

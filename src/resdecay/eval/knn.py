@@ -1,0 +1,49 @@
+"""Weighted k-nearest-neighbour classification on frozen features (the kNN of DINO/solo-learn).
+
+Protocol: L2-normalise bank and queries, take the k most cosine-similar bank entries, weight
+each neighbour's vote by exp(similarity / T), predict the class with the largest summed vote.
+Defaults k = 20 (the paper's K), T = 0.07. Queries go in chunks so memory stays at
+chunk x bank, whatever the number of queries.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _check(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Tensor, k: int) -> None:
+    if bank.ndim != 2 or queries.ndim != 2 or bank.shape[1] != queries.shape[1]:
+        raise ValueError(f"features must be (N, D) with the same D; got bank {tuple(bank.shape)} and queries {tuple(queries.shape)}")
+    if len(bank_labels) != len(bank):
+        raise ValueError(f"{len(bank)} bank features but {len(bank_labels)} labels")
+    if not 1 <= k <= len(bank):
+        raise ValueError(f"k={k} must lie between 1 and the bank size {len(bank)}")
+
+
+@torch.no_grad()
+def knn_scores(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Tensor, k: int = 20,
+               temperature: float = 0.07, num_classes: int | None = None, chunk_size: int = 1024) -> torch.Tensor:
+    """Summed neighbour votes per class, shape (num_queries, num_classes)."""
+    _check(bank, bank_labels, queries, k)
+    bank_labels = bank_labels.long().to(bank.device)
+    C = int(num_classes or int(bank_labels.max()) + 1)
+    bank_n = F.normalize(bank.float(), dim=1)
+    out = []
+    for start in range(0, len(queries), chunk_size):
+        q = F.normalize(queries[start:start + chunk_size].to(bank.device).float(), dim=1)
+        sim, idx = (q @ bank_n.T).topk(k, dim=1)  # (q, k)
+        votes = torch.zeros(len(q), C, device=bank.device)
+        votes.scatter_add_(1, bank_labels[idx], (sim / temperature).exp())
+        out.append(votes)
+    return torch.cat(out).cpu()
+
+
+def knn_accuracy(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
+                 test_labels: torch.Tensor, k: int = 20, temperature: float = 0.07, chunk_size: int = 1024) -> float:
+    """Top-1 accuracy (0..1) of the weighted cosine kNN vote of ``test_feats`` on the bank."""
+    if len(test_labels) != len(test_feats):
+        raise ValueError(f"{len(test_feats)} query features but {len(test_labels)} labels")
+    num_classes = int(max(int(train_labels.max()), int(test_labels.max()))) + 1
+    scores = knn_scores(train_feats, train_labels, test_feats, k, temperature, num_classes, chunk_size)
+    return float((scores.argmax(1) == test_labels.cpu().long()).float().mean())

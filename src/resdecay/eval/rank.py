@@ -1,0 +1,28 @@
+"""Effective rank of a feature set (paper eq. 6).
+
+rho = -sum_i p_i log p_i with p_i = sigma_i / sum_j sigma_j, where sigma_i are the singular
+values of the sample covariance. Those are the squared singular values of the centred feature
+matrix, so we never form the covariance (nor an N x N Gram matrix): one SVD of (N, D) features.
+The paper uses rho itself (an entropy, between 0 and log D); ``exp=True`` gives Roy & Vetterli's
+effective rank exp(rho) (between 1 and D).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+@torch.no_grad()
+def effective_rank(feats: torch.Tensor, exp: bool = False) -> float:
+    if feats.ndim != 2 or len(feats) < 2:
+        raise ValueError(f"effective_rank needs (N, D) features with N >= 2, got {tuple(feats.shape)}")
+    x = feats.double()
+    x = x - x.mean(0, keepdim=True)
+    s = torch.linalg.svdvals(x) ** 2  # covariance spectrum up to a constant that p_i cancels
+    total = s.sum()
+    if total <= 0:
+        return 1.0 if exp else 0.0
+    p = s / total
+    p = p[p > 0]
+    rho = float(-(p * p.log()).sum())
+    return float(torch.tensor(rho).exp()) if exp else rho

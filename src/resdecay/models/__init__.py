@@ -1,0 +1,52 @@
+"""Model families by name: ``model.family`` in a preset picks the config class, the
+constructor and the training objective.
+
+Later families (U-ViT, SiT) register here; the trainer, CLI and checkpoints only talk to this
+table and to the model contract: ``forward_intermediates(x, indices)``, ``flops_per_sample()``
+and ``alphas`` (the (depth, 2) shortcut factors in use).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from .mae import MAEConfig, MaskedAutoencoder
+
+
+def mae_objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """MAE pretraining loss: norm-pix MSE on the removed patches (labels unused)."""
+    return model(images)[0]
+
+
+@dataclass(frozen=True)
+class Family:
+    config: type
+    build: Callable[[Any], nn.Module]
+    objective: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+FAMILIES: dict[str, Family] = {
+    "mae": Family(MAEConfig, MaskedAutoencoder, mae_objective),
+}
+
+
+def get_family(name: str) -> Family:
+    if name not in FAMILIES:
+        raise KeyError(f"unknown model family {name!r}; known: {', '.join(sorted(FAMILIES))}")
+    return FAMILIES[name]
+
+
+def model_config_class(family: str) -> type:
+    return get_family(family).config
+
+
+def build_model(cfg: Any) -> nn.Module:
+    """Build the model a model config describes (``cfg.family`` picks the constructor)."""
+    return get_family(cfg.family).build(cfg)
+
+
+__all__ = ["FAMILIES", "Family", "MAEConfig", "MaskedAutoencoder", "build_model", "get_family", "model_config_class"]

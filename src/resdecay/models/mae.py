@@ -1,0 +1,295 @@
+"""Masked autoencoders: the plain MAE (He et al., 2022) and the decayed U-Net MAE of
+Zhang et al. (paper Fig. 5, paper-notes §2), one family with switches.
+
+    plain MAE   alpha_min=1, skips=False, zero_init=False, encoder_norm=True
+    U-Net MAE   alpha_min<1, skips=True,  zero_init=True,  encoder_norm=False
+
+Conventions (as facebookresearch/mae): images (B, C, H, W); N = (H/p)^2 patches; K = kept
+patches; token 0 is cls; in ``mask`` 0 is keep and 1 is remove; ``ids_restore`` undoes the
+per-sample shuffle.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from ..blocks import Block, PatchEmbed, init_linear_xavier, init_patch_embed, sincos_pos_embed_2d
+from ..schedule import SCHEDULES, alpha_schedule, effective_decay
+
+
+@dataclass
+class MAEConfig:
+    family: str = "mae"
+    img_size: int = 224  # square input side; must be divisible by patch_size
+    in_chans: int = 3
+    patch_size: int = 16
+    embed_dim: int = 768  # encoder width
+    depth: int = 12  # encoder blocks; the decay runs over these only (decoder is plain)
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    decoder_embed_dim: int = 512
+    decoder_depth: int = 8
+    decoder_num_heads: int = 16
+    alpha_min: float = 0.6  # shortcut factor of the last encoder sub-block; 1 = plain residual
+    schedule: str = "linear"  # see resdecay.schedule: linear | paper | cosine | constant
+    skips: bool = True  # encoder->decoder long skips (U-Net MAE); False = standard MAE decoder
+    skip_sources: list[int] | None = None  # explicit encoder blocks for the skips (0-indexed)
+    zero_init: bool = True  # zero the last layer of every branch, fusion and the pixel head
+    encoder_norm: bool = False  # final LayerNorm on the encoder (standard MAE has one)
+    mask_ratio: float = 0.75
+    norm_pix_loss: bool = True  # per-patch normalised pixel targets (MAE's best setting)
+
+    def validate(self) -> None:
+        if not 0.0 < self.alpha_min <= 1.0:
+            raise ValueError(f"model.alpha_min must lie in (0, 1] (1 = plain residual), got {self.alpha_min}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"model.schedule {self.schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}")
+        if self.img_size % self.patch_size:
+            good = [p for p in range(1, self.img_size + 1) if self.img_size % p == 0]
+            raise ValueError(
+                f"image size {self.img_size} is not divisible by patch size {self.patch_size}; "
+                f"use model.patch_size in {good} or resize the images"
+            )
+        if not 0.0 <= self.mask_ratio < 1.0:
+            raise ValueError(f"model.mask_ratio must lie in [0, 1), got {self.mask_ratio}")
+        for name in ("depth", "decoder_depth", "embed_dim", "decoder_embed_dim", "patch_size", "img_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name} must be a positive integer, got {getattr(self, name)}")
+        for dim, heads, what in ((self.embed_dim, self.num_heads, ""), (self.decoder_embed_dim, self.decoder_num_heads, "decoder_")):
+            if dim % heads or dim % 4:
+                raise ValueError(f"model.{what}embed_dim {dim} must be divisible by 4 and by model.{what}num_heads {heads}")
+        if self.skips:
+            choose_skip_sources(self.depth, self.decoder_depth, self.skip_sources)
+
+
+def choose_skip_sources(depth: int, decoder_depth: int, override: list[int] | None = None) -> list[int]:
+    """Encoder blocks whose outputs feed the decoder, deepest first (fusion j gets entry j).
+
+    The authors push every other block, ending with the last (1, 3, ..., 11 for L = 12), and
+    decoder block j pops the deepest remaining one; decoder blocks past the last skip get none.
+    That needs ceil(L/2) <= decoder_depth. For deeper encoders (ViT-L: 12 skips, 8 decoder
+    blocks; the authors' code then leaves fusion layers unused and DDP fails) we widen the
+    stride to s = ceil(L / decoder_depth) so that the sources still span the whole encoder and
+    the deepest block (the bottleneck) is always the first: L-1, L-1-s, ... For L = 24 and 8
+    decoder blocks: 23, 20, 17, 14, 11, 8, 5, 2. L = 12 and 8 gives the authors' 11, 9, ..., 1.
+    """
+    if override is not None:
+        src = sorted({int(i) for i in override}, reverse=True)
+        if not src or src[0] >= depth or src[-1] < 0 or len(src) > decoder_depth or len(src) != len(override):
+            raise ValueError(
+                f"model.skip_sources {override} must be distinct encoder block indices in [0, {depth - 1}], "
+                f"at most decoder_depth={decoder_depth} of them"
+            )
+        return src
+    stride = max(2, math.ceil(depth / decoder_depth))
+    return list(range(depth - 1, -1, -stride))[:decoder_depth]
+
+
+def fill_and_unshuffle(x: torch.Tensor, ids_restore: torch.Tensor, mask_token: torch.Tensor) -> torch.Tensor:
+    """(B, 1+K, D) visible tokens -> (B, 1+N, D) in image order, mask_token at removed places."""
+    B, T, D = x.shape
+    N = ids_restore.shape[1]
+    patches = torch.cat([x[:, 1:], mask_token.to(x.dtype).expand(B, N + 1 - T, D)], dim=1)  # (B, N, D) shuffled
+    patches = torch.gather(patches, 1, ids_restore.unsqueeze(-1).expand(B, N, D))
+    return torch.cat([x[:, :1], patches], dim=1)
+
+
+class SkipFusion(nn.Module):
+    """One encoder->decoder long skip (paper Fig. 5): the encoder block's visible tokens get this
+    skip's own mask token (encoder width) at the removed places, are put back in image order,
+    concatenated with the decoder stream (encoder first) and added through Linear-SiLU-Linear.
+    The last Linear starts at zero, so a new skip starts silent."""
+
+    def __init__(self, enc_dim: int, dec_dim: int):
+        super().__init__()
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, enc_dim))
+        self.fc1 = nn.Linear(enc_dim + dec_dim, dec_dim)
+        self.act = nn.SiLU()
+        self.fc2 = nn.Linear(dec_dim, dec_dim)
+
+    def forward(self, dec: torch.Tensor, enc: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:
+        enc = fill_and_unshuffle(enc, ids_restore, self.mask_token)  # (B, 1+N, De)
+        return dec + self.fc2(self.act(self.fc1(torch.cat([enc, dec], dim=-1))))  # (B, 1+N, Dd)
+
+
+class MaskedAutoencoder(nn.Module):
+    def __init__(self, cfg: MAEConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        D, Dd, p = cfg.embed_dim, cfg.decoder_embed_dim, cfg.patch_size
+
+        # --------------------------------------------------------------- encoder
+        self.patch_embed = PatchEmbed(cfg.img_size, p, cfg.in_chans, D)
+        N = self.patch_embed.num_patches
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
+        self.pos_embed = nn.Parameter(torch.zeros(1, N + 1, D), requires_grad=False)  # fixed sin-cos
+        self.alphas = alpha_schedule(cfg.depth, cfg.alpha_min, cfg.schedule)  # (depth, 2), float64
+        self.blocks = nn.ModuleList(
+            Block(D, cfg.num_heads, cfg.mlp_ratio, alpha_attn=a, alpha_mlp=m) for a, m in self.alphas.tolist()
+        )
+        # U-Net MAE: no final norm, the bottleneck is the raw last block (paper-notes §2).
+        self.norm = nn.LayerNorm(D, eps=1e-6) if cfg.encoder_norm else nn.Identity()
+
+        # --------------------------------------------------------------- decoder
+        self.skip_sources = choose_skip_sources(cfg.depth, cfg.decoder_depth, cfg.skip_sources) if cfg.skips else []
+        if cfg.skips:
+            # The decoder stream starts content-free (own cls + positions); the image enters
+            # only through the skips, the bottleneck through the first one.
+            self.decoder_cls_token = nn.Parameter(torch.zeros(1, 1, Dd))
+            self.decoder_embed = nn.Linear(Dd, Dd)
+            self.skip_fusions = nn.ModuleList(SkipFusion(D, Dd) for _ in self.skip_sources)
+        else:
+            # Standard MAE: project the encoder output, fill removed places with one mask token.
+            self.decoder_embed = nn.Linear(D, Dd)
+            self.mask_token = nn.Parameter(torch.zeros(1, 1, Dd))
+        self.decoder_pos_embed = nn.Parameter(torch.zeros(1, N + 1, Dd), requires_grad=False)
+        self.decoder_blocks = nn.ModuleList(Block(Dd, cfg.decoder_num_heads, cfg.mlp_ratio) for _ in range(cfg.decoder_depth))
+        self.decoder_norm = nn.LayerNorm(Dd, eps=1e-6)
+        self.decoder_pred = nn.Linear(Dd, p * p * cfg.in_chans)
+        self.initialize_weights()
+
+    def initialize_weights(self) -> None:
+        cfg, grid = self.cfg, self.patch_embed.grid
+        # 1. Fixed 2-D sin-cos position tables (cls slot zero), never trained.
+        self.pos_embed.data.copy_(sincos_pos_embed_2d(cfg.embed_dim, grid).unsqueeze(0))
+        self.decoder_pos_embed.data.copy_(sincos_pos_embed_2d(cfg.decoder_embed_dim, grid).unsqueeze(0))
+        # 2. Every Linear xavier-uniform with zero bias, LayerNorms unit; patch projection like a Linear.
+        self.apply(init_linear_xavier)
+        init_patch_embed(self.patch_embed)
+        # 3. Learned tokens ~ N(0, 0.02), as MAE.
+        for name, param in self.named_parameters():
+            if name.endswith(("cls_token", "mask_token")):
+                nn.init.normal_(param, std=0.02)
+        if not cfg.zero_init:
+            return
+        # 4. Zero-init (paper §3): the last layer of every attention/MLP branch, encoder and
+        #    decoder, so each block starts as x -> alpha_attn*alpha_mlp*x and the decay cannot be
+        #    fought by growing branch norms; the last Linear of each skip fusion, so skips start
+        #    silent; and the pixel head, so the first loss is the targets' variance.
+        for blk in (*self.blocks, *self.decoder_blocks):
+            blk.zero_init_branches()
+        for fusion in getattr(self, "skip_fusions", []):
+            nn.init.zeros_(fusion.fc2.weight)
+        nn.init.zeros_(self.decoder_pred.weight)
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def alpha_eff(self) -> float:
+        return effective_decay(self.alphas)
+
+    def patchify(self, imgs: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, N, p*p*C), patches in row-major order, pixels (p, q, c)."""
+        p, g, C = self.cfg.patch_size, self.patch_embed.grid, self.cfg.in_chans
+        x = imgs.reshape(imgs.shape[0], C, g, p, g, p)
+        return torch.einsum("nchpwq->nhwpqc", x).reshape(imgs.shape[0], g * g, p * p * C)
+
+    def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, p*p*C) -> (B, C, H, W)."""
+        p, g, C = self.cfg.patch_size, self.patch_embed.grid, self.cfg.in_chans
+        x = torch.einsum("nhwpqc->nchpwq", x.reshape(x.shape[0], g, g, p, p, C))
+        return x.reshape(x.shape[0], C, g * p, g * p)
+
+    def random_masking(self, x: torch.Tensor, mask_ratio: float):
+        """Keep a random subset of int(N*(1-mask_ratio)) patches per sample (argsort of noise).
+
+        x: (B, N, D) -> kept (B, K, D), mask (B, N) with 0 keep / 1 remove, ids_restore (B, N).
+        """
+        B, N, D = x.shape
+        keep = int(N * (1 - mask_ratio))
+        noise = torch.rand(B, N, device=x.device)
+        ids_shuffle = torch.argsort(noise, dim=1)  # ascending: small noise is kept
+        ids_restore = torch.argsort(ids_shuffle, dim=1)
+        kept = torch.gather(x, 1, ids_shuffle[:, :keep].unsqueeze(-1).expand(B, keep, D))
+        mask = torch.ones(B, N, device=x.device)
+        mask[:, :keep] = 0
+        mask = torch.gather(mask, 1, ids_restore)
+        return kept, mask, ids_restore
+
+    # ------------------------------------------------------------------ forward stages
+    def forward_encoder(self, imgs: torch.Tensor, mask_ratio: float):
+        """-> latent (B, 1+K, D), mask (B, N), ids_restore (B, N), skips (shallow -> deep)."""
+        x = self.patch_embed(imgs) + self.pos_embed[:, 1:]  # (B, N, D)
+        x, mask, ids_restore = self.random_masking(x, mask_ratio)  # (B, K, D)
+        cls = (self.cls_token + self.pos_embed[:, :1]).expand(x.shape[0], -1, -1)
+        x = torch.cat([cls, x], dim=1)  # (B, 1+K, D)
+        wanted, skips = set(self.skip_sources), []
+        for i, blk in enumerate(self.blocks):
+            x = blk(x)
+            if i in wanted:
+                skips.append(x)
+        return self.norm(x), mask, ids_restore, skips
+
+    def forward_decoder(self, latent: torch.Tensor, ids_restore: torch.Tensor, skips: list[torch.Tensor]) -> torch.Tensor:
+        """-> per-patch pixel predictions (B, N, p*p*C)."""
+        B = latent.shape[0]
+        if self.cfg.skips:
+            start = self.decoder_pos_embed.clone()
+            start[:, :1] = start[:, :1] + self.decoder_cls_token
+            x = self.decoder_embed(start).expand(B, -1, -1)  # (B, 1+N, Dd), same for every sample
+        else:
+            x = fill_and_unshuffle(self.decoder_embed(latent), ids_restore, self.mask_token)
+            x = x + self.decoder_pos_embed  # (B, 1+N, Dd)
+        for j, blk in enumerate(self.decoder_blocks):
+            if j < len(self.skip_sources):
+                x = self.skip_fusions[j](x, skips[-1 - j], ids_restore)  # deepest remaining skip
+            x = blk(x)
+        return self.decoder_pred(self.decoder_norm(x))[:, 1:]
+
+    def forward_loss(self, imgs: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Mean squared error on removed patches; norm-pix targets normalise each patch."""
+        target = self.patchify(imgs)
+        if self.cfg.norm_pix_loss:
+            mean, var = target.mean(-1, keepdim=True), target.var(-1, keepdim=True)
+            target = (target - mean) / (var + 1e-6) ** 0.5
+        loss = ((pred.float() - target) ** 2).mean(-1)  # (B, N)
+        return (loss * mask).sum() / mask.sum().clamp_min(1.0)
+
+    def forward(self, imgs: torch.Tensor, mask_ratio: float | None = None):
+        ratio = self.cfg.mask_ratio if mask_ratio is None else mask_ratio
+        latent, mask, ids_restore, skips = self.forward_encoder(imgs, ratio)
+        pred = self.forward_decoder(latent, ids_restore, skips)
+        return self.forward_loss(imgs, pred, mask), pred, mask
+
+    # ------------------------------------------------------------------ features for evaluation
+    def forward_intermediates(self, imgs: torch.Tensor, indices: list[int] | None = None) -> list[torch.Tensor]:
+        """Unmasked encoder block outputs (B, 1+N, D) in image order, raw (no norm), for the
+        requested 0-indexed blocks (negative counts from the end; default: the last)."""
+        depth = len(self.blocks)
+        wanted = [depth - 1] if indices is None else [i % depth if -depth <= i < depth else None for i in indices]
+        if any(i is None for i in wanted):
+            raise IndexError(f"layer indices {indices} out of range for an encoder of {depth} blocks")
+        x = self.patch_embed(imgs) + self.pos_embed[:, 1:]
+        x = torch.cat([(self.cls_token + self.pos_embed[:, :1]).expand(x.shape[0], -1, -1), x], dim=1)
+        out = {}
+        for i, blk in enumerate(self.blocks[: max(wanted) + 1]):
+            x = blk(x)
+            if i in wanted:
+                out[i] = x
+        return [out[i] for i in wanted]
+
+    def forward_features(self, imgs: torch.Tensor, layer: int = -1) -> torch.Tensor:
+        return self.forward_intermediates(imgs, [layer])[0]
+
+    # ------------------------------------------------------------------ cost model
+    def flops_per_sample(self) -> float:
+        """Analytic forward FLOPs of one training image (2 per multiply-add; matmuls only).
+        Training costs about 3x this (forward + backward); used for MFU."""
+        cfg, N = self.cfg, self.patch_embed.num_patches
+        D, Dd, r = cfg.embed_dim, cfg.decoder_embed_dim, cfg.mlp_ratio
+        Te = 1 + int(N * (1 - cfg.mask_ratio))
+        Td = 1 + N
+
+        def block(T: int, d: int) -> float:
+            return 2 * T * (4 * d * d + 2 * r * d * d) + 4 * T * T * d  # qkv+proj+mlp, QK^T and AV
+
+        f = 2 * N * cfg.in_chans * cfg.patch_size**2 * D  # patch embedding (all patches)
+        f += cfg.depth * block(Te, D) + cfg.decoder_depth * block(Td, Dd)
+        f += 2 * Td * Dd * (Dd if cfg.skips else D)  # decoder_embed
+        f += len(self.skip_sources) * 2 * Td * ((D + Dd) * Dd + Dd * Dd)
+        f += 2 * N * Dd * cfg.patch_size**2 * cfg.in_chans  # pixel head
+        return float(f)

@@ -1,0 +1,106 @@
+"""PNG figures: alpha schedules, loss curves and MAE reconstructions (matplotlib, no display)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from .schedule import effective_decay  # noqa: E402
+
+
+def plot_alpha_schedules(schedules: dict[str, torch.Tensor], path: Path, title: str = "") -> Path:
+    """Left: alpha per sub-block (attention o, MLP x). Right: the running product, i.e. how much
+    of the block-0 input survives the identity path up to each sub-block (log scale)."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, a in schedules.items():
+        a = torch.as_tensor(a, dtype=torch.float64)
+        flat = a.reshape(-1)
+        pos = torch.arange(len(flat)) / 2.0  # sub-block k sits at block k/2
+        line, = ax1.plot(pos, flat, "-", lw=1, label=f"{label} (alpha_eff {effective_decay(a):.2g})")
+        ax1.plot(pos[0::2], flat[0::2], "o", ms=3, color=line.get_color())
+        ax1.plot(pos[1::2], flat[1::2], "x", ms=4, color=line.get_color())
+        ax2.semilogy(pos, torch.cumprod(flat, 0), "-", color=line.get_color(), label=label)
+    ax1.set(xlabel="block (o attention add, x MLP add)", ylabel="alpha (identity weight)", title="shortcut factor per sub-block")
+    ax2.axhspan(1e-3, 1e-2, color="green", alpha=0.12, label="paper's alpha_eff range [1e-3, 1e-2)")
+    ax2.set(xlabel="block", ylabel="cumulative product of alpha", title="identity signal left (alpha_eff at the end)")
+    ax1.legend(fontsize=8)
+    ax2.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_loss_curves(runs: dict[str, list[dict]], path: Path, title: str = "training loss") -> Path:
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for label, rows in runs.items():
+        if rows:
+            ax.plot([r["epoch"] for r in rows], [r["loss"] for r in rows], label=label)
+    ax.set(xlabel="epoch", ylabel="loss (norm-pix MSE on masked patches)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+@torch.no_grad()
+def reconstruct(model, images: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked reconstruction in pixel space: visible patches from the input, removed ones from
+    the model. With norm-pix targets the predictions are un-normalised with the mean and
+    variance of the *visible* patches of the same image (the true statistics of a removed patch
+    are unknown to the model). The same seed gives the same mask for every model of a size.
+
+    Returns (masked input with removed patches at 0.5 grey in data space, reconstruction)."""
+    model.eval()
+    g = torch.random.fork_rng(devices=[])
+    with g:
+        torch.manual_seed(seed)
+        _, pred, mask = model(images)
+    target = model.patchify(images)  # (B, N, P)
+    if model.cfg.norm_pix_loss:
+        keep = (1 - mask).unsqueeze(-1)  # (B, N, 1)
+        n = keep.sum(1, keepdim=True).clamp_min(1)
+        mean = (target * keep).sum((1, 2), keepdim=True) / (n * target.shape[-1])
+        var = ((target - mean) ** 2 * keep).sum((1, 2), keepdim=True) / (n * target.shape[-1])
+        pred = pred * (var + 1e-6).sqrt() + mean
+    m = mask.unsqueeze(-1)
+    recon = model.unpatchify(target * (1 - m) + pred * m)
+    masked = model.unpatchify(target * (1 - m) + target.mean() * m)
+    return masked, recon
+
+
+def plot_reconstructions(images: torch.Tensor, rows: dict[str, torch.Tensor], mean, std, path: Path,
+                         note: str = "") -> Path:
+    """Grid: one row per entry of ``rows`` (e.g. original / masked / plain / decayed), images
+    de-normalised with the dataset's mean and std."""
+    mean = torch.tensor(mean).view(1, -1, 1, 1)
+    std = torch.tensor(std).view(1, -1, 1, 1)
+    n = images.shape[0]
+    fig, axes = plt.subplots(len(rows), n, figsize=(1.1 * n + 1.6, 1.2 * len(rows) + 0.6), squeeze=False)
+    for r, (label, batch) in enumerate(rows.items()):
+        pix = (batch.cpu() * std + mean).clamp(0, 1)
+        for c in range(n):
+            ax = axes[r][c]
+            img = pix[c].permute(1, 2, 0).numpy()
+            ax.imshow(img.squeeze(-1) if img.shape[-1] == 1 else img, cmap="gray", vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c == 0:
+                ax.set_ylabel(label, fontsize=8, rotation=0, ha="right", va="center")
+    if note:
+        fig.text(0.5, 0.01, note, ha="center", fontsize=7)
+    fig.tight_layout(rect=(0, 0.05 if note else 0, 1, 1))
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
