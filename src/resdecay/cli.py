@@ -42,7 +42,7 @@ def cmd_alpha(args) -> None:
         hint = "inside" if 1e-3 <= eff < 1e-2 else "outside"
         print(f"alpha_eff = {eff:.3e} ({hint} the paper's recommended [1e-3, 1e-2)); depth {args.depth}, "
               f"alpha_min {alpha_min:.4g}, {args.schedule} schedule")
-    out = Path(args.out or f"alpha_d{args.depth}_{alpha_min:.3f}_{args.schedule}.png")
+    out = Path(args.out or f"runs/alpha/alpha_d{args.depth}_{alpha_min:.3f}_{args.schedule}.png")
     plot_alpha_schedules({f"depth {args.depth}, alpha_min {alpha_min:.3g} ({args.schedule})": a}, out)
     print(f"plot: {out}")
 
@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--alpha-min", type=float, default=None, help="alpha of the last sub-block")
     a.add_argument("--target-eff", type=float, default=None, help="solve for the alpha_min giving this alpha_eff")
     a.add_argument("--schedule", default="linear", help="linear (authors' code) | paper (eq. 5) | cosine | constant")
-    a.add_argument("--out", default=None, help="PNG path (default alpha_d<depth>_<alpha_min>_<schedule>.png)")
+    a.add_argument("--out", default=None, help="PNG path (default runs/alpha/alpha_d<depth>_<alpha_min>_<schedule>.png)")
     a.add_argument("--json", action="store_true", help="print JSON instead of the table")
     a.set_defaults(func=cmd_alpha)
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from .errors import DataError
+from .errors import ConfigError, DataError
 
 DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "synthetic")
 FASHION_MNIST_DEBIAN = "/usr/share/datasets/fashion-mnist"
@@ -43,13 +43,13 @@ class DataConfig:
 
     def validate(self) -> None:
         if self.name not in DATASETS:
-            raise DataError(f"data.name {self.name!r} is unknown; choose one of {', '.join(DATASETS)}")
+            raise ConfigError(f"data.name {self.name!r} is unknown; choose one of {', '.join(DATASETS)}")
         if self.augment not in ("none", "flip", "mae"):
-            raise DataError(f"data.augment {self.augment!r} is unknown; choose none, flip or mae")
+            raise ConfigError(f"data.augment {self.augment!r} is unknown; choose none, flip or mae")
         if self.num_workers < 0:
-            raise DataError(f"data.num_workers must be >= 0, got {self.num_workers}")
+            raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}")
         if self.train_subset is not None and self.train_subset < 1:
-            raise DataError(f"data.train_subset must be a positive number of images, got {self.train_subset}")
+            raise ConfigError(f"data.train_subset must be a positive number of images, got {self.train_subset}")
 
 
 @dataclass
@@ -123,18 +123,31 @@ def _load_digits(train: bool):
 
 
 def _load_cifar(path: str | None, name: str, train: bool):
-    from torchvision.datasets import CIFAR10, CIFAR100
+    """torchvision's on-disk CIFAR format, read directly (python pickles of uint8 rows); no md5
+    check, so copies re-pickled by other tools load too."""
+    import pickle
 
-    cls, folder = (CIFAR10, "cifar-10-batches-py") if name == "cifar10" else (CIFAR100, "cifar-100-python")
+    folder = "cifar-10-batches-py" if name == "cifar10" else "cifar-100-python"
     root = _need_dir(path, name, f"the folder that contains {folder}/ (torchvision's format)")
-    if root.name == folder:
-        root = root.parent
-    try:
-        ds = cls(str(root), train=train, download=False)
-    except Exception as e:  # torchvision: "Dataset not found or corrupted", unpickling errors
-        raise DataError(f"cannot read {name} from {root}: {e}; it needs {folder}/ in torchvision's format") from None
-    images = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).contiguous()
-    return images, torch.as_tensor(ds.targets, dtype=torch.int64)
+    if root.name != folder:
+        root = root / folder
+    if name == "cifar10":
+        files = [f"data_batch_{i}" for i in range(1, 6)] if train else ["test_batch"]
+    else:
+        files = ["train" if train else "test"]
+    images, labels = [], []
+    for fname in files:
+        f = root / fname
+        if not f.is_file():
+            raise DataError(f"{name}: {f} is missing; data.path must contain {folder}/ in torchvision's format")
+        try:
+            with open(f, "rb") as fh:
+                entry = pickle.load(fh, encoding="latin1")
+            images.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+            labels.extend(entry["labels"] if "labels" in entry else entry["fine_labels"])
+        except Exception as e:
+            raise DataError(f"cannot read {f} as a {name} batch ({type(e).__name__}: {e})") from None
+    return torch.from_numpy(np.concatenate(images)), torch.as_tensor(labels, dtype=torch.int64)
 
 
 # ----------------------------------------------------------------------------- datasets

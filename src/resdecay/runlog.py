@@ -4,6 +4,7 @@ event files (``tb/``), plus the throughput numbers they carry (images/s, peak me
 from __future__ import annotations
 
 import json
+import re
 import resource
 import sys
 from pathlib import Path
@@ -11,19 +12,22 @@ from pathlib import Path
 import torch
 
 # Dense bf16 tensor-core peak per GPU (vendor datasheets), for MFU as nanoGPT reports it.
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "A40": 149.7e12, "L40S": 362e12,
-                   "A6000": 154.8e12, "4090": 165.2e12, "V100": 125e12}
+# Matched in order against the device name as whole words; the first match wins.
+PEAK_BF16_FLOPS = [("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12), ("L40S", 362e12),
+                   ("A40", 149.7e12), ("A6000", 154.8e12), ("4090", 165.2e12), ("V100", 125e12)]
 
 
 def peak_flops(device: torch.device) -> float | None:
+    """Peak dense bf16 FLOP/s of a known GPU, else None (then MFU is not logged)."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    return next((v for k, v in PEAK_BF16_FLOPS if re.search(rf"\b{re.escape(k)}\b", name)), None)
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """Peak GPU memory allocated by torch, or this process's peak resident memory on CPU."""
+    """Peak GPU memory allocated by torch, or this process's lifetime peak resident memory on
+    CPU (which therefore never goes down over a run)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

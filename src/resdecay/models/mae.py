@@ -289,7 +289,8 @@ class MaskedAutoencoder(nn.Module):
 
         f = 2 * N * cfg.in_chans * cfg.patch_size**2 * D  # patch embedding (all patches)
         f += cfg.depth * block(Te, D) + cfg.decoder_depth * block(Td, Dd)
-        f += 2 * Td * Dd * (Dd if cfg.skips else D)  # decoder_embed
+        if not cfg.skips:  # U-Net: decoder_embed runs once per batch on the content-free start
+            f += 2 * Te * D * Dd
         f += len(self.skip_sources) * 2 * Td * ((D + Dd) * Dd + Dd * Dd)
-        f += 2 * N * Dd * cfg.patch_size**2 * cfg.in_chans  # pixel head
+        f += 2 * Td * Dd * cfg.patch_size**2 * cfg.in_chans  # pixel head (cls row included)
         return float(f)

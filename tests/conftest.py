@@ -1,0 +1,78 @@
+"""Shared fixtures: tiny fake datasets written on the fly, and a tiny run config."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+TINY = ["model.embed_dim=32", "model.depth=4", "model.num_heads=2", "model.decoder_embed_dim=32",
+        "model.decoder_depth=2", "model.decoder_num_heads=2", "train.epochs=2", "train.warmup_epochs=1",
+        "train.batch_size=64", "train.log_every=5"]
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    torch.set_num_threads(2)
+
+
+@pytest.fixture
+def tiny_overrides(tmp_path):
+    """Overrides that make mae-tiny-digits a seconds-long run writing into tmp_path/run."""
+    return [*TINY, f"train.out_dir={tmp_path / 'run'}"]
+
+
+def write_idx(path, array: np.ndarray) -> None:
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + b"".join(struct.pack(">I", s) for s in array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+@pytest.fixture
+def fake_fmnist(tmp_path):
+    root = tmp_path / "fmnist"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 96), ("t10k", 32)):
+        write_idx(root / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
+        write_idx(root / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+    return root
+
+
+@pytest.fixture
+def fake_cifar10(tmp_path):
+    root = tmp_path / "cifar"
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+
+    def batch(n):
+        return {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "labels": list(np.arange(n) % 10)}
+
+    for i in range(1, 6):
+        with open(folder / f"data_batch_{i}", "wb") as f:
+            pickle.dump(batch(8), f)
+    with open(folder / "test_batch", "wb") as f:
+        pickle.dump(batch(8), f)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
+    return root
+
+
+@pytest.fixture
+def fake_imagefolder(tmp_path):
+    from PIL import Image
+
+    root = tmp_path / "imnet"
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 6), ("val", 2)):
+        for cls in ("cat", "dog"):
+            d = root / split / cls
+            d.mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(d / f"{i}.png")
+    return root

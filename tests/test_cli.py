@@ -1,0 +1,138 @@
+"""The command line as a user meets it: smoke runs, and every bad input as one clear line (exit 2)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from resdecay import checkpoint as ckpt
+from resdecay.cli import main
+
+from conftest import TINY
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *fragments):
+    assert code == 2, err
+    lines = [ln for ln in err.splitlines() if ln.strip() and "it/s" not in ln]
+    assert len(lines) == 1 and lines[0].startswith("resdecay: error: "), err
+    assert "Traceback" not in err
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def test_alpha_prints_table_and_plot(capsys, tmp_path):
+    png = tmp_path / "a.png"
+    code, out, _ = run(capsys, "alpha", "--depth", "24", "--alpha-min", "0.7", "--out", str(png))
+    assert code == 0 and png.stat().st_size > 1000
+    assert "alpha_eff = 3.149e-04" in out and out.count("\n") >= 25
+    code, out, _ = run(capsys, "alpha", "--depth", "24", "--target-eff", "5e-3", "--json", "--out", str(png))
+    assert code == 0
+    line = out.splitlines()[0]
+    assert line.startswith("alpha_min 0.795") and "alpha_eff 0.005" in line
+    data = json.loads(out.splitlines()[1])
+    assert data["alpha_eff"] == pytest.approx(5e-3) and len(data["alphas"]) == 24
+
+
+def test_presets_lists_all(capsys):
+    code, out, _ = run(capsys, "presets")
+    assert code == 0 and "mae-b16-plain" in out and "mae-tiny-digits" in out
+
+
+def test_pretrain_smoke_and_print_config(capsys, tmp_path):
+    code, out, _ = run(capsys, "pretrain", "--preset", "mae-tiny-digits", "--print-config", "alpha_min=0.7")
+    assert code == 0 and "alpha_min: 0.7" in out
+    code, out, err = run(capsys, "pretrain", "--preset", "mae-tiny-digits", "--no-progress", *TINY, "train.epochs=1",
+                         f"train.out_dir={tmp_path / 'r'}")
+    assert code == 0, err
+    assert "effective batch 64" in out and "lr 3.75e-04" in out and "done: 22 steps" in out
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["steps"] == 22 and os.path.exists(summary["checkpoint"])
+
+
+def test_demo_smoke(capsys, tmp_path):
+    code, out, err = run(capsys, "demo", "--data", "digits", "--epochs", "1", "--out", str(tmp_path / "demo"), "--no-progress")
+    assert code == 0, err
+    res = json.loads((tmp_path / "demo" / "results.json").read_text())
+    assert len(res["results"]) == 2
+    for r in res["results"].values():
+        assert 0 <= r["knn_top1"] <= 1 and r["effective_rank_cls"] >= 0 and r["protocol"]["knn"]["k"] == 20
+    for png in ("loss_curves.png", "alpha_schedule.png", "reconstructions.png"):
+        assert (tmp_path / "demo" / png).stat().st_size > 1000
+    assert "kNN top-1" in out and "plain MAE" in out and "alpha_min 0.6" in out
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["pretrain", "--preset", "mae-tiny-digits", "alpha_min=1.5"], ["alpha_min must lie in (0, 1]"]),
+    (["pretrain", "--preset", "mae-tiny-digits", "alpha_min=0"], ["alpha_min must lie in (0, 1]"]),
+    (["alpha", "--depth", "12", "--alpha-min", "0"], ["alpha_min must lie in (0, 1]"]),
+    (["alpha", "--depth", "12", "--target-eff", "3"], ["unreachable"]),
+    (["demo", "--alpha-min", "2"], ["--alpha-min must lie in (0, 1]"]),
+    (["pretrain", "--preset", "mae-giant"], ["preset 'mae-giant' does not exist", "mae-b16"]),
+    (["pretrain", "--preset", "mae-tiny-digits", "alpha_mn=0.6"], ["'alpha_mn' is not a setting", "model.alpha_min"]),
+    (["pretrain", "--preset", "mae-tiny-digits", "train.batch_size=0"], ["train.batch_size must be a positive integer"]),
+    (["pretrain", "--preset", "mae-tiny-digits", "train.batch_size=-8"], ["train.batch_size must be a positive integer"]),
+    (["pretrain", "--preset", "mae-tiny-digits", "train.epochs=0"], ["train.epochs must be a positive integer"]),
+    (["pretrain", "--preset", "mae-tiny-digits", "train.epochs=-1"], ["train.epochs must be a positive integer"]),
+    (["demo", "--epochs", "0"], ["--epochs must be a positive integer"]),
+    (["pretrain", "--preset", "mae-tiny-digits", "model.patch_size=3"], ["not divisible by patch size 3", "[1, 2, 4, 8]"]),
+])
+def test_bad_input_is_one_line_exit_2(capsys, args, fragments):
+    assert_one_line_error(*run(capsys, *args)[::2], *fragments)
+
+
+def test_bad_data_paths(capsys, tmp_path, fake_imagefolder):
+    base = ["pretrain", "--preset", "mae-tiny-digits", "--no-progress", *TINY, f"train.out_dir={tmp_path / 'o'}"]
+    code, _, err = run(capsys, *base, "data.name=fashion-mnist", f"data.path={tmp_path / 'missing'}",
+                       "model.img_size=28", "model.patch_size=4")
+    assert_one_line_error(code, err, "does not exist")
+    (tmp_path / "empty" / "train" / "a").mkdir(parents=True)
+    rgb = ["model.img_size=32", "model.patch_size=4", "model.in_chans=3"]
+    code, _, err = run(capsys, *base, "data.name=imagefolder", f"data.path={tmp_path / 'empty'}", *rgb)
+    assert_one_line_error(code, err, "holds no images")
+    # an unreadable image in the middle of the data, read by a DataLoader worker process
+    (fake_imagefolder / "train" / "dog" / "3.png").write_bytes(b"\x89PNG broken")
+    code, _, err = run(capsys, *base, "data.name=imagefolder", f"data.path={fake_imagefolder}", "data.num_workers=2",
+                       "train.batch_size=4", *rgb)
+    assert_one_line_error(code, err, "cannot read image", "dog/3.png")
+    # fixed-size images that do not match the model (no silent resize)
+    code, _, err = run(capsys, *base, "data.name=digits", "model.img_size=28", "model.patch_size=4")
+    assert_one_line_error(code, err, "digits images are 8x8 but model.img_size is 28")
+
+
+def test_resume_mismatch_and_unwritable_out(capsys, tmp_path):
+    base = ["pretrain", "--preset", "mae-tiny-digits", "--no-progress", *TINY, "train.epochs=1", f"train.out_dir={tmp_path / 'r'}"]
+    assert run(capsys, *base)[0] == 0
+    kept = ckpt.list_checkpoints(tmp_path / "r" / "checkpoints")
+    before = kept[-1].read_bytes()
+    code, _, err = run(capsys, *base, "alpha_min=0.7", "--resume", "auto")
+    assert_one_line_error(code, err, "different model", "model.alpha_min: checkpoint 0.6 vs run 0.7")
+    code, _, err = run(capsys, *base, "model.depth=2", "--resume", str(kept[-1]))
+    assert_one_line_error(code, err, "different model", "model.depth")
+    assert kept[-1].read_bytes() == before  # nothing lost
+    code, _, err = run(capsys, *base, "--resume", str(tmp_path / "nope.pt"))
+    assert_one_line_error(code, err, "no such checkpoint")
+    (tmp_path / "afile").write_text("x")
+    code, _, err = run(capsys, "pretrain", "--preset", "mae-tiny-digits", f"train.out_dir={tmp_path / 'afile' / 'run'}")
+    assert_one_line_error(code, err, "is not writable", "train.out_dir=")
+
+
+def test_torchrun_two_processes_on_cpu(tmp_path):
+    """The DDP code path (gloo on CPU), as `torchrun --nproc_per_node 2 -m resdecay pretrain` runs it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+           "-m", "resdecay", "pretrain", "--preset", "mae-tiny-digits", "--no-progress", *TINY, "train.epochs=1",
+           "train.batch_size=32", f"train.out_dir={tmp_path / 'ddp'}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "effective batch 64 = 32 per device x 1 accum x 2 devices" in proc.stdout
+    state = ckpt.load_checkpoint(ckpt.list_checkpoints(tmp_path / "ddp" / "checkpoints")[-1])
+    assert state["train_state"]["world_size"] == 2 and len(state["rng"]) == 2
+    assert state["train_state"]["step"] == 1437 // 2 // 32
