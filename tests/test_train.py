@@ -155,3 +155,13 @@ def test_gradient_accumulation_matches_the_big_batch(tmp_path):
             d = a.shape[0] // 3
             a, b = torch.cat([a[:d], a[2 * d:]]), torch.cat([b[:d], b[2 * d:]])
         assert torch.allclose(a, b, atol=1e-6), k
+
+
+def test_epoch_hook_does_not_shift_the_training_rng(tmp_path):
+    """Online evaluation (issue: evaluation suite) runs at epoch ends; it must not change training."""
+    calls, finals = [], []
+    for hook in (None, lambda model, epoch, step, log: calls.append(torch.rand(1000).sum())):
+        cfg = load_config("mae-tiny-digits", [*TINY, f"train.out_dir={tmp_path / str(len(finals))}"])
+        finals.append(ckpt.load_checkpoint(train(cfg, progress=False, on_epoch_end=hook)["checkpoint"])["model"])
+    assert len(calls) == 2
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])

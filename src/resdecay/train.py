@@ -205,8 +205,9 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
                     window_steps, window_t0 = 0, now
                 if step % t.ckpt_every == 0 or step == total_steps:
                     last_ckpt = save(cfg, env, raw_model, optimizer, scaler, step, steps_per_epoch, ckpt_dir) or last_ckpt
-            if on_epoch_end is not None:
-                on_epoch_end(raw_model, epoch, step, log)
+            if on_epoch_end is not None:  # on forked RNG, so evaluation never shifts the training stream
+                with torch.random.fork_rng(devices=[env.device] if env.device.type == "cuda" else []):
+                    on_epoch_end(raw_model, epoch, step, log)
             epoch, in_epoch = epoch + 1, 0
     except TrainingDiverged:
         good = ckpt.list_checkpoints(ckpt_dir)
