@@ -8,8 +8,7 @@ from resdecay.blocks import Attention, Block, decayed_add, sincos_pos_embed_2d
 
 def test_zero_init_block_maps_x_to_alpha_product_times_x_exactly():
     torch.manual_seed(0)
-    blk = Block(32, 4, alpha_attn=0.9, alpha_mlp=0.8)
-    blk.zero_init_branches()
+    blk = Block(32, 4, alpha_attn=0.9, alpha_mlp=0.8, zero_init=True)
     x = torch.randn(3, 7, 32)
     y = blk(x)
     assert torch.equal(y, (x * 0.9) * 0.8)  # bit-exact: both branches are exactly zero

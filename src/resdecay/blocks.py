@@ -76,6 +76,7 @@ class Block(nn.Module):
         alpha_attn: float = 1.0,
         alpha_mlp: float = 1.0,
         norm_eps: float = 1e-6,
+        zero_init: bool = False,
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
@@ -84,6 +85,8 @@ class Block(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
         self.alpha_attn = float(alpha_attn)
         self.alpha_mlp = float(alpha_mlp)
+        if zero_init:
+            self.zero_init_branches()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
         x = decayed_add(x, self.attn(self.norm1(x)), self.alpha_attn)

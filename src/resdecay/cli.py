@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingDiverged as e:
         print(f"resdecay: training stopped: {e}", file=sys.stderr)
         return 3
+    except BrokenPipeError:  # `resdecay alpha ... | head`
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("resdecay: interrupted; resume with --resume auto", file=sys.stderr)
         return 130
