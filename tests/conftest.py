@@ -76,3 +76,17 @@ def fake_imagefolder(tmp_path):
             for i in range(n):
                 Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(d / f"{i}.png")
     return root
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory):
+    """Two short digits runs (decayed and plain) shared by the evaluation tests."""
+    from resdecay.config import load_config
+    from resdecay.train import train
+
+    root = tmp_path_factory.mktemp("ckpts")
+    out = {}
+    for name, preset in (("decayed", "mae-tiny-digits"), ("plain", "mae-tiny-digits-plain")):
+        cfg = load_config(preset, [*TINY, "train.epochs=2", f"train.out_dir={root / name}"])
+        out[name] = train(cfg, progress=False)["checkpoint"]
+    return out

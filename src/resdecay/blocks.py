@@ -26,6 +26,11 @@ def decayed_add(x: torch.Tensor, branch: torch.Tensor, alpha: float) -> torch.Te
     return torch.add(branch, x, alpha=alpha)
 
 
+def _token_norm(x: torch.Tensor) -> float:
+    """Mean L2 norm of the token vectors of a (B, T, D) tensor."""
+    return float(x.detach().float().norm(dim=-1).mean())
+
+
 class Attention(nn.Module):
     """Multi-head self-attention through PyTorch's fused SDPA kernel."""
 
@@ -88,9 +93,19 @@ class Block(nn.Module):
         if zero_init:
             self.zero_init_branches()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
-        x = decayed_add(x, self.attn(self.norm1(x)), self.alpha_attn)
-        x = decayed_add(x, self.mlp(self.norm2(x)), self.alpha_mlp)
+    def forward(self, x: torch.Tensor, stats: dict | None = None) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
+        """``stats``, when given a dict, receives the mean per-token L2 norms of the scaled
+        shortcut and of each branch (the per-layer profile's shortcut-to-branch ratio)."""
+        f = self.attn(self.norm1(x))
+        if stats is not None:
+            stats["shortcut_attn"], stats["branch_attn"] = _token_norm(x) * self.alpha_attn, _token_norm(f)
+        x = decayed_add(x, f, self.alpha_attn)
+        f = self.mlp(self.norm2(x))
+        if stats is not None:
+            stats["shortcut_mlp"], stats["branch_mlp"] = _token_norm(x) * self.alpha_mlp, _token_norm(f)
+        x = decayed_add(x, f, self.alpha_mlp)
+        if stats is not None:
+            stats["output"] = _token_norm(x)
         return x
 
     def zero_init_branches(self) -> None:

@@ -1,4 +1,4 @@
-"""``resdecay`` command line: demo, alpha, pretrain, presets.
+"""``resdecay`` command line: demo, alpha, pretrain, eval, compare, presets.
 
 Errors a user can fix print one line and exit with code 2; a diverged run exits with 3.
 Under torchrun use the module form: ``torchrun --nproc_per_node 8 -m resdecay pretrain ...``.
@@ -75,6 +75,76 @@ def cmd_demo(args) -> None:
              progress=not args.no_progress)
 
 
+def cmd_eval(args) -> None:
+    import torch.distributed as dist
+
+    from . import distributed as D
+    from .data import DataConfig
+    from .eval.suite import EvalSettings, evaluate_checkpoint, format_report, run_dir_of
+    from .plots import plot_profile
+
+    layer = "all" if args.layer == "all" else _int_arg(args.layer, "--layer")
+    data = None
+    if args.data or args.data_path:
+        if not args.data:
+            raise UserError("--data-path needs --data (digits, fashion-mnist, cifar10, cifar100, imagefolder)")
+        data = DataConfig(name=args.data, path=args.data_path, num_workers=args.num_workers)
+    settings = EvalSettings(evals=tuple(e.strip() for e in args.evals.split(",") if e.strip()), layer=layer,
+                            feature=args.feature, knn_k=args.k, knn_temperature=args.temperature,
+                            probe_epochs=args.probe_epochs, probe_norm=args.probe_norm, rank_exp=args.rank_exp, data=data, max_train=args.max_train,
+                            max_test=args.max_test, batch_size=args.batch_size, num_workers=args.num_workers,
+                            device=args.device, cache_dir=args.cache_dir, progress=not args.no_progress)
+    env = D.setup("cpu" if args.device == "cpu" else "auto") if int(__import__("os").environ.get("WORLD_SIZE", "1")) > 1 else None
+    profiles = {}
+    for ckpt in args.checkpoints:
+        report = evaluate_checkpoint(ckpt, settings)
+        if report is None:  # a non-zero torchrun rank: it only helped extract features
+            continue
+        out = Path(args.out) / run_dir_of(Path(ckpt)).name if args.out else run_dir_of(Path(ckpt)) / "eval"
+        out.mkdir(parents=True, exist_ok=True)
+        name = "profile" if layer == "all" else "eval"
+        (out / f"{name}.json").write_text(json.dumps(report, indent=2))
+        print(format_report(report))
+        if layer == "all":
+            profiles[report["label"]] = report["profile"]
+            plot_profile({report["label"]: report["profile"]}, out / "profile.png")
+        hits = report["cache"]
+        print(f"wrote {out / (name + '.json')} (feature cache: train {'hit' if hits['train_hit'] else 'new'}, "
+              f"test {'hit' if hits['test_hit'] else 'new'}, in {hits['dir']})\n")
+    if len(profiles) > 1:
+        path = plot_profile(profiles, Path(args.out or "runs/eval") / "profile_overlay.png",
+                            note=f"feature {args.feature}; kNN k={args.k}, T={args.temperature}; fast probe; ranks on test split")
+        print(f"overlay: {path}")
+    if env is not None and dist.is_initialized():
+        D.cleanup(env)
+
+
+def cmd_compare(args) -> None:
+    from .eval.compare import compare_reports, format_comparison, load_report
+    from .plots import plot_bars
+
+    if len(args.runs) < 2:
+        raise UserError("compare needs at least two runs or eval.json files")
+    reports = [load_report(r) for r in args.runs]
+    labels = [rep.get("label", Path(r).name) for rep, r in zip(reports, args.runs)]
+    if len(set(labels)) < len(labels):
+        labels = [f"{lab} [{i}]" for i, lab in enumerate(labels)]
+    result = compare_reports(reports, labels, force=args.force)
+    print(format_comparison(result, labels))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps({"runs": dict(zip(labels, [r["_source"] for r in reports])), **result}, indent=2))
+    png = plot_bars(result["rows"], out / "compare.png", "resdecay compare (* = protocols differ)" if result["differences"] else "resdecay compare")
+    print(f"wrote {out / 'compare.json'} and {png}")
+
+
+def _int_arg(value: str, name: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"{name} must be a block index (e.g. -1 for the last) or 'all', got {value!r}") from None
+
+
 def cmd_presets(args) -> None:
     from .config import _preset_dir, list_presets
 
@@ -112,6 +182,34 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. alpha_min=0.7 train.epochs=100 data.path=/data/in100")
     t.set_defaults(func=cmd_pretrain)
+
+    e = sub.add_parser("eval", help="kNN, linear probe and effective rank of checkpoints (features cached)")
+    e.add_argument("checkpoints", nargs="+", help="checkpoint files (<run>/checkpoints/step_*.pt)")
+    e.add_argument("--data", default=None, help="dataset (default: the checkpoint's training data)")
+    e.add_argument("--data-path", default=None, help="dataset folder")
+    e.add_argument("--layer", default="-1", help="encoder block index (-1 = last) or 'all' for the per-layer profile")
+    e.add_argument("--feature", default="mean", help="pooling: mean (all tokens incl. cls; default) | cls | patch_mean")
+    e.add_argument("--evals", default="knn,probe,rank", help="comma list of knn, probe, rank")
+    e.add_argument("--k", type=int, default=20, help="kNN neighbours (default 20)")
+    e.add_argument("--temperature", type=float, default=0.07, help="kNN vote temperature (default 0.07)")
+    e.add_argument("--probe-epochs", type=int, default=None, help="probe epochs (default 200; 30 for --layer all)")
+    e.add_argument("--probe-norm", default=None, help="none | batchnorm (default: none for the 200-epoch IN-100 recipe, batchnorm for --layer all)")
+    e.add_argument("--rank-exp", action="store_true", help="report exp(effective rank) (Roy & Vetterli) instead of eq. 6")
+    e.add_argument("--max-train", type=int, default=None, help="use the first N training images")
+    e.add_argument("--max-test", type=int, default=None, help="use the first N test images")
+    e.add_argument("--batch-size", type=int, default=256)
+    e.add_argument("--num-workers", type=int, default=0)
+    e.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    e.add_argument("--cache-dir", default=None, help="feature cache (default <run>/eval/cache)")
+    e.add_argument("--out", default=None, help="output folder (default <run>/eval)")
+    e.add_argument("--no-progress", action="store_true")
+    e.set_defaults(func=cmd_eval)
+
+    c = sub.add_parser("compare", help="runs side by side (table + bar PNG), refusing unlike protocols")
+    c.add_argument("runs", nargs="+", help="run folders (with eval/eval.json) or eval.json files")
+    c.add_argument("--force", action="store_true", help="show numbers with different protocols, marked")
+    c.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
+    c.set_defaults(func=cmd_compare)
 
     s = sub.add_parser("presets", help="list the shipped presets")
     s.set_defaults(func=cmd_presets)

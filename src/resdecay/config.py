@@ -46,11 +46,15 @@ class TrainConfig:
     log_every: int = 10  # optimizer steps between log lines
     out_dir: str | None = None  # default: runs/<preset>
     threads: int | None = None  # torch CPU threads; None = torch's default
+    online_eval_every: int = 0  # epochs between online kNN / probe / effective rank (0 = off)
+    online_eval_size: int = 2000  # fixed labelled subset (first N train and test images) for it
 
     def validate(self) -> None:
         for name in ("epochs", "batch_size", "accum_steps", "ckpt_every", "keep_last", "log_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be a positive integer, got {getattr(self, name)}")
+        if self.online_eval_every < 0 or self.online_eval_size < 2:
+            raise ConfigError("train.online_eval_every must be >= 0 and train.online_eval_size >= 2")
         if self.warmup_epochs < 0:
             raise ConfigError(f"train.warmup_epochs must be >= 0, got {self.warmup_epochs}")
         if self.base_lr <= 0 or (self.lr is not None and self.lr <= 0):

@@ -104,3 +104,54 @@ def _save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+PROFILE_PANELS = [
+    ("knn_top1", "kNN top-1", False), ("probe_top1", "linear probe top-1 (fast)", False),
+    ("rank_cls", "effective rank, cls (eq. 6)", False), ("rank_mean", "effective rank, mean tokens (eq. 6)", False),
+    ("feature_norm", "mean token norm", True), ("shortcut_ratio_attn", "||a x|| / ||attn(x)||", True),
+    ("shortcut_ratio_mlp", "||a x|| / ||mlp(x)||", True),
+]
+
+
+def plot_profile(profiles: dict[str, list[dict]], path: Path, note: str = "") -> Path:
+    """Per-layer abstraction profile, one panel per measurement, one line per checkpoint."""
+    panels = [p for p in PROFILE_PANELS if any(p[0] in row for rows in profiles.values() for row in rows)]
+    cols = min(4, len(panels))
+    rows_n = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows_n, cols, figsize=(3.6 * cols, 3.0 * rows_n + 0.5), squeeze=False)
+    for ax, (key, title, log) in zip(axes.flat, panels):
+        for label, rows in profiles.items():
+            pts = [(r["layer"], r[key]) for r in rows if key in r]
+            if pts:
+                ax.plot(*zip(*pts), "o-", ms=3, label=label)
+        if log:
+            ax.set_yscale("log")
+        ax.set(title=title, xlabel="encoder block")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    if note:
+        fig.text(0.5, 0.005, note, ha="center", fontsize=7)
+    fig.tight_layout(rect=(0, 0.03 if note else 0, 1, 1))
+    return _save(fig, path)
+
+
+def plot_bars(groups: dict[str, dict[str, float]], path: Path, title: str = "") -> Path:
+    """Grouped bars: one group per measurement, one bar per run."""
+    names = list(groups)
+    runs = list(dict.fromkeys(r for g in groups.values() for r in g))
+    width = 0.8 / max(1, len(runs))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(names) * max(1, len(runs)) * 0.6 + 2), 4))
+    for i, run in enumerate(runs):
+        xs = [j + i * width for j, n in enumerate(names) if run in groups[n]]
+        ys = [groups[n][run] for n in names if run in groups[n]]
+        ax.bar(xs, ys, width, label=run)
+    ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(names))])
+    ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
+    ax.legend(fontsize=7)
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)

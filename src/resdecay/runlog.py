@@ -65,7 +65,8 @@ class RunLog:
         if self.tb is not None:
             for k, v in row.items():
                 if k != "step" and isinstance(v, (int, float)):
-                    self.tb.add_scalar(f"train/{k}", v, row["step"])
+                    tag = f"online/{k[7:]}" if k.startswith("online_") else f"train/{k}"
+                    self.tb.add_scalar(tag, v, row["step"])
 
     def close(self) -> None:
         if self.tb is not None:

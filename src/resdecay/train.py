@@ -150,6 +150,10 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
         say("no checkpoint to resume from yet; starting fresh")
 
     # ------------------------------------------------------------------ loop
+    if on_epoch_end is None and t.online_eval_every > 0:
+        from .eval.online import OnlineEval
+
+        on_epoch_end = OnlineEval(cfg, t.online_eval_every, t.online_eval_size, env.device)
     log = RunLog(out, resume_step=step if resumed_from is not None else None, enabled=env.is_main)
     flops_per_img = 3 * raw_model.flops_per_sample()  # forward + backward
     gpu_peak = peak_flops(env.device)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
 POOLINGS = ("mean", "cls", "patch_mean")
@@ -28,17 +29,21 @@ def pool_tokens(tokens: torch.Tensor, pool: str) -> torch.Tensor:
 def extract_features(model: torch.nn.Module, dataset: Dataset, layers: list[int] | None = None,
                      pools: tuple[str, ...] = ("mean",), batch_size: int = 256, device: str | torch.device = "cpu",
                      num_workers: int = 0, progress: bool = True, desc: str = "features") -> tuple[dict, torch.Tensor]:
-    """Features of every image: ``({(layer, pool): (N, D) tensor}, labels (N,))``.
+    """Features of every image: ``({(layer, pool): (N, D) tensor}, labels (N,))``, in dataset order.
 
-    ``layers`` are encoder block indices (default: the last block, -1)."""
+    ``layers`` are encoder block indices (default: the last block, -1). Under torchrun each rank
+    takes every world_size-th image and the pieces are gathered back into dataset order on every
+    rank: each image is extracted exactly once, none is dropped or repeated."""
     layers = layers if layers is not None else [-1]
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    indices = list(range(rank, len(dataset), world))
     was_training = model.training
     model.eval()
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    loader = DataLoader(Subset(dataset, indices), batch_size=batch_size, shuffle=False, num_workers=num_workers)
     out: dict = {(l, p): [] for l in layers for p in pools}
     labels = []
     device = torch.device(device)
-    for images, y in tqdm(loader, desc=desc, disable=not progress, leave=False):
+    for images, y in tqdm(loader, desc=desc, disable=not progress or rank != 0, leave=False):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             blocks = model.forward_intermediates(images.to(device), layers)
         for l, tokens in zip(layers, blocks):
@@ -46,4 +51,12 @@ def extract_features(model: torch.nn.Module, dataset: Dataset, layers: list[int]
                 out[(l, p)].append(pool_tokens(tokens.float(), p).cpu())
         labels.append(torch.as_tensor(y))
     model.train(was_training)
-    return {key: torch.cat(v) for key, v in out.items()}, torch.cat(labels)
+    feats = {key: torch.cat(v) for key, v in out.items()}
+    labels = torch.cat(labels)
+    if world == 1:
+        return feats, labels
+    pieces = [None] * world
+    dist.all_gather_object(pieces, (indices, feats, labels))
+    order = torch.tensor([i for idx, _, _ in pieces for i in idx]).argsort()
+    merged = {key: torch.cat([f[key] for _, f, _ in pieces])[order] for key in feats}
+    return merged, torch.cat([lab for _, _, lab in pieces])[order]

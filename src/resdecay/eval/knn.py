@@ -39,11 +39,25 @@ def knn_scores(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Ten
     return torch.cat(out).cpu()
 
 
-def knn_accuracy(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
-                 test_labels: torch.Tensor, k: int = 20, temperature: float = 0.07, chunk_size: int = 1024) -> float:
-    """Top-1 accuracy (0..1) of the weighted cosine kNN vote of ``test_feats`` on the bank."""
+def knn_topk(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor, test_labels: torch.Tensor,
+             k: int = 20, temperature: float = 0.07, topk: tuple[int, ...] = (1, 5), chunk_size: int = 1024) -> dict:
+    """Top-k accuracies of the weighted kNN vote, e.g. ``{"top1": 0.71, "top5": 0.93}``
+    (a top-k larger than the number of classes counts every class)."""
     if len(test_labels) != len(test_feats):
         raise ValueError(f"{len(test_feats)} query features but {len(test_labels)} labels")
     num_classes = int(max(int(train_labels.max()), int(test_labels.max()))) + 1
     scores = knn_scores(train_feats, train_labels, test_feats, k, temperature, num_classes, chunk_size)
-    return float((scores.argmax(1) == test_labels.cpu().long()).float().mean())
+    return topk_accuracy(scores, test_labels, topk)
+
+
+def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor, topk: tuple[int, ...] = (1, 5)) -> dict:
+    """Fraction of rows whose label is among the ``t`` highest scores, for each t in ``topk``."""
+    ranked = scores.topk(min(max(topk), scores.shape[1]), dim=1).indices.cpu()
+    hit = ranked == labels.cpu().long().unsqueeze(1)
+    return {f"top{t}": float(hit[:, :t].any(1).float().mean()) for t in topk}
+
+
+def knn_accuracy(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
+                 test_labels: torch.Tensor, k: int = 20, temperature: float = 0.07, chunk_size: int = 1024) -> float:
+    """Top-1 accuracy (0..1) of the weighted cosine kNN vote of ``test_feats`` on the bank."""
+    return knn_topk(train_feats, train_labels, test_feats, test_labels, k, temperature, (1,), chunk_size)["top1"]

@@ -256,9 +256,11 @@ class MaskedAutoencoder(nn.Module):
         return self.forward_loss(imgs, pred, mask), pred, mask
 
     # ------------------------------------------------------------------ features for evaluation
-    def forward_intermediates(self, imgs: torch.Tensor, indices: list[int] | None = None) -> list[torch.Tensor]:
+    def forward_intermediates(self, imgs: torch.Tensor, indices: list[int] | None = None,
+                              stats: list[dict] | None = None) -> list[torch.Tensor]:
         """Unmasked encoder block outputs (B, 1+N, D) in image order, raw (no norm), for the
-        requested 0-indexed blocks (negative counts from the end; default: the last)."""
+        requested 0-indexed blocks (negative counts from the end; default: the last).
+        ``stats``: an empty list receives one norm-statistics dict per block run (see Block)."""
         depth = len(self.blocks)
         wanted = [depth - 1] if indices is None else [i % depth if -depth <= i < depth else None for i in indices]
         if any(i is None for i in wanted):
@@ -267,7 +269,9 @@ class MaskedAutoencoder(nn.Module):
         x = torch.cat([(self.cls_token + self.pos_embed[:, :1]).expand(x.shape[0], -1, -1), x], dim=1)
         out = {}
         for i, blk in enumerate(self.blocks[: max(wanted) + 1]):
-            x = blk(x)
+            if stats is not None:
+                stats.append({})
+            x = blk(x, stats[-1] if stats is not None else None)
             if i in wanted:
                 out[i] = x
         return [out[i] for i in wanted]

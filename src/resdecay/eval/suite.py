@@ -1,0 +1,218 @@
+"""``resdecay eval``: frozen features extracted once per (checkpoint, data, protocol) and cached
+on disk, then kNN, linear probe and effective rank, every number carrying its protocol card.
+
+With ``layer="all"`` it is the per-layer abstraction profile: for every encoder block kNN, a
+fast linear probe, effective rank, the mean token norm and the shortcut-to-branch norm ratio
+||alpha*x|| / ||f(x)|| of both sub-blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from ..checkpoint import load_checkpoint, load_model
+from ..data import DataConfig, build_dataset, check_first_sample
+from ..errors import UserError
+from .features import POOLINGS, extract_features
+from .knn import knn_topk
+from .probe import FAST_RECIPE, IN100_RECIPE, linear_probe
+from .rank import effective_rank
+
+EVALS = ("knn", "probe", "rank")
+FEATURE_FORMAT = 1  # bump when extraction changes, so old caches are not reused
+STATS_IMAGES = 512  # test images used for the norm statistics of the profile
+
+
+@dataclass
+class EvalSettings:
+    evals: tuple[str, ...] = EVALS
+    layer: int | str = -1  # encoder block index, or "all" for the per-layer profile
+    feature: str = "mean"  # pooling for kNN and probe: mean (all tokens incl. cls) | cls | patch_mean
+    knn_k: int = 20
+    knn_temperature: float = 0.07
+    probe_epochs: int | None = None  # None: 200 (IN-100 recipe) for one layer, 30 (fast) for the profile
+    probe_norm: str | None = None  # None: the recipe's (none for IN-100, batchnorm for fast) | none | batchnorm
+    rank_exp: bool = False  # False: paper eq. 6 (entropy); True: exp of it (Roy & Vetterli)
+    data: DataConfig | None = None  # None: the checkpoint's training data, without augmentation
+    max_train: int | None = None  # first N training images as the kNN bank / probe training set
+    max_test: int | None = None
+    batch_size: int = 256
+    num_workers: int = 0
+    device: str = "auto"
+    cache_dir: str | None = None  # default: <run>/eval/cache
+    progress: bool = True
+
+    def validate(self) -> None:
+        bad = [e for e in self.evals if e not in EVALS]
+        if bad or not self.evals:
+            raise UserError(f"unknown evaluation {bad[0] if bad else '(none)'!r}; choose from {', '.join(EVALS)}")
+        if self.feature not in POOLINGS:
+            raise UserError(f"--feature {self.feature!r} is unknown; choose one of {', '.join(POOLINGS)}")
+        if self.knn_k < 1:
+            raise UserError(f"--k must be a positive integer, got {self.knn_k}")
+        if self.probe_norm not in (None, "none", "batchnorm"):
+            raise UserError(f"--probe-norm {self.probe_norm!r} is unknown; choose none or batchnorm")
+        for name in ("max_train", "max_test", "probe_epochs"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
+
+
+def run_dir_of(checkpoint: Path) -> Path:
+    checkpoint = Path(checkpoint)
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _data_card(data: DataConfig, split: str, n: int, img_size: int) -> dict:
+    path = str(Path(data.path).resolve()) if data.path else None
+    return {"data": data.name, "data_path": path, "split": split, "images": n, "img_size": img_size,
+            "augmentation": "none", "resize": data.resize}
+
+
+def cached_features(model, ckpt_sha: str, data: DataConfig, split: str, img_size: int, layers: list[int],
+                    pools: tuple[str, ...], limit: int | None, s: EvalSettings, cache_dir: Path, device) -> tuple:
+    """Features of one split, from the cache when the same checkpoint, data and protocol were
+    extracted before. Returns (feats, labels, data card, cache hit)."""
+    dataset, _ = build_dataset(data, split, img_size, augment=False)
+    check_first_sample(dataset, model.cfg.in_chans, img_size, data.name)
+    if limit:
+        dataset = torch.utils.data.Subset(dataset, range(min(limit, len(dataset))))
+    card = _data_card(data, split, len(dataset), img_size)
+    key = {"format": FEATURE_FORMAT, "checkpoint_sha256": ckpt_sha, **card, "layers": layers, "pools": sorted(pools)}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    file = cache_dir / f"{split}-{digest}.pt"
+    if file.exists():
+        blob = torch.load(file, map_location="cpu", weights_only=True)
+        feats = {(int(k.split(":")[0]), k.split(":")[1]): v for k, v in blob["feats"].items()}
+        return feats, blob["labels"], card, True
+    feats, labels = extract_features(model, dataset, layers, tuple(sorted(pools)), s.batch_size, device,
+                                     s.num_workers, s.progress, desc=f"features ({split})")
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_suffix(".tmp")
+        torch.save({"feats": {f"{l}:{p}": v for (l, p), v in feats.items()}, "labels": labels, "key": json.dumps(key)}, tmp)
+        tmp.replace(file)
+    return feats, labels, card, False
+
+
+@torch.no_grad()
+def block_statistics(model, dataset, n: int, device) -> list[dict]:
+    """Per-block mean token norms on the first ``n`` images: output norm and the shortcut-to-
+    branch ratio ||alpha*x|| / ||f(x)|| of the attention and MLP sub-blocks."""
+    images = torch.stack([dataset[i][0] for i in range(min(n, len(dataset)))]).to(device)
+    stats: list[dict] = []
+    model.forward_intermediates(images, [len(model.blocks) - 1], stats=stats)
+    return [{"feature_norm": st["output"],
+             "shortcut_ratio_attn": st["shortcut_attn"] / max(st["branch_attn"], 1e-12),
+             "shortcut_ratio_mlp": st["shortcut_mlp"] / max(st["branch_mlp"], 1e-12)} for st in stats]
+
+
+def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
+    """Evaluate one checkpoint; returns the report (None on non-zero torchrun ranks)."""
+    s.validate()
+    checkpoint = Path(checkpoint)
+    device = torch.device("cuda" if s.device == "auto" and torch.cuda.is_available() else ("cpu" if s.device == "auto" else s.device))
+    model, cfg = load_model(checkpoint, device)
+    state = load_checkpoint(checkpoint)
+    depth = len(model.blocks)
+    if s.layer == "all":
+        layers = list(range(depth))
+    else:
+        if not -depth <= int(s.layer) < depth:
+            raise UserError(f"--layer {s.layer} is out of range: the encoder has {depth} blocks (0..{depth - 1}, or -1 for the last)")
+        layers = [int(s.layer) % depth]
+    data = s.data or replace(cfg.data, augment="none", train_subset=None)
+    sha = file_sha256(checkpoint)
+    cache_dir = Path(s.cache_dir) if s.cache_dir else run_dir_of(checkpoint) / "eval" / "cache"
+    pools = {s.feature, "cls"} if "rank" in s.evals else {s.feature}
+    img = cfg.model.img_size
+    train, train_y, train_card, hit_tr = cached_features(model, sha, data, "train", img, layers, pools, s.max_train, s, cache_dir, device)
+    test, test_y, test_card, hit_te = cached_features(model, sha, data, "test", img, layers, pools, s.max_test, s, cache_dir, device)
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return None
+    if train_y.unique().numel() < 2:
+        raise UserError(f"{data.name}: the training split has labels of fewer than 2 classes; kNN and probes need labelled data")
+    recipe = IN100_RECIPE if s.layer != "all" else FAST_RECIPE
+    if s.probe_epochs:
+        recipe = replace(recipe, epochs=s.probe_epochs)
+    if s.probe_norm:
+        recipe = replace(recipe, feature_norm=s.probe_norm)
+    base = {"train": train_card, "test": test_card, "norm": "none"}
+    results, profile = [], []
+    for layer in layers:
+        row = {"layer": layer}
+        card = {**base, "layer": layer, "feature": s.feature}
+        if "knn" in s.evals:
+            if s.knn_k > len(train_y):
+                raise UserError(f"--k {s.knn_k} is larger than the kNN bank ({len(train_y)} training images); lower --k")
+            v = knn_topk(train[(layer, s.feature)], train_y, test[(layer, s.feature)], test_y, s.knn_k, s.knn_temperature)
+            results.append({"metric": "knn", "layer": layer, "feature": s.feature, "values": v,
+                            "protocol": {**card, "k": s.knn_k, "temperature": s.knn_temperature, "vote": "exp(cos/T)"}})
+            row["knn_top1"] = v["top1"]
+        if "probe" in s.evals:
+            v = linear_probe(train[(layer, s.feature)], train_y, test[(layer, s.feature)], test_y, recipe, device,
+                             progress=s.progress and s.layer != "all")
+            results.append({"metric": "probe", "layer": layer, "feature": s.feature, "values": v,
+                            "protocol": {**card, "probe": recipe.card()}})
+            row["probe_top1"] = v["top1"]
+        if "rank" in s.evals:
+            for feature in sorted(pools):
+                r = effective_rank(test[(layer, feature)], exp=s.rank_exp)
+                form = "exp(entropy) (Roy & Vetterli)" if s.rank_exp else "entropy of normalised covariance spectrum (paper eq. 6)"
+                results.append({"metric": "rank", "layer": layer, "feature": feature, "values": {"effective_rank": r},
+                                "protocol": {**base, "layer": layer, "feature": feature, "form": form, "split": "test"}})
+                row[f"rank_{feature}"] = r
+        profile.append(row)
+    report = {"resdecay_eval": 1, "checkpoint": str(checkpoint), "checkpoint_sha256": sha,
+              "step": state["train_state"]["step"], "preset": cfg.preset, "label": _label(cfg),
+              "model": dataclasses.asdict(cfg.model), "cache": {"dir": str(cache_dir), "train_hit": hit_tr, "test_hit": hit_te},
+              "results": results}
+    if s.layer == "all":
+        test_ds, _ = build_dataset(data, "test", img, augment=False)
+        for row, st in zip(profile, block_statistics(model, test_ds, STATS_IMAGES, device)):
+            row.update(st)
+        report["profile"] = profile
+        report["profile_protocol"] = {**base, "feature": s.feature, "probe": recipe.card(), "k": s.knn_k,
+                                      "temperature": s.knn_temperature, "norm_statistics": f"first {STATS_IMAGES} test images, mean per-token L2 norm"}
+    return report
+
+
+def _label(cfg) -> str:
+    m = cfg.model
+    if m.alpha_min == 1.0 and not getattr(m, "skips", False):
+        return f"{cfg.preset} (plain)"
+    return f"{cfg.preset} (alpha_min {m.alpha_min:g}{', skips' if getattr(m, 'skips', False) else ''})"
+
+
+def format_report(report: dict) -> str:
+    lines = [f"{report['label']} | {report['checkpoint']} (step {report['step']}, sha256 {report['checkpoint_sha256'][:12]})"]
+    if "profile" in report:
+        keys = [k for k in ("knn_top1", "probe_top1", "rank_cls", "rank_mean", "rank_patch_mean", "feature_norm",
+                            "shortcut_ratio_attn", "shortcut_ratio_mlp") if any(k in r for r in report["profile"])]
+        lines.append(f"{'layer':>5} " + " ".join(f"{k:>19}" for k in keys))
+        for r in report["profile"]:
+            lines.append(f"{r['layer']:>5} " + " ".join(f"{r.get(k, float('nan')):>19.4f}" for k in keys))
+        return "\n".join(lines)
+    lines.append(f"{'metric':<8} {'layer':>5} {'feature':<10} {'value':<32} protocol")
+    for r in report["results"]:
+        p = r["protocol"]
+        vals = ", ".join(f"{k} {v:.4f}" for k, v in r["values"].items() if k in ("top1", "top5", "effective_rank"))
+        extra = {"knn": lambda: f"k={p['k']} T={p['temperature']}",
+                 "probe": lambda: f"{p['probe']['name']} recipe, {p['probe']['epochs']} epochs, lr {p['probe']['lr']}",
+                 "rank": lambda: p["form"]}[r["metric"]]()
+        split = f"test {p['test']['images']}" if r["metric"] == "rank" else f"train {p['train']['images']} -> test {p['test']['images']}"
+        lines.append(f"{r['metric']:<8} {r['layer']:>5} {r['feature']:<10} {vals:<32} {p['train']['data']} {split}; {extra}")
+    return "\n".join(lines)
