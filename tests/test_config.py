@@ -6,12 +6,20 @@ from resdecay.errors import ConfigError
 EXPECTED = {"mae-tiny-digits", "mae-tiny-fmnist", "mae-s16", "mae-b16", "mae-l16"}
 
 
+RECIPES = {"finetune-mae", "linprobe-mae"}  # applied to a checkpoint by `resdecay finetune`
+
+
 def test_every_preset_and_its_plain_form_exist_and_load():
     names = set(list_presets())
-    assert EXPECTED | {f"{n}-plain" for n in EXPECTED} <= names
-    for name in names:
+    assert EXPECTED | {f"{n}-plain" for n in EXPECTED} | RECIPES <= names
+    for name in names - RECIPES:
         cfg = load_config(name)
         assert cfg.preset == name and cfg.model.family == "mae"
+
+
+def test_recipe_presets_need_a_checkpoint():
+    with pytest.raises(ConfigError, match="model.encoder is empty: build classifiers with `resdecay finetune CHECKPOINT`"):
+        load_config("finetune-mae")
 
 
 def test_plain_presets_are_the_baseline_switches():

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from timm.layers import DropPath
 
 
 def decayed_add(x: torch.Tensor, branch: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -82,6 +83,7 @@ class Block(nn.Module):
         alpha_mlp: float = 1.0,
         norm_eps: float = 1e-6,
         zero_init: bool = False,
+        drop_path: float = 0.0,
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
@@ -90,17 +92,19 @@ class Block(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
         self.alpha_attn = float(alpha_attn)
         self.alpha_mlp = float(alpha_mlp)
+        # stochastic depth on the branches (fine-tuning); the decayed shortcut is never dropped
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         if zero_init:
             self.zero_init_branches()
 
     def forward(self, x: torch.Tensor, stats: dict | None = None) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
         """``stats``, when given a dict, receives the mean per-token L2 norms of the scaled
         shortcut and of each branch (the per-layer profile's shortcut-to-branch ratio)."""
-        f = self.attn(self.norm1(x))
+        f = self.drop_path(self.attn(self.norm1(x)))
         if stats is not None:
             stats["shortcut_attn"], stats["branch_attn"] = _token_norm(x) * self.alpha_attn, _token_norm(f)
         x = decayed_add(x, f, self.alpha_attn)
-        f = self.mlp(self.norm2(x))
+        f = self.drop_path(self.mlp(self.norm2(x)))
         if stats is not None:
             stats["shortcut_mlp"], stats["branch_mlp"] = _token_norm(x) * self.alpha_mlp, _token_norm(f)
         x = decayed_add(x, f, self.alpha_mlp)

@@ -1,4 +1,4 @@
-"""``resdecay`` command line: demo, alpha, pretrain, eval, compare, presets.
+"""``resdecay`` command line: demo, alpha, pretrain, finetune, eval, compare, plot, figures, presets.
 
 Errors a user can fix print one line and exit with code 2; a diverged run exits with 3.
 Under torchrun use the module form: ``torchrun --nproc_per_node 8 -m resdecay pretrain ...``.
@@ -62,6 +62,12 @@ def cmd_pretrain(args) -> None:
         print(f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
               f"{summary['train_time_s']:.0f}s; checkpoint {summary['checkpoint']}")
         (Path(summary["out_dir"]) / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def cmd_finetune(args) -> None:
+    from .finetune import run_finetune
+
+    run_finetune(args.checkpoint, args.preset, args.overrides, resume=args.resume, progress=not args.no_progress)
 
 
 def cmd_demo(args) -> None:
@@ -138,6 +144,21 @@ def cmd_compare(args) -> None:
     print(f"wrote {out / 'compare.json'} and {png}")
 
 
+def cmd_plot(args) -> None:
+    from .report import run_plot
+
+    run_plot(args.runs, args.out, args.accuracy)
+
+
+def cmd_figures(args) -> None:
+    from .data import DataConfig
+    from .report import run_figures
+
+    data = DataConfig(name=args.data, path=args.data_path) if args.data else None
+    run_figures(args.checkpoints, args.out, data, per_class=args.per_class, images=args.images,
+                layer=_int_arg(args.layer, "--layer"), seed=args.seed)
+
+
 def _int_arg(value: str, name: str) -> int:
     try:
         return int(value)
@@ -183,6 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. alpha_min=0.7 train.epochs=100 data.path=/data/in100")
     t.set_defaults(func=cmd_pretrain)
 
+    f = sub.add_parser("finetune", help="MAE fine-tuning or linear probing (LARS) of a pretrained checkpoint")
+    f.add_argument("checkpoint", help="MAE pretraining checkpoint")
+    f.add_argument("--preset", default="finetune-mae", help="finetune-mae (default) or linprobe-mae")
+    f.add_argument("--resume", default=None, help="auto or a checkpoint path of this fine-tuning run")
+    f.add_argument("--no-progress", action="store_true")
+    f.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.epochs=10 drop_path=0.2")
+    f.set_defaults(func=cmd_finetune)
+
     e = sub.add_parser("eval", help="kNN, linear probe and effective rank of checkpoints (features cached)")
     e.add_argument("checkpoints", nargs="+", help="checkpoint files (<run>/checkpoints/step_*.pt)")
     e.add_argument("--data", default=None, help="dataset (default: the checkpoint's training data)")
@@ -211,13 +240,36 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
     c.set_defaults(func=cmd_compare)
 
+    pl = sub.add_parser("plot", help="Figure 4 and 5c from runs' logged online evaluations (rank, accuracy over epochs)")
+    pl.add_argument("runs", nargs="+", help="run folders pretrained with train.online_eval_every=N")
+    pl.add_argument("--accuracy", default="probe", choices=["probe", "knn"], help="which logged accuracy to plot")
+    pl.add_argument("--out", default="runs/plot", help="output folder (default runs/plot)")
+    pl.set_defaults(func=cmd_plot)
+
+    fg = sub.add_parser("figures", help="t-SNE, PCA feature maps and reconstructions of checkpoints side by side")
+    fg.add_argument("checkpoints", nargs="+", help="checkpoints to show side by side (e.g. plain and decayed)")
+    fg.add_argument("--data", default=None, help="dataset (default: the first checkpoint's)")
+    fg.add_argument("--data-path", default=None)
+    fg.add_argument("--layer", default="-1", help="encoder block for t-SNE and PCA maps (default -1, the last)")
+    fg.add_argument("--per-class", type=int, default=30, help="t-SNE images per class (first 10 classes)")
+    fg.add_argument("--images", type=int, default=8, help="images in the PCA and reconstruction grids")
+    fg.add_argument("--seed", type=int, default=0)
+    fg.add_argument("--out", default="runs/figures", help="output folder (default runs/figures)")
+    fg.set_defaults(func=cmd_figures)
+
     s = sub.add_parser("presets", help="list the shipped presets")
     s.set_defaults(func=cmd_presets)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may come after options (`finetune CKPT --preset x epochs=3`)
+    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         args.func(args)
     except UserError as e:

@@ -29,6 +29,7 @@ from .errors import ConfigError, DataError
 DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "synthetic")
 FASHION_MNIST_DEBIAN = "/usr/share/datasets/fashion-mnist"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+AUGMENTS = ("none", "flip", "mae", "randaug")
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
@@ -36,7 +37,7 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 class DataConfig:
     name: str = "digits"  # one of DATASETS
     path: str | None = None  # dataset folder; fashion-mnist defaults to the Debian path
-    augment: str = "none"  # none | flip | mae (RandomResizedCrop scale 0.2-1 bicubic + flip)
+    augment: str = "none"  # none | flip | mae (RandomResizedCrop 0.2-1 bicubic + flip) | randaug (fine-tuning)
     num_workers: int = 0  # DataLoader worker processes (0 = load in the main process)
     train_subset: int | None = None  # use only the first N training images (quick runs)
     resize: bool = False  # resize fixed-size datasets to model.img_size instead of refusing
@@ -44,8 +45,8 @@ class DataConfig:
     def validate(self) -> None:
         if self.name not in DATASETS:
             raise ConfigError(f"data.name {self.name!r} is unknown; choose one of {', '.join(DATASETS)}")
-        if self.augment not in ("none", "flip", "mae"):
-            raise ConfigError(f"data.augment {self.augment!r} is unknown; choose none, flip or mae")
+        if self.augment not in AUGMENTS:
+            raise ConfigError(f"data.augment {self.augment!r} is unknown; choose one of {', '.join(AUGMENTS)}")
         if self.num_workers < 0:
             raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}")
         if self.train_subset is not None and self.train_subset < 1:
@@ -193,12 +194,15 @@ def _tensor_transform(augment: str, size: int, native: int, resize: bool):
     import torchvision.transforms.v2 as T
 
     ops = []
-    if augment == "mae":
-        ops.append(T.RandomResizedCrop(size, scale=(0.2, 1.0), interpolation=T.InterpolationMode.BICUBIC, antialias=True))
+    if augment in ("mae", "randaug"):  # MAE pretraining crops 0.2-1; fine-tuning (timm) 0.08-1
+        scale = (0.2, 1.0) if augment == "mae" else (0.08, 1.0)
+        ops.append(T.RandomResizedCrop(size, scale=scale, interpolation=T.InterpolationMode.BICUBIC, antialias=True))
     elif native != size and resize:
         ops.append(T.Resize(size, interpolation=T.InterpolationMode.BICUBIC, antialias=True))
-    if augment in ("mae", "flip"):
+    if augment != "none":
         ops.append(T.RandomHorizontalFlip())
+    if augment == "randaug":  # MAE fine-tuning: RandAugment(2, 9) and random erasing 0.25
+        ops += [T.RandAugment(num_ops=2, magnitude=9), T.RandomErasing(p=0.25, value=0)]
     return T.Compose(ops) if ops else None
 
 
@@ -206,6 +210,11 @@ def _pil_transform(augment: str, size: int, mean, std):
     import torchvision.transforms as T
 
     bicubic = T.InterpolationMode.BICUBIC
+    if augment == "randaug":  # MAE fine-tuning's timm pipeline
+        from timm.data import create_transform
+
+        return create_transform(size, is_training=True, auto_augment="rand-m9-mstd0.5-inc1", interpolation="bicubic",
+                                re_prob=0.25, re_mode="pixel", re_count=1, mean=mean, std=std)
     if augment == "mae":
         ops = [T.RandomResizedCrop(size, scale=(0.2, 1.0), interpolation=bicubic), T.RandomHorizontalFlip()]
     else:  # evaluation view (MAE: resize to 256/224 of the side, centre crop)

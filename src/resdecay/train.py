@@ -66,11 +66,24 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
 
 
-def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_epoch_end=None) -> dict:
+def make_optimizer(groups: list[dict], t, lr: float, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW (fused on GPU), or timm's LARS with MAE's rule: trust-ratio adaptation for weight
+    matrices only, momentum 0.9."""
+    if t.optimizer == "lars":
+        from timm.optim import Lars
+
+        for g in groups:
+            g["always_adapt"] = any(p.ndim > 1 for p in g["params"])
+        return Lars(groups, lr=lr, momentum=0.9)
+    return torch.optim.AdamW(groups, lr=lr, betas=(t.beta1, t.beta2), fused=device.type == "cuda")
+
+
+def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_epoch_end=None, init=None) -> dict:
     """Train ``cfg`` and return a summary (final loss, steps, time, checkpoint path).
 
     ``resume``: None (fresh run), "auto" (newest checkpoint in the run folder, if any) or a path.
     ``on_epoch_end(model, epoch, step, log)``: hook for online evaluation.
+    ``init(model)``: called on fresh starts only, before the optimizer sees the weights.
     """
     t = cfg.train
     env = D.setup(t.device)
@@ -103,14 +116,17 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
     np.random.seed(t.seed + env.rank)
     torch.manual_seed(t.seed + env.rank)
     raw_model = build_model(cfg.model).to(env.device)
-    objective = get_family(cfg.model.family).objective
-    fused = env.device.type == "cuda"
-    optimizer = torch.optim.AdamW(param_groups(raw_model, t.weight_decay), lr=peak_lr, betas=(t.beta1, t.beta2), fused=fused)
+    family = get_family(cfg.model.family)
+    resumed_from = ckpt.resolve_resume(resume, ckpt_dir)
+    if init is not None and resumed_from is None:
+        init(raw_model)  # e.g. pretrained encoder weights for fine-tuning; a resumed run has its own
+    groups = (family.param_groups or param_groups)(raw_model, t.weight_decay)
+    optimizer = make_optimizer(groups, t, peak_lr, env.device)
     amp_dtype = autocast_dtype(t.precision, env.device)
     scaler = torch.amp.GradScaler(env.device.type, enabled=amp_dtype == torch.float16)
 
     # ------------------------------------------------------------------ resume
-    step, resumed_from = 0, ckpt.resolve_resume(resume, ckpt_dir)
+    step = 0
     if resumed_from is not None:
         state = ckpt.load_checkpoint(resumed_from)
         diffs = ckpt.model_differences(state["config"]["model"], cfg.to_dict()["model"])
@@ -137,7 +153,7 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
     if env.distributed:
         model = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
 
-    say(f"resdecay pretrain | preset {cfg.preset} | {cfg.model.family} depth {getattr(cfg.model, 'depth', '?')} "
+    say(f"resdecay train | preset {cfg.preset} | {cfg.model.family} depth {getattr(cfg.model, 'depth', '?')} "
         f"| alpha_min {cfg.model.alpha_min} ({cfg.model.schedule}) alpha_eff {effective_decay(raw_model.alphas):.3g}")
     say(f"data {cfg.data.name}: {len(samples)} images | device {env.device} x {env.world_size} | "
         f"precision {amp_dtype or torch.float32} | params {sum(p.numel() for p in raw_model.parameters()) / 1e6:.2f} M")
@@ -171,7 +187,7 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
             for _ in range(in_epoch, steps_per_epoch):
                 lr = lr_at(step, total_steps, warmup_steps, peak_lr, t.min_lr)
                 for group in optimizer.param_groups:
-                    group["lr"] = lr
+                    group["lr"] = lr * group.get("lr_scale", 1.0)
                 for micro in range(t.accum_steps):
                     try:
                         images, labels = next(batches)
@@ -180,7 +196,7 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
                     images = images.to(env.device, non_blocking=True)
                     sync = contextlib.nullcontext() if micro == t.accum_steps - 1 or not env.distributed else model.no_sync()
                     with sync, torch.autocast(env.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                        loss = objective(model, images, labels) / t.accum_steps
+                        loss = family.objective(model, images, labels.to(env.device, non_blocking=True)) / t.accum_steps
                     scaler.scale(loss).backward()
                     loss_sum += loss.detach()
                     nonfinite |= ~torch.isfinite(loss.detach())
@@ -223,7 +239,8 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
         bar.close()
         log.close()
     D.barrier(env)
-    summary = {"preset": cfg.preset, "out_dir": str(out), "steps": step, "epochs": t.epochs,
+    summary = {"preset": cfg.preset, "out_dir": str(out), "steps": step, "epochs": t.epochs, "images": len(samples),
+               "effective_batch": eff_batch, "lr": peak_lr,
                "final_loss": last_loss, "train_time_s": time.perf_counter() - t_start,
                "alpha_min": cfg.model.alpha_min, "alpha_eff": effective_decay(raw_model.alphas),
                "checkpoint": str(last_ckpt) if last_ckpt else None, "resumed_from": str(resumed_from) if resumed_from else None}

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
+from .classifier import ClassifierConfig, EncoderClassifier, classifier_objective, classifier_param_groups
 from .mae import MAEConfig, MaskedAutoencoder
 
 
@@ -27,10 +28,14 @@ class Family:
     config: type
     build: Callable[[Any], nn.Module]
     objective: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+    # (model, weight_decay) -> optimizer groups, each may carry an "lr_scale"; None = the default
+    # split (no weight decay on biases and 1-D parameters)
+    param_groups: Callable[[nn.Module, float], list[dict]] | None = None
 
 
 FAMILIES: dict[str, Family] = {
     "mae": Family(MAEConfig, MaskedAutoencoder, mae_objective),
+    "classifier": Family(ClassifierConfig, EncoderClassifier, classifier_objective, classifier_param_groups),
 }
 
 
@@ -49,4 +54,5 @@ def build_model(cfg: Any) -> nn.Module:
     return get_family(cfg.family).build(cfg)
 
 
-__all__ = ["FAMILIES", "Family", "MAEConfig", "MaskedAutoencoder", "build_model", "get_family", "model_config_class"]
+__all__ = ["FAMILIES", "ClassifierConfig", "EncoderClassifier", "Family", "MAEConfig", "MaskedAutoencoder", "build_model",
+           "get_family", "model_config_class"]

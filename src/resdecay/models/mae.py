@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ..blocks import Block, PatchEmbed, init_linear_xavier, init_patch_embed, sincos_pos_embed_2d
-from ..schedule import SCHEDULES, alpha_schedule, effective_decay
+from ..blocks import Block, init_linear_xavier, init_patch_embed, sincos_pos_embed_2d
+from ..schedule import SCHEDULES
+from .encoder import ViTEncoder
 
 
 @dataclass
@@ -116,24 +117,12 @@ class SkipFusion(nn.Module):
         return dec + self.fc2(self.act(self.fc1(torch.cat([enc, dec], dim=-1))))  # (B, 1+N, Dd)
 
 
-class MaskedAutoencoder(nn.Module):
+class MaskedAutoencoder(ViTEncoder):
     def __init__(self, cfg: MAEConfig):
-        super().__init__()
         cfg.validate()
-        self.cfg = cfg
+        super().__init__(cfg)  # patch_embed, cls_token, pos_embed, decayed blocks, norm
         D, Dd, p = cfg.embed_dim, cfg.decoder_embed_dim, cfg.patch_size
-
-        # --------------------------------------------------------------- encoder
-        self.patch_embed = PatchEmbed(cfg.img_size, p, cfg.in_chans, D)
         N = self.patch_embed.num_patches
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
-        self.pos_embed = nn.Parameter(torch.zeros(1, N + 1, D), requires_grad=False)  # fixed sin-cos
-        self.alphas = alpha_schedule(cfg.depth, cfg.alpha_min, cfg.schedule)  # (depth, 2), float64
-        self.blocks = nn.ModuleList(
-            Block(D, cfg.num_heads, cfg.mlp_ratio, alpha_attn=a, alpha_mlp=m) for a, m in self.alphas.tolist()
-        )
-        # U-Net MAE: no final norm, the bottleneck is the raw last block (paper-notes §2).
-        self.norm = nn.LayerNorm(D, eps=1e-6) if cfg.encoder_norm else nn.Identity()
 
         # --------------------------------------------------------------- decoder
         self.skip_sources = choose_skip_sources(cfg.depth, cfg.decoder_depth, cfg.skip_sources) if cfg.skips else []
@@ -178,10 +167,6 @@ class MaskedAutoencoder(nn.Module):
         nn.init.zeros_(self.decoder_pred.weight)
 
     # ------------------------------------------------------------------ helpers
-    @property
-    def alpha_eff(self) -> float:
-        return effective_decay(self.alphas)
-
     def patchify(self, imgs: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, N, p*p*C), patches in row-major order, pixels (p, q, c)."""
         p, g, C = self.cfg.patch_size, self.patch_embed.grid, self.cfg.in_chans
@@ -215,8 +200,7 @@ class MaskedAutoencoder(nn.Module):
         """-> latent (B, 1+K, D), mask (B, N), ids_restore (B, N), skips (shallow -> deep)."""
         x = self.patch_embed(imgs) + self.pos_embed[:, 1:]  # (B, N, D)
         x, mask, ids_restore = self.random_masking(x, mask_ratio)  # (B, K, D)
-        cls = (self.cls_token + self.pos_embed[:, :1]).expand(x.shape[0], -1, -1)
-        x = torch.cat([cls, x], dim=1)  # (B, 1+K, D)
+        x = torch.cat([self.cls_with_pos(x.shape[0]), x], dim=1)  # (B, 1+K, D)
         wanted, skips = set(self.skip_sources), []
         for i, blk in enumerate(self.blocks):
             x = blk(x)
@@ -255,30 +239,6 @@ class MaskedAutoencoder(nn.Module):
         pred = self.forward_decoder(latent, ids_restore, skips)
         return self.forward_loss(imgs, pred, mask), pred, mask
 
-    # ------------------------------------------------------------------ features for evaluation
-    def forward_intermediates(self, imgs: torch.Tensor, indices: list[int] | None = None,
-                              stats: list[dict] | None = None) -> list[torch.Tensor]:
-        """Unmasked encoder block outputs (B, 1+N, D) in image order, raw (no norm), for the
-        requested 0-indexed blocks (negative counts from the end; default: the last).
-        ``stats``: an empty list receives one norm-statistics dict per block run (see Block)."""
-        depth = len(self.blocks)
-        wanted = [depth - 1] if indices is None else [i % depth if -depth <= i < depth else None for i in indices]
-        if any(i is None for i in wanted):
-            raise IndexError(f"layer indices {indices} out of range for an encoder of {depth} blocks")
-        x = self.patch_embed(imgs) + self.pos_embed[:, 1:]
-        x = torch.cat([(self.cls_token + self.pos_embed[:, :1]).expand(x.shape[0], -1, -1), x], dim=1)
-        out = {}
-        for i, blk in enumerate(self.blocks[: max(wanted) + 1]):
-            if stats is not None:
-                stats.append({})
-            x = blk(x, stats[-1] if stats is not None else None)
-            if i in wanted:
-                out[i] = x
-        return [out[i] for i in wanted]
-
-    def forward_features(self, imgs: torch.Tensor, layer: int = -1) -> torch.Tensor:
-        return self.forward_intermediates(imgs, [layer])[0]
-
     # ------------------------------------------------------------------ cost model
     def flops_per_sample(self) -> float:
         """Analytic forward FLOPs of one training image (2 per multiply-add; matmuls only).
@@ -292,7 +252,7 @@ class MaskedAutoencoder(nn.Module):
             return 2 * T * (4 * d * d + 2 * r * d * d) + 4 * T * T * d  # qkv+proj+mlp, QK^T and AV
 
         f = 2 * N * cfg.in_chans * cfg.patch_size**2 * D  # patch embedding (all patches)
-        f += cfg.depth * block(Te, D) + cfg.decoder_depth * block(Td, Dd)
+        f += self.encoder_flops(Te) + cfg.decoder_depth * block(Td, Dd)
         if not cfg.skips:  # U-Net: decoder_embed runs once per batch on the content-free start
             f += 2 * Te * D * Dd
         f += len(self.skip_sources) * 2 * Td * ((D + Dd) * Dd + Dd * Dd)

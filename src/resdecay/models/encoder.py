@@ -1,0 +1,75 @@
+"""The ViT encoder with decayed shortcuts, shared by the MAE and by classifiers built from a
+pretrained MAE (fine-tuning, linear probing). Parameter names are MAE's (``patch_embed``,
+``cls_token``, ``pos_embed``, ``blocks``, ``norm``), so encoder weights move between them and
+from facebookresearch/mae checkpoints key for key."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..blocks import Block, PatchEmbed
+from ..schedule import alpha_schedule, effective_decay
+
+
+class ViTEncoder(nn.Module):
+    """Patch embedding, learned cls token, fixed 2-D sin-cos positions and ``depth`` pre-LN blocks
+    whose identity shortcuts follow ``alpha_schedule(depth, alpha_min, schedule)``.
+
+    ``cfg`` needs img_size, in_chans, patch_size, embed_dim, depth, num_heads, mlp_ratio,
+    alpha_min, schedule and encoder_norm (an ``MAEConfig`` has them all)."""
+
+    def __init__(self, cfg, drop_path: float = 0.0):
+        super().__init__()
+        self.cfg = cfg
+        D = cfg.embed_dim
+        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, D), requires_grad=False)
+        self.alphas = alpha_schedule(cfg.depth, cfg.alpha_min, cfg.schedule)  # (depth, 2), float64
+        rates = [drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # stochastic depth grows with depth (timm)
+        self.blocks = nn.ModuleList(
+            Block(D, cfg.num_heads, cfg.mlp_ratio, alpha_attn=a, alpha_mlp=m, drop_path=r)
+            for (a, m), r in zip(self.alphas.tolist(), rates)
+        )
+        # U-Net MAE: no final norm, the bottleneck is the raw last block (paper-notes §2).
+        self.norm = nn.LayerNorm(D, eps=1e-6) if cfg.encoder_norm else nn.Identity()
+
+    @property
+    def alpha_eff(self) -> float:
+        return effective_decay(self.alphas)
+
+    def cls_with_pos(self, batch: int) -> torch.Tensor:  # (B, 1, D)
+        return (self.cls_token + self.pos_embed[:, :1]).expand(batch, -1, -1)
+
+    def embed(self, imgs: torch.Tensor) -> torch.Tensor:
+        """All tokens with positions, cls first: (B, C, H, W) -> (B, 1+N, D)."""
+        x = self.patch_embed(imgs) + self.pos_embed[:, 1:]
+        return torch.cat([self.cls_with_pos(x.shape[0]), x], dim=1)
+
+    def forward_intermediates(self, imgs: torch.Tensor, indices: list[int] | None = None,
+                              stats: list[dict] | None = None) -> list[torch.Tensor]:
+        """Unmasked encoder block outputs (B, 1+N, D) in image order, raw (no norm), for the
+        requested 0-indexed blocks (negative counts from the end; default: the last).
+        ``stats``: an empty list receives one norm-statistics dict per block run (see Block)."""
+        depth = len(self.blocks)
+        wanted = [depth - 1] if indices is None else [i % depth if -depth <= i < depth else None for i in indices]
+        if any(i is None for i in wanted):
+            raise IndexError(f"layer indices {indices} out of range for an encoder of {depth} blocks")
+        x = self.embed(imgs)
+        out = {}
+        for i, blk in enumerate(self.blocks[: max(wanted) + 1]):
+            if stats is not None:
+                stats.append({})
+            x = blk(x, stats[-1] if stats is not None else None)
+            if i in wanted:
+                out[i] = x
+        return [out[i] for i in wanted]
+
+    def forward_features(self, imgs: torch.Tensor, layer: int = -1) -> torch.Tensor:
+        return self.forward_intermediates(imgs, [layer])[0]
+
+    def encoder_flops(self, tokens: int) -> float:
+        """Forward matmul FLOPs of the blocks on ``tokens`` tokens (2 per multiply-add)."""
+        d, r = self.cfg.embed_dim, self.cfg.mlp_ratio
+        return self.cfg.depth * (2 * tokens * (4 * d * d + 2 * r * d * d) + 4 * tokens * tokens * d)

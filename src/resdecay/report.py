@@ -1,0 +1,82 @@
+"""``resdecay plot`` (Figures 4 and 5c from logged values) and ``resdecay figures`` (t-SNE, PCA
+feature maps and reconstructions of several checkpoints side by side, Figures 3 and 6)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from .checkpoint import load_model
+from .data import DataConfig, build_dataset
+from .errors import UserError
+from .eval.figures import online_rows, plot_correlation, plot_pca_maps, plot_rank_and_accuracy, plot_tsne
+from .eval.suite import run_dir_of
+from .plots import plot_reconstructions, reconstruct
+from .runlog import read_log
+
+
+def run_label(run: Path) -> str:
+    summary = run / "summary.json"
+    if summary.exists():
+        s = json.loads(summary.read_text())
+        return f"{run.name} (alpha_min {s['alpha_min']:g})"
+    return run.name
+
+
+def run_plot(runs: list[str], out: str, accuracy: str = "probe") -> dict:
+    """Figure 4 (effective rank and accuracy over epochs) and Figure 5c (their correlation)."""
+    logs = {}
+    for r in runs:
+        path = Path(r)
+        rows = online_rows(read_log(path))
+        if not rows:
+            raise UserError(f"{path}: log.jsonl has no online evaluations; pretrain with train.online_eval_every=N")
+        logs[run_label(path)] = rows
+    acc_key = {"probe": "online_probe_top1", "knn": "online_knn_top1"}[accuracy]
+    out_dir = Path(out)
+    fig4 = plot_rank_and_accuracy(logs, out_dir / "rank_and_accuracy.png", accuracy_key=acc_key)
+    fig5 = plot_correlation(logs, out_dir / "rank_accuracy_correlation.png", accuracy_key=acc_key)
+    report = {"figure4": fig4, "figure5c": fig5, "runs": dict(zip(logs, runs))}
+    (out_dir / "plot.json").write_text(json.dumps(report, indent=2, default=str))
+    for label, c in fig5.items():
+        r = c.get("pearson_r")
+        print(f"{label}: Pearson r(rank, {accuracy}) = {r:.3f} over {c['n']} evaluations" if r is not None else f"{label}: {c.get('note')}")
+    print(f"wrote {out_dir / 'rank_and_accuracy.png'}, {out_dir / 'rank_accuracy_correlation.png'}, {out_dir / 'plot.json'}")
+    return report
+
+
+def run_figures(checkpoints: list[str], out: str, data: DataConfig | None = None, per_class: int = 50,
+                images: int = 8, layer: int = -1, seed: int = 0) -> dict:
+    """t-SNE of the same balanced subset, PCA maps of patch features and masked reconstructions."""
+    models, cfgs = {}, {}
+    for c in checkpoints:
+        model, cfg = load_model(c)
+        label = f"{run_dir_of(Path(c)).name} (alpha_min {cfg.model.alpha_min:g})"
+        models[label], cfgs[label] = model, cfg
+    first = next(iter(cfgs.values()))
+    sizes = {(cfg.model.img_size, cfg.model.in_chans) for cfg in cfgs.values()}
+    if len(sizes) > 1:
+        raise UserError(f"the checkpoints take different inputs {sorted(sizes)}; figures need one image size and channel count")
+    data = data or replace(first.data, augment="none", train_subset=None)
+    test, info = build_dataset(data, "test", first.model.img_size, augment=False)
+    out_dir = Path(out)
+    cards = {"tsne": plot_tsne(models, test, out_dir / "tsne.png", classes=min(10, info.num_classes),
+                               per_class=per_class, layer=layer, seed=seed)}
+    batch = torch.stack([test[i][0] for i in range(min(images, len(test)))])
+    cards["pca_maps"] = plot_pca_maps(models, batch, info.mean, info.std, out_dir / "pca_maps.png", layer=layer, seed=seed)
+    if all(hasattr(m, "forward_decoder") for m in models.values()):
+        rows = {"original": batch}
+        for label, model in models.items():
+            masked, recon = reconstruct(model, batch, seed=seed)
+            rows.setdefault("masked", masked)
+            rows[label] = recon
+        note = "removed patches: norm-pix predictions un-normalised with the visible patches' mean/std; same mask for all models"
+        plot_reconstructions(batch, rows, info.mean, info.std, out_dir / "reconstructions.png", note)
+        cards["reconstructions"] = {"figure": "reconstructions", "images": len(batch), "mask_seed": seed, "note": note,
+                                    "path": str(out_dir / "reconstructions.png")}
+    (out_dir / "figures.json").write_text(json.dumps(cards, indent=2, default=str))
+    print(f"wrote {', '.join(Path(c['path']).name for c in cards.values())} and figures.json in {out_dir}")
+    return cards
