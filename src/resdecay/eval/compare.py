@@ -41,9 +41,13 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+# What was measured, not how: these fields are expected to differ between the runs compared.
+SUBJECT_FIELDS = {"checkpoint_sha256", "pretrained", "pretrained_sha256", "pretrained_step"}
+
+
 def protocol_differences(cards: list[dict]) -> list[str]:
     """Fields whose values differ between protocol cards, as 'field (a vs b)'."""
-    flat = [_flatten(c) for c in cards]
+    flat = [{k: v for k, v in _flatten(c).items() if k.split(".")[-1] not in SUBJECT_FIELDS} for c in cards]
     keys = sorted(set().union(*flat))
     diffs = []
     for k in keys:

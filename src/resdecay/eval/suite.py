@@ -150,7 +150,7 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
         recipe = replace(recipe, epochs=s.probe_epochs)
     if s.probe_norm:
         recipe = replace(recipe, feature_norm=s.probe_norm)
-    base = {"train": train_card, "test": test_card, "norm": "none"}
+    base = {"train": train_card, "test": test_card, "norm": "none", "checkpoint_sha256": sha}
     results, profile = [], []
     for layer in layers:
         row = {"layer": layer}
