@@ -12,9 +12,10 @@ RECIPES = {"finetune-mae", "linprobe-mae"}  # applied to a checkpoint by `resdec
 def test_every_preset_and_its_plain_form_exist_and_load():
     names = set(list_presets())
     assert EXPECTED | {f"{n}-plain" for n in EXPECTED} | RECIPES <= names
+    assert {"resnet18-cifar10", "resnet18-cifar100", "resnet18-fmnist"} <= names
     for name in names - RECIPES:
         cfg = load_config(name)
-        assert cfg.preset == name and cfg.model.family == "mae"
+        assert cfg.preset == name and cfg.model.family == ("resnet" if name.startswith("resnet") else "mae")
 
 
 def test_recipe_presets_need_a_checkpoint():

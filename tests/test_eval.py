@@ -99,3 +99,9 @@ def test_linear_probe_separates_linearly_separable_data():
     # deterministic for a given recipe seed
     again = linear_probe(x[:2000], y[:2000], x[2000:], y[2000:], replace(IN100_RECIPE, epochs=50))
     assert again == res
+
+
+def test_cls_pooling_does_not_keep_the_token_tensor_alive():
+    t = torch.randn(4, 50, 8)
+    cls = pool_tokens(t, "cls")
+    assert cls.untyped_storage().nbytes() == 4 * 8 * 4  # its own storage, not the (4, 50, 8) batch

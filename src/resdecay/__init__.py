@@ -2,6 +2,8 @@
 
 from .schedule import alpha_schedule, effective_decay, solve_alpha_min
 from .blocks import Block, decayed_add
+from .decayify import alphas_of, decayify
 
 __version__ = "0.1.0"
-__all__ = ["alpha_schedule", "effective_decay", "solve_alpha_min", "Block", "decayed_add", "__version__"]
+__all__ = ["alpha_schedule", "effective_decay", "solve_alpha_min", "Block", "decayed_add", "decayify", "alphas_of",
+           "__version__"]

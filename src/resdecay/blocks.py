@@ -15,16 +15,27 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 
 
-def decayed_add(x: torch.Tensor, branch: torch.Tensor, alpha: float) -> torch.Tensor:
-    """``alpha * x + branch`` (paper eq. 3): alpha scales the identity path, never the branch.
+def decayed_add(x: torch.Tensor, branch: torch.Tensor, alpha: float | torch.Tensor, beta: float = 1.0) -> torch.Tensor:
+    """``alpha * x + beta * branch`` (paper eq. 3 has beta = 1): alpha scales the identity path.
 
-    ``torch.add(branch, x, alpha=alpha)`` is one fused multiply-add kernel in the forward pass,
-    the same cost as a plain ``x + branch``; the backward pass adds one elementwise scale of the
-    gradient (about 0.2% of a block; benchmarks/block_overhead.py measures it).
+    For a fixed alpha, ``torch.add(branch, x, alpha=alpha)`` is one fused multiply-add kernel in
+    the forward pass, the same cost as a plain ``x + branch``; the backward pass adds one
+    elementwise scale of the gradient (about 0.2% of a block; benchmarks/block_overhead.py).
+    A tensor alpha (the learnable-alpha ablation) takes the autograd path. beta != 1 is only
+    used by the Table 3b variants (sqrt(0.5) scalings).
     """
+    if beta != 1.0:
+        branch = branch * beta
+    if isinstance(alpha, torch.Tensor):
+        return branch + alpha * x
     if alpha == 1.0:
         return x + branch
     return torch.add(branch, x, alpha=alpha)
+
+
+def scalar(a: float | torch.Tensor) -> float:
+    """A shortcut factor as a Python float, fixed or learnable."""
+    return float(a.detach()) if isinstance(a, torch.Tensor) else float(a)
 
 
 def _token_norm(x: torch.Tensor) -> float:
@@ -84,14 +95,22 @@ class Block(nn.Module):
         norm_eps: float = 1e-6,
         zero_init: bool = False,
         drop_path: float = 0.0,
+        learnable_alpha: bool = False,
+        beta_attn: float = 1.0,
+        beta_mlp: float = 1.0,
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = Attention(dim, num_heads, qkv_bias)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
-        self.alpha_attn = float(alpha_attn)
-        self.alpha_mlp = float(alpha_mlp)
+        if learnable_alpha:  # Table 3a's learnable alpha: one scalar per sub-block, trained
+            self.alpha_attn = nn.Parameter(torch.tensor(float(alpha_attn)))
+            self.alpha_mlp = nn.Parameter(torch.tensor(float(alpha_mlp)))
+        else:
+            self.alpha_attn = float(alpha_attn)
+            self.alpha_mlp = float(alpha_mlp)
+        self.beta_attn, self.beta_mlp = float(beta_attn), float(beta_mlp)
         # stochastic depth on the branches (fine-tuning); the decayed shortcut is never dropped
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         if zero_init:
@@ -102,12 +121,12 @@ class Block(nn.Module):
         shortcut and of each branch (the per-layer profile's shortcut-to-branch ratio)."""
         f = self.drop_path(self.attn(self.norm1(x)))
         if stats is not None:
-            stats["shortcut_attn"], stats["branch_attn"] = _token_norm(x) * self.alpha_attn, _token_norm(f)
-        x = decayed_add(x, f, self.alpha_attn)
+            stats["shortcut_attn"], stats["branch_attn"] = _token_norm(x) * scalar(self.alpha_attn), _token_norm(f) * self.beta_attn
+        x = decayed_add(x, f, self.alpha_attn, self.beta_attn)
         f = self.drop_path(self.mlp(self.norm2(x)))
         if stats is not None:
-            stats["shortcut_mlp"], stats["branch_mlp"] = _token_norm(x) * self.alpha_mlp, _token_norm(f)
-        x = decayed_add(x, f, self.alpha_mlp)
+            stats["shortcut_mlp"], stats["branch_mlp"] = _token_norm(x) * scalar(self.alpha_mlp), _token_norm(f) * self.beta_mlp
+        x = decayed_add(x, f, self.alpha_mlp, self.beta_mlp)
         if stats is not None:
             stats["output"] = _token_norm(x)
         return x
@@ -123,7 +142,8 @@ class Block(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def extra_repr(self) -> str:
-        return f"alpha_attn={self.alpha_attn:.4f}, alpha_mlp={self.alpha_mlp:.4f}"
+        beta = f", beta_attn={self.beta_attn:.4f}, beta_mlp={self.beta_mlp:.4f}" if (self.beta_attn, self.beta_mlp) != (1.0, 1.0) else ""
+        return f"alpha_attn={scalar(self.alpha_attn):.4f}, alpha_mlp={scalar(self.alpha_mlp):.4f}{beta}"
 
 
 class PatchEmbed(nn.Module):

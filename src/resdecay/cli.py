@@ -1,4 +1,5 @@
-"""``resdecay`` command line: demo, alpha, pretrain, finetune, eval, compare, plot, figures, presets.
+"""``resdecay`` command line: demo, alpha, pretrain, finetune, train-supervised, eval, compare, plot, figures,
+ablate, presets.
 
 Errors a user can fix print one line and exit with code 2; a diverged run exits with 3.
 Under torchrun use the module form: ``torchrun --nproc_per_node 8 -m resdecay pretrain ...``.
@@ -68,6 +69,25 @@ def cmd_finetune(args) -> None:
     from .finetune import run_finetune
 
     run_finetune(args.checkpoint, args.preset, args.overrides, resume=args.resume, progress=not args.no_progress)
+
+
+def cmd_supervised(args) -> None:
+    from .supervised import run_supervised
+
+    run_supervised(args.preset, args.overrides, resume=args.resume, progress=not args.no_progress)
+
+
+def cmd_ablate(args) -> None:
+    from .ablate import list_grids, run_grid
+
+    if args.list:
+        for g in list_grids():
+            print(g)
+        return
+    if not args.grid:
+        raise UserError("--grid is required (a shipped grid name or a YAML file); --list shows the shipped ones")
+    run_grid(args.grid, args.out, only=args.only.split(",") if args.only else None, extra=args.overrides,
+             progress=not args.no_progress)
 
 
 def cmd_demo(args) -> None:
@@ -211,6 +231,22 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--no-progress", action="store_true")
     f.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.epochs=10 drop_path=0.2")
     f.set_defaults(func=cmd_finetune)
+
+    sv = sub.add_parser("train-supervised", help="supervised ResNet with decayed shortcuts (appendix B.2, Figure 7)")
+    sv.add_argument("--preset", required=True, help="resnet18-cifar10 | resnet18-cifar100 | resnet18-fmnist | a YAML file")
+    sv.add_argument("--resume", default=None, help="auto or a checkpoint path")
+    sv.add_argument("--no-progress", action="store_true")
+    sv.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. alpha_min=0.7 model.layers=[2,2,16,2] data.path=/data")
+    sv.set_defaults(func=cmd_supervised)
+
+    ab = sub.add_parser("ablate", help="run a grid of variants fairly (same seed, init, data order, budget) and compare")
+    ab.add_argument("--grid", default=None, help="shipped grid name (--list) or a YAML file")
+    ab.add_argument("--list", action="store_true", help="list the shipped grids")
+    ab.add_argument("--only", default=None, help="comma list of variant names to run now")
+    ab.add_argument("--out", default=None, help="output folder (default runs/ablate/<grid>)")
+    ab.add_argument("--no-progress", action="store_true")
+    ab.add_argument("overrides", nargs="*", metavar="key=value", help="added to every variant, e.g. data.path=/data/in100")
+    ab.set_defaults(func=cmd_ablate)
 
     e = sub.add_parser("eval", help="kNN, linear probe and effective rank of checkpoints (features cached)")
     e.add_argument("checkpoints", nargs="+", help="checkpoint files (<run>/checkpoints/step_*.pt)")

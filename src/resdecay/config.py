@@ -36,7 +36,7 @@ class TrainConfig:
     weight_decay: float = 0.05  # not applied to biases and 1-D parameters (norms, tokens' scales)
     beta1: float = 0.9
     beta2: float = 0.95
-    optimizer: str = "adamw"  # adamw | lars (timm's LARS, for MAE's linear probe)
+    optimizer: str = "adamw"  # adamw | lars (timm's LARS, for MAE's linear probe) | sgd (momentum 0.9, ResNets)
     grad_clip: float | None = None  # max global grad norm; None = off (MAE pretraining)
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
@@ -60,8 +60,8 @@ class TrainConfig:
             raise ConfigError(f"train.warmup_epochs must be >= 0, got {self.warmup_epochs}")
         if self.base_lr <= 0 or (self.lr is not None and self.lr <= 0):
             raise ConfigError("train.base_lr (and train.lr when set) must be positive")
-        if self.optimizer not in ("adamw", "lars"):
-            raise ConfigError(f"train.optimizer {self.optimizer!r} is unknown; choose adamw or lars")
+        if self.optimizer not in ("adamw", "lars", "sgd"):
+            raise ConfigError(f"train.optimizer {self.optimizer!r} is unknown; choose adamw, lars or sgd")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"train.device {self.device!r} is unknown; choose auto, cpu or cuda")
         if self.precision not in ("auto", "bf16", "fp16", "fp32"):

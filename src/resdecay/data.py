@@ -29,7 +29,7 @@ from .errors import ConfigError, DataError
 DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "synthetic")
 FASHION_MNIST_DEBIAN = "/usr/share/datasets/fashion-mnist"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-AUGMENTS = ("none", "flip", "mae", "randaug")
+AUGMENTS = ("none", "flip", "mae", "randaug", "cifar")
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
@@ -37,7 +37,7 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 class DataConfig:
     name: str = "digits"  # one of DATASETS
     path: str | None = None  # dataset folder; fashion-mnist defaults to the Debian path
-    augment: str = "none"  # none | flip | mae (RandomResizedCrop 0.2-1 bicubic + flip) | randaug (fine-tuning)
+    augment: str = "none"  # none | flip | mae (RandomResizedCrop 0.2-1 + flip) | randaug (fine-tuning) | cifar (pad-4 crop + flip)
     num_workers: int = 0  # DataLoader worker processes (0 = load in the main process)
     train_subset: int | None = None  # use only the first N training images (quick runs)
     resize: bool = False  # resize fixed-size datasets to model.img_size instead of refusing
@@ -199,6 +199,8 @@ def _tensor_transform(augment: str, size: int, native: int, resize: bool):
         ops.append(T.RandomResizedCrop(size, scale=scale, interpolation=T.InterpolationMode.BICUBIC, antialias=True))
     elif native != size and resize:
         ops.append(T.Resize(size, interpolation=T.InterpolationMode.BICUBIC, antialias=True))
+    if augment == "cifar":  # the standard supervised CIFAR recipe
+        ops.append(T.RandomCrop(size, padding=4))
     if augment != "none":
         ops.append(T.RandomHorizontalFlip())
     if augment == "randaug":  # MAE fine-tuning: RandAugment(2, 9) and random erasing 0.25
@@ -215,8 +217,9 @@ def _pil_transform(augment: str, size: int, mean, std):
 
         return create_transform(size, is_training=True, auto_augment="rand-m9-mstd0.5-inc1", interpolation="bicubic",
                                 re_prob=0.25, re_mode="pixel", re_count=1, mean=mean, std=std)
-    if augment == "mae":
-        ops = [T.RandomResizedCrop(size, scale=(0.2, 1.0), interpolation=bicubic), T.RandomHorizontalFlip()]
+    if augment in ("mae", "cifar"):
+        ops = [T.RandomResizedCrop(size, scale=(0.2, 1.0) if augment == "mae" else (0.08, 1.0), interpolation=bicubic),
+               T.RandomHorizontalFlip()]
     else:  # evaluation view (MAE: resize to 256/224 of the side, centre crop)
         ops = [T.Resize(int(math.ceil(size * 256 / 224)), interpolation=bicubic), T.CenterCrop(size)]
         if augment == "flip":

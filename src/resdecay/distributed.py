@@ -75,3 +75,8 @@ def broadcast_object(env: DistEnv, obj):
 def barrier(env: DistEnv) -> None:
     if env.distributed:
         dist.barrier()
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a torchrun job (or a single process): the one that writes reports."""
+    return int(os.environ.get("RANK", "0")) == 0

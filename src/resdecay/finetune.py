@@ -23,6 +23,7 @@ from .data import build_dataset
 from .errors import CheckpointError, ConfigError
 from .eval.knn import topk_accuracy
 from .eval.suite import file_sha256, run_dir_of
+from .distributed import is_main_process
 from .train import train
 
 
@@ -76,7 +77,7 @@ def run_finetune(checkpoint: str, preset: str = "finetune-mae", overrides: list[
     checkpoint = Path(checkpoint)
     cfg, state = build_config(checkpoint, preset, overrides or [])
     summary = train(cfg, resume=resume, progress=progress, init=encoder_loader(state))
-    if summary["checkpoint"] is None:  # a non-zero torchrun rank
+    if not is_main_process():  # other torchrun ranks only helped train
         return summary
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
     values, n_test = test_accuracy(Path(summary["checkpoint"]), device, progress=progress)

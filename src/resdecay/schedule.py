@@ -33,6 +33,8 @@ import math
 import torch
 
 SCHEDULES = ("linear", "paper", "cosine", "constant")
+BRANCHES = ("both", "attn", "mlp")
+SHORTCUTS = ("decay", "learnable", "scaled_sum", "scaled_branch")
 
 
 def _check(depth: int, alpha_min: float, schedule: str) -> None:
@@ -46,14 +48,30 @@ def _check(depth: int, alpha_min: float, schedule: str) -> None:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
 
 
-def alpha_schedule(depth: int, alpha_min: float, schedule: str = "linear") -> torch.Tensor:
-    """Shortcut factors for a stack of ``depth`` pre-LN transformer blocks.
+def alpha_schedule(depth: int, alpha_min: float, schedule: str = "linear", branches: str = "both",
+                   adds_per_block: int = 2) -> torch.Tensor:
+    """Shortcut factors for a stack of ``depth`` residual blocks.
 
-    Returns a float64 tensor of shape ``(depth, 2)``: ``[:, 0]`` attention, ``[:, 1]`` MLP.
+    Returns a float64 tensor of shape ``(depth, adds_per_block)``: for transformer blocks
+    ``[:, 0]`` attention and ``[:, 1]`` MLP; ResNet blocks have one residual add
+    (``adds_per_block=1``). ``branches="attn"`` or ``"mlp"`` keeps the schedule on that
+    sub-block only and sets the other to 1 (Table 3b's "decay attention / MLP only").
     """
     _check(depth, alpha_min, schedule)
-    a = float(alpha_min)
-    n = 2 * depth  # residual adds: attention and MLP of every block
+    if branches not in BRANCHES:
+        raise ValueError(f"unknown branches {branches!r}; choose one of {', '.join(BRANCHES)}")
+    if adds_per_block not in (1, 2):
+        raise ValueError(f"adds_per_block must be 1 (ResNet blocks) or 2 (transformer blocks), got {adds_per_block}")
+    if adds_per_block == 1 and branches != "both":
+        raise ValueError("branches='attn'/'mlp' needs transformer blocks (adds_per_block=2)")
+    table = _factors(depth, float(alpha_min), schedule, adds_per_block)
+    if branches != "both":
+        table[:, 1 if branches == "attn" else 0] = 1.0
+    return table
+
+
+def _factors(depth: int, a: float, schedule: str, per_block: int) -> torch.Tensor:
+    n = per_block * depth  # residual adds, in order
     k = torch.arange(n, dtype=torch.float64, device="cpu")
     if schedule == "linear":
         # torch.linspace hits both ends exactly: 1.0 first, alpha_min last.
@@ -63,12 +81,13 @@ def alpha_schedule(depth: int, alpha_min: float, schedule: str = "linear") -> to
         flat[-1] = a  # exact end point despite cos(pi) rounding
     elif schedule == "constant":
         flat = torch.full((n,), a, dtype=torch.float64, device="cpu")
-    else:  # "paper": eq. 5, one factor per block on the attention add
+    else:  # "paper": eq. 5, one factor per block on its first add (the attention add)
         l = torch.arange(1, depth + 1, dtype=torch.float64, device="cpu")
-        per_block = 1.0 - l * (1.0 - a) / depth
-        per_block[-1] = a
-        return torch.stack([per_block, torch.ones_like(per_block)], dim=1)
-    return flat.reshape(depth, 2)
+        first = 1.0 - l * (1.0 - a) / depth
+        first[-1] = a
+        rest = [torch.ones_like(first)] * (per_block - 1)
+        return torch.stack([first, *rest], dim=1)
+    return flat.reshape(depth, per_block)
 
 
 def effective_decay(alphas: torch.Tensor) -> float:
@@ -102,3 +121,25 @@ def solve_alpha_min(depth: int, target: float, schedule: str = "linear", tol: fl
         if hi - lo < tol:
             break
     return 0.5 * (lo + hi)
+
+
+def shortcut_factors(depth: int, alpha_min: float, schedule: str = "linear", branches: str = "both",
+                     shortcut: str = "decay") -> tuple[torch.Tensor, torch.Tensor]:
+    """(alphas, betas), each (depth, 2): block adds are ``alpha * x + beta * f(x)``.
+
+    decay          the alpha schedule, beta = 1 (the method)
+    learnable      alpha starts at 1 and is trained (Table 3a / Table 5); beta = 1
+    scaled_sum     sqrt(0.5) * (x + f): alpha = beta = sqrt(0.5) everywhere (Table 3b)
+    scaled_branch  x + sqrt(0.5) * f: alpha = 1, beta = sqrt(0.5) (Table 3b)
+    """
+    if shortcut not in SHORTCUTS:
+        raise ValueError(f"unknown shortcut {shortcut!r}; choose one of {', '.join(SHORTCUTS)}")
+    ones = torch.ones(depth, 2, dtype=torch.float64, device="cpu")
+    half = math.sqrt(0.5)
+    if shortcut == "decay":
+        return alpha_schedule(depth, alpha_min, schedule, branches), ones
+    if shortcut == "learnable":
+        return ones.clone(), ones
+    if shortcut == "scaled_sum":
+        return ones * half, ones * half
+    return ones.clone(), ones * half

@@ -67,14 +67,16 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 
 
 def make_optimizer(groups: list[dict], t, lr: float, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW (fused on GPU), or timm's LARS with MAE's rule: trust-ratio adaptation for weight
-    matrices only, momentum 0.9."""
+    """AdamW (fused on GPU); timm's LARS with MAE's rule (trust-ratio adaptation for weight
+    matrices only, momentum 0.9); or SGD with Nesterov momentum 0.9 (supervised ResNets)."""
     if t.optimizer == "lars":
         from timm.optim import Lars
 
         for g in groups:
             g["always_adapt"] = any(p.ndim > 1 for p in g["params"])
         return Lars(groups, lr=lr, momentum=0.9)
+    if t.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=0.9, nesterov=True)
     return torch.optim.AdamW(groups, lr=lr, betas=(t.beta1, t.beta2), fused=device.type == "cuda")
 
 
@@ -177,7 +179,7 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
     loss_sum = torch.zeros((), device=env.device)
     nonfinite = torch.zeros((), dtype=torch.bool, device=env.device)
     window_steps, window_t0, t_start = 0, time.perf_counter(), time.perf_counter()
-    last_ckpt, last_loss = None, float("nan")
+    last_ckpt, last_loss = resumed_from, float("nan")  # a finished run resumed again reports its checkpoint
     model.train()
     epoch, in_epoch = divmod(step, steps_per_epoch)
     try:
@@ -224,7 +226,7 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
                     loss_sum.zero_()
                     window_steps, window_t0 = 0, now
                 if step % t.ckpt_every == 0 or step == total_steps:
-                    last_ckpt = save(cfg, env, raw_model, optimizer, scaler, step, steps_per_epoch, ckpt_dir) or last_ckpt
+                    last_ckpt = save(cfg, env, raw_model, optimizer, scaler, step, steps_per_epoch, ckpt_dir)
             if on_epoch_end is not None:  # on forked RNG, so evaluation never shifts the training stream
                 with torch.random.fork_rng(devices=[env.device] if env.device.type == "cuda" else []):
                     on_epoch_end(raw_model, epoch, step, log)
@@ -248,15 +250,15 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
     return summary
 
 
-def save(cfg, env, model, optimizer, scaler, step, steps_per_epoch, ckpt_dir) -> Path | None:
+def save(cfg, env, model, optimizer, scaler, step, steps_per_epoch, ckpt_dir) -> Path:
     """Every rank contributes its RNG state; rank 0 writes the file atomically."""
     rngs = D.gather_objects(env, ckpt.rng_state())
-    path = None
+    path = ckpt.checkpoint_path(ckpt_dir, step)  # every rank returns it; rank 0 writes it
     if env.is_main:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                  "train_state": {"step": step, "epoch": step // steps_per_epoch, "step_in_epoch": step % steps_per_epoch,
                                  "world_size": env.world_size},
                  "rng": rngs, "config": cfg.to_dict()}
-        path = ckpt.save_checkpoint(state, ckpt_dir, step, cfg.train.keep_last)
+        ckpt.save_checkpoint(state, ckpt_dir, step, cfg.train.keep_last)
     D.barrier(env)
     return path

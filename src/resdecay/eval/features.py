@@ -19,7 +19,7 @@ def pool_tokens(tokens: torch.Tensor, pool: str) -> torch.Tensor:
     if pool == "mean":
         return tokens.mean(1)
     if pool == "cls":
-        return tokens[:, 0]
+        return tokens[:, 0].clone()  # a copy: a view would keep the whole (B, 1+N, D) batch alive
     if pool == "patch_mean":
         return tokens[:, 1:].mean(1)
     raise ValueError(f"unknown pooling {pool!r}; choose one of {', '.join(POOLINGS)}")

@@ -18,6 +18,7 @@ import torch
 
 from ..checkpoint import load_checkpoint, load_model
 from ..data import DataConfig, build_dataset, check_first_sample
+from ..decayify import alphas_of
 from ..errors import UserError
 from .features import POOLINGS, extract_features
 from .knn import knn_topk
@@ -177,6 +178,7 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
                 row[f"rank_{feature}"] = r
         profile.append(row)
     report = {"resdecay_eval": 1, "checkpoint": str(checkpoint), "checkpoint_sha256": sha,
+              "alphas": {name: list(a) for name, a in alphas_of(model)},  # in use (learned values if learnable)
               "step": state["train_state"]["step"], "preset": cfg.preset, "label": _label(cfg),
               "model": dataclasses.asdict(cfg.model), "cache": {"dir": str(cache_dir), "train_hit": hit_tr, "test_hit": hit_te},
               "results": results}

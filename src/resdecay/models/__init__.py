@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from .classifier import ClassifierConfig, EncoderClassifier, classifier_objective, classifier_param_groups
 from .mae import MAEConfig, MaskedAutoencoder
+from .resnet import ResNetConfig, SupervisedResNet, resnet_objective
 
 
 def mae_objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -36,6 +37,7 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "mae": Family(MAEConfig, MaskedAutoencoder, mae_objective),
     "classifier": Family(ClassifierConfig, EncoderClassifier, classifier_objective, classifier_param_groups),
+    "resnet": Family(ResNetConfig, SupervisedResNet, resnet_objective),
 }
 
 
@@ -54,5 +56,5 @@ def build_model(cfg: Any) -> nn.Module:
     return get_family(cfg.family).build(cfg)
 
 
-__all__ = ["FAMILIES", "ClassifierConfig", "EncoderClassifier", "Family", "MAEConfig", "MaskedAutoencoder", "build_model",
-           "get_family", "model_config_class"]
+__all__ = ["FAMILIES", "ClassifierConfig", "EncoderClassifier", "Family", "MAEConfig", "MaskedAutoencoder", "ResNetConfig",
+           "SupervisedResNet", "build_model", "get_family", "model_config_class"]

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from ..blocks import Block, PatchEmbed
-from ..schedule import alpha_schedule, effective_decay
+from ..schedule import effective_decay, shortcut_factors
 
 
 class ViTEncoder(nn.Module):
@@ -26,11 +26,14 @@ class ViTEncoder(nn.Module):
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, D), requires_grad=False)
-        self.alphas = alpha_schedule(cfg.depth, cfg.alpha_min, cfg.schedule)  # (depth, 2), float64
+        shortcut = getattr(cfg, "shortcut", "decay")
+        self.alphas, betas = shortcut_factors(cfg.depth, cfg.alpha_min, cfg.schedule,
+                                              getattr(cfg, "decay_branches", "both"), shortcut)  # (depth, 2) each
         rates = [drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # stochastic depth grows with depth (timm)
         self.blocks = nn.ModuleList(
-            Block(D, cfg.num_heads, cfg.mlp_ratio, alpha_attn=a, alpha_mlp=m, drop_path=r)
-            for (a, m), r in zip(self.alphas.tolist(), rates)
+            Block(D, cfg.num_heads, cfg.mlp_ratio, alpha_attn=a, alpha_mlp=m, drop_path=r,
+                  learnable_alpha=shortcut == "learnable", beta_attn=b[0], beta_mlp=b[1])
+            for (a, m), b, r in zip(self.alphas.tolist(), betas.tolist(), rates)
         )
         # U-Net MAE: no final norm, the bottleneck is the raw last block (paper-notes §2).
         self.norm = nn.LayerNorm(D, eps=1e-6) if cfg.encoder_norm else nn.Identity()

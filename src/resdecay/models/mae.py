@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from ..blocks import Block, init_linear_xavier, init_patch_embed, sincos_pos_embed_2d
-from ..schedule import SCHEDULES
+from ..schedule import BRANCHES, SCHEDULES, SHORTCUTS, alpha_schedule
 from .encoder import ViTEncoder
 
 
@@ -37,6 +37,9 @@ class MAEConfig:
     decoder_num_heads: int = 16
     alpha_min: float = 0.6  # shortcut factor of the last encoder sub-block; 1 = plain residual
     schedule: str = "linear"  # see resdecay.schedule: linear | paper | cosine | constant
+    shortcut: str = "decay"  # decay | learnable | scaled_sum (sqrt(.5)(x+f)) | scaled_branch (x+sqrt(.5)f)
+    decay_branches: str = "both"  # both | attn | mlp: which sub-blocks the schedule decays (Table 3b)
+    decoder_decay: bool = False  # also decay the decoder's shortcuts (its own schedule to alpha_min)
     skips: bool = True  # encoder->decoder long skips (U-Net MAE); False = standard MAE decoder
     skip_sources: list[int] | None = None  # explicit encoder blocks for the skips (0-indexed)
     zero_init: bool = True  # zero the last layer of every branch, fusion and the pixel head
@@ -49,6 +52,10 @@ class MAEConfig:
             raise ValueError(f"model.alpha_min must lie in (0, 1] (1 = plain residual), got {self.alpha_min}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"model.schedule {self.schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}")
+        if self.shortcut not in SHORTCUTS:
+            raise ValueError(f"model.shortcut {self.shortcut!r} is unknown; choose one of {', '.join(SHORTCUTS)}")
+        if self.decay_branches not in BRANCHES:
+            raise ValueError(f"model.decay_branches {self.decay_branches!r} is unknown; choose one of {', '.join(BRANCHES)}")
         if self.img_size % self.patch_size:
             good = [p for p in range(1, self.img_size + 1) if self.img_size % p == 0]
             raise ValueError(
@@ -137,7 +144,9 @@ class MaskedAutoencoder(ViTEncoder):
             self.decoder_embed = nn.Linear(D, Dd)
             self.mask_token = nn.Parameter(torch.zeros(1, 1, Dd))
         self.decoder_pos_embed = nn.Parameter(torch.zeros(1, N + 1, Dd), requires_grad=False)
-        self.decoder_blocks = nn.ModuleList(Block(Dd, cfg.decoder_num_heads, cfg.mlp_ratio) for _ in range(cfg.decoder_depth))
+        dec_alphas = alpha_schedule(cfg.decoder_depth, cfg.alpha_min if cfg.decoder_decay else 1.0, cfg.schedule)
+        self.decoder_blocks = nn.ModuleList(Block(Dd, cfg.decoder_num_heads, cfg.mlp_ratio, alpha_attn=a, alpha_mlp=m)
+                                            for a, m in dec_alphas.tolist())
         self.decoder_norm = nn.LayerNorm(Dd, eps=1e-6)
         self.decoder_pred = nn.Linear(Dd, p * p * cfg.in_chans)
         self.initialize_weights()

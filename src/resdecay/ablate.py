@@ -1,0 +1,201 @@
+"""``resdecay ablate --grid GRID``: a paired ablation runner.
+
+Every variant of a grid trains with the same seed, data order and budget, from the same initial
+weights wherever the shapes allow (a parameter is copied from the baseline's initialisation
+unless either side deliberately starts it at zero, so zero-init switches keep their meaning),
+and is measured by the evaluation suite with one protocol. The table gives each measurement,
+its delta against the baseline, and the paper's number and delta beside it where the paper has
+one. A half-finished grid resumes: finished variants are read back, a killed one continues
+from its last checkpoint.
+
+Grid YAML::
+
+    name: table3b-toy
+    preset: mae-tiny-fmnist                 # base preset of every variant
+    overrides: [train.epochs=4, ...]        # for every variant
+    baseline: plain residual                # deltas are against this variant
+    eval: {evals: [knn, probe, rank], probe_epochs: 100, max_train: 20000}
+    paper: {metric: "ImageNet-100 linear probe, ViT-B (Table 3b)", compare_to: probe_top1}
+    variants:
+      - {name: plain residual, overrides: [alpha_min=1.0], paper: 76.5}
+      - {name: decay both, overrides: [alpha_min=0.6], paper: 83.6}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import fields
+from importlib import resources
+from pathlib import Path
+
+import torch
+import yaml
+
+from .config import load_config
+from .errors import UserError
+from .eval.suite import EvalSettings, evaluate_checkpoint
+from .models import build_model
+from .plots import plot_bars
+from .distributed import is_main_process
+from .train import train
+
+GRID_KEYS = ("name", "description", "preset", "overrides", "baseline", "eval", "paper", "variants")
+VARIANT_KEYS = ("name", "preset", "overrides", "paper")
+MEASURES = {"knn_top1": ("knn", "top1", "mean"), "probe_top1": ("probe", "top1", "mean"), "rank_cls": ("rank", "effective_rank", "cls")}
+
+
+def list_grids() -> list[str]:
+    return sorted(p.name[:-5] for p in (resources.files("resdecay") / "grids").iterdir() if p.name.endswith(".yaml"))
+
+
+def load_grid(grid: str) -> dict:
+    path = Path(grid)
+    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+        path = Path(str(resources.files("resdecay") / "grids" / f"{grid}.yaml"))
+        if not path.is_file():
+            raise UserError(f"grid {grid!r} does not exist; shipped grids: {', '.join(list_grids())} (or a path to a .yaml file)")
+    g = yaml.safe_load(path.read_text()) or {}
+    bad = [k for k in g if k not in GRID_KEYS]
+    if bad:
+        raise UserError(f"grid key {bad[0]!r} does not exist; valid keys: {', '.join(GRID_KEYS)}")
+    for k in ("name", "preset", "variants"):
+        if k not in g:
+            raise UserError(f"grid {path} has no '{k}'")
+    names = []
+    for v in g["variants"]:
+        bad = [k for k in v if k not in VARIANT_KEYS]
+        if bad:
+            raise UserError(f"variant key {bad[0]!r} does not exist; valid keys: {', '.join(VARIANT_KEYS)}")
+        names.append(v["name"])
+    if len(set(names)) != len(names):
+        raise UserError(f"grid {path} repeats a variant name")
+    if g.get("baseline", names[0]) not in names:
+        raise UserError(f"baseline {g['baseline']!r} is not a variant of the grid; variants: {', '.join(names)}")
+    g.setdefault("baseline", names[0])
+    valid = {f.name for f in fields(EvalSettings)}
+    bad = [k for k in g.get("eval", {}) if k not in valid]
+    if bad:
+        raise UserError(f"eval key {bad[0]!r} does not exist; valid keys: {', '.join(sorted(valid))}")
+    return g
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def shared_init(reference: dict):
+    """Copy the baseline's initial weights wherever name and shape match and neither side is a
+    deliberately all-zero start (zero-init layers)."""
+
+    @torch.no_grad()
+    def init(model: torch.nn.Module) -> None:
+        for name, own in model.state_dict().items():
+            ref = reference.get(name)
+            if ref is None or ref.shape != own.shape or not own.is_floating_point():
+                continue
+            if bool((own == 0).all()) or bool((ref == 0).all()):
+                continue
+            own.copy_(ref.to(own.device))
+
+    return init
+
+
+def _measure(report: dict) -> dict:
+    out = {}
+    for key, (metric, value, feature) in MEASURES.items():
+        for r in report["results"]:
+            if r["metric"] == metric and r["feature"] == feature and value in r["values"]:
+                out[key] = r["values"][value]
+    return out
+
+
+def run_grid(grid: str, out: str | None = None, only: list[str] | None = None, extra: list[str] | None = None,
+             progress: bool = True) -> dict:
+    g = load_grid(grid)
+    names = [v["name"] for v in g["variants"]]
+    if only:
+        unknown = [n for n in only if n not in names]
+        if unknown:
+            raise UserError(f"variant {unknown[0]!r} is not in grid {g['name']}; variants: {', '.join(names)}")
+    out_dir = Path(out or f"runs/ablate/{g['name']}")
+    # Resolve every variant's config first: a typo fails before hours of training, not after.
+    cfgs = {v["name"]: load_config(v.get("preset", g["preset"]), [*g.get("overrides", []), *v.get("overrides", []), *(extra or []),
+                                                                   f"train.out_dir={out_dir / slug(v['name'])}"])
+            for v in g["variants"]}
+    base_cfg = cfgs[g["baseline"]]
+    torch.manual_seed(base_cfg.train.seed)  # what train() does before it builds the model
+    reference = {k: v.clone() for k, v in build_model(base_cfg.model).state_dict().items()}
+    settings = EvalSettings(**{**g.get("eval", {}), "progress": progress})
+    if isinstance(settings.evals, list):
+        settings.evals = tuple(settings.evals)
+    rows = {}
+    for v in g["variants"]:
+        name, cfg = v["name"], cfgs[v["name"]]
+        run_dir = cfg.out_dir
+        done = run_dir / "eval" / "eval.json"
+        if only and name not in only and not done.exists():
+            continue
+        summary_file = run_dir / "summary.json"
+        if not done.exists() and not summary_file.exists():
+            print(f"\n=== {g['name']}: {name} ===")
+            summary = train(cfg, resume="auto", progress=progress, init=shared_init(reference))
+            if is_main_process():
+                summary_file.write_text(json.dumps(summary, indent=2))
+        if not is_main_process():
+            continue  # other torchrun ranks help train; rank 0 evaluates and reports
+        if not done.exists():
+            report = evaluate_checkpoint(json.loads(summary_file.read_text())["checkpoint"], settings)
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.write_text(json.dumps({**report, "label": name}, indent=2))
+        report = json.loads(done.read_text())
+        rows[name] = {"measures": _measure(report), "paper": v.get("paper"), "run_dir": str(run_dir),
+                      "overrides": v.get("overrides", []), "alphas": report.get("alphas")}
+    if not is_main_process():
+        return {}
+    result = summarize(g, rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "ablate.json").write_text(json.dumps(result, indent=2))
+    table = format_table(result)
+    (out_dir / "table.txt").write_text(table + "\n")
+    print("\n" + table)
+    plot_bars({m: {n: r["measures"][m] for n, r in rows.items() if m in r["measures"]} for m in MEASURES},
+              out_dir / "ablate.png", f"{g['name']}: {g.get('description', '')}")
+    print(f"\nwrote {out_dir / 'ablate.json'}, {out_dir / 'table.txt'}, {out_dir / 'ablate.png'}")
+    return result
+
+
+def summarize(g: dict, rows: dict) -> dict:
+    base = rows.get(g["baseline"])
+    paper = g.get("paper", {})
+    key = paper.get("compare_to", "probe_top1")
+    for name, r in rows.items():
+        r["delta"] = {m: r["measures"][m] - base["measures"][m] for m in r["measures"] if base and m in base["measures"]}
+        pb = base.get("paper") if base else None
+        if r["paper"] is not None and pb is not None:
+            r["paper_delta"] = r["paper"] - pb
+            ours = r["delta"].get(key)
+            if name != g["baseline"] and ours is not None and r["paper_delta"] != 0:
+                r["direction"] = "same" if (ours > 0) == (r["paper_delta"] > 0) else "opposite"
+    return {"grid": g["name"], "description": g.get("description", ""), "baseline": g["baseline"],
+            "protocol": {"eval": g.get("eval", {}), "preset": g["preset"], "overrides": g.get("overrides", [])},
+            "paper_metric": paper.get("metric"), "compared_to": key, "rows": rows}
+
+
+def format_table(result: dict) -> str:
+    head = (f"{'variant':<28} {'kNN':>7} {'d kNN':>7} {'probe':>7} {'d probe':>8} {'rank cls':>8} {'d rank':>7}"
+            f" {'paper':>6} {'d paper':>8} {'direction':>9}")
+    lines = [f"{result['grid']}: deltas against '{result['baseline']}'; paper = {result.get('paper_metric') or '-'}; "
+             f"direction compares d {result['compared_to']} with d paper", head, "-" * len(head)]
+
+    def f(x, w, signed=False):
+        return f"{x:>+{w}.3f}" if (x is not None and signed) else (f"{x:>{w}.3f}" if x is not None else f"{'-':>{w}}")
+
+    for name, r in result["rows"].items():
+        m, d = r["measures"], r["delta"]
+        paper = f"{r['paper']:>6.1f}" if r["paper"] is not None else f"{'-':>6}"
+        pd = f"{r['paper_delta']:>+8.1f}" if "paper_delta" in r else f"{'-':>8}"
+        lines.append(f"{name:<28} {f(m.get('knn_top1'), 7)} {f(d.get('knn_top1'), 7, True)} {f(m.get('probe_top1'), 7)} "
+                     f"{f(d.get('probe_top1'), 8, True)} {f(m.get('rank_cls'), 8)} {f(d.get('rank_cls'), 7, True)} "
+                     f"{paper} {pd} {r.get('direction', '-'):>9}")
+    return "\n".join(lines)

@@ -1,0 +1,144 @@
+"""``decayify``: put decayed identity shortcuts into models people already have, by composition.
+
+Supported residual blocks (found in ``model.modules()`` order, i.e. depth order):
+    resdecay.blocks.Block                 its alpha_attn / alpha_mlp are set
+    timm VisionTransformer ``Block``      x + drop_path(ls(f(norm(x)))) per sub-block: a forward
+                                          pre-hook on ``norm1``/``norm2`` keeps the sub-block input x
+                                          and a forward hook on ``drop_path1``/``drop_path2`` returns
+                                          branch - (1 - alpha) * x, so the add gives alpha*x + branch
+    torchvision ``BasicBlock`` / ``Bottleneck``
+                                          the identity path (and the downsample path) is scaled:
+                                          a forward hook on ``downsample``, or a parameter-free
+                                          ``ShortcutScale`` put in its empty place
+
+No class is subclassed or swapped, no parameter is added or renamed: the state_dict keys are the
+model's own, so pretrained weights load unchanged, and with alpha_min = 1 the hooks are not even
+installed, so outputs are exactly the original model's. The settings are recorded on the model
+as ``model.resdecay_spec`` (store it beside a checkpoint and call ``decayify(model, **spec)``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from . import blocks as rd_blocks
+from .schedule import alpha_schedule
+
+SUPPORTED = ("resdecay.blocks.Block", "timm VisionTransformer Block", "torchvision BasicBlock", "torchvision Bottleneck")
+
+
+class ShortcutScale(nn.Module):
+    """Parameter-free ``x -> alpha * x`` for a ResNet block's identity path."""
+
+    def __init__(self, alpha: float):
+        super().__init__()
+        self.alpha = float(alpha)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.alpha
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha:.4f}"
+
+
+def _kind(module: nn.Module) -> str | None:
+    if isinstance(module, rd_blocks.Block):
+        return "resdecay"
+    cls = type(module)
+    if cls.__name__ == "Block" and cls.__module__.startswith("timm.") and all(
+            hasattr(module, n) for n in ("norm1", "drop_path1", "norm2", "drop_path2")):
+        return "timm"
+    if cls.__name__ in ("BasicBlock", "Bottleneck") and cls.__module__.startswith("torchvision.") and hasattr(module, "downsample"):
+        return "resnet"
+    return None
+
+
+def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """(name, block, kind) of every supported residual block, in depth order."""
+    return [(name, m, k) for name, m in model.named_modules() if (k := _kind(m)) is not None]
+
+
+def _remove_hooks(block: nn.Module) -> None:
+    for h in getattr(block, "_resdecay_handles", []):
+        h.remove()
+    block._resdecay_handles = []
+    if isinstance(getattr(block, "downsample", None), ShortcutScale):
+        block.downsample = None
+
+
+def _timm_hooks(block: nn.Module, a_attn: float, a_mlp: float) -> None:
+    for norm, drop_path, a in ((block.norm1, block.drop_path1, a_attn), (block.norm2, block.drop_path2, a_mlp)):
+        if a == 1.0:
+            continue
+        box: dict = {}
+        block._resdecay_handles.append(norm.register_forward_pre_hook(lambda m, args, box=box: box.__setitem__("x", args[0])))
+        block._resdecay_handles.append(drop_path.register_forward_hook(
+            lambda m, args, out, box=box, a=a: out - (1.0 - a) * box.pop("x")))
+
+
+def _resnet_shortcut(block: nn.Module, a: float) -> None:
+    if a == 1.0:
+        return
+    if block.downsample is None:
+        block.downsample = ShortcutScale(a)  # identity = downsample(x) = a * x; no parameters
+    else:
+        block._resdecay_handles.append(block.downsample.register_forward_hook(lambda m, args, out, a=a: out * a))
+
+
+def _zero_last_layer(block: nn.Module, kind: str) -> None:
+    if kind == "resdecay":
+        block.zero_init_branches()
+    elif kind == "timm":
+        for layer in (block.attn.proj, block.mlp.fc2):
+            nn.init.zeros_(layer.weight)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+    else:  # the last BatchNorm's scale, torchvision's zero_init_residual
+        nn.init.zeros_((block.bn3 if hasattr(block, "bn3") else block.bn2).weight)
+
+
+def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_init: bool = False,
+             branches: str = "both") -> nn.Module:
+    """Scale the identity shortcut of every residual block of ``model`` (in place) by the
+    factors of ``alpha_schedule``, from 1 at the first residual add to ``alpha_min`` at the last.
+
+    Transformer blocks have two adds (attention, MLP), ResNet blocks one. ``branches`` ("both",
+    "attn", "mlp") limits the decay to one sub-block of transformer blocks (Table 3b).
+    ``zero_init`` zeroes the last layer of every branch. Calling it again replaces the settings."""
+    found = residual_blocks(model)
+    if not found:
+        raise TypeError(f"decayify found no supported residual block in {type(model).__name__}; "
+                        f"supported: {', '.join(SUPPORTED)}")
+    kinds = {k for _, _, k in found}
+    if "resnet" in kinds and len(kinds) > 1:
+        raise TypeError("decayify does not mix ResNet and transformer blocks in one model")
+    if "resnet" in kinds and branches != "both":
+        raise ValueError("branches='attn'/'mlp' applies to transformer blocks; ResNet blocks have one residual add")
+    alphas = alpha_schedule(len(found), alpha_min, schedule, branches=branches, adds_per_block=1 if "resnet" in kinds else 2)
+    for (name, block, kind), a in zip(found, alphas.tolist()):
+        _remove_hooks(block)
+        if kind == "resdecay":
+            block.alpha_attn, block.alpha_mlp = a
+        elif kind == "timm":
+            _timm_hooks(block, *a)
+        else:
+            _resnet_shortcut(block, a[0])
+        block.resdecay_alpha = tuple(a)
+        if zero_init:
+            _zero_last_layer(block, kind)
+    model.resdecay_spec = {"alpha_min": float(alpha_min), "schedule": schedule, "zero_init": zero_init, "branches": branches}
+    return model
+
+
+def alphas_of(model: nn.Module) -> list[tuple[str, tuple[float, ...]]]:
+    """The shortcut factors in use, per residual block: ``[(name, (alpha_attn, alpha_mlp)), ...]``
+    for transformer blocks, ``[(name, (alpha,)), ...]`` for ResNet blocks. Learnable factors are
+    read as their current values."""
+    out = []
+    for name, block, kind in residual_blocks(model):
+        if kind == "resdecay":
+            out.append((name, (rd_blocks.scalar(block.alpha_attn), rd_blocks.scalar(block.alpha_mlp))))
+        else:
+            out.append((name, tuple(getattr(block, "resdecay_alpha", (1.0,) if kind == "resnet" else (1.0, 1.0)))))
+    return out
