@@ -55,14 +55,11 @@ How to read the numbers
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import gc
 import json
 import math
 import platform
-import re
-import resource
 import statistics
 import sys
 import time
@@ -76,6 +73,8 @@ from resdecay.eval.knn import knn_topk
 from resdecay.eval.probe import IN100_RECIPE, linear_probe
 from resdecay.eval.rank import effective_rank
 
+from _measure import MEM_LABEL, mem_peak, mem_start, proc_kb, sync
+
 KNN_K, KNN_T = 20, 0.07
 KNN_DEFAULTS = {"cpu": dict(bank=60_000, queries=10_000, dim=192, classes=10, target_s=30.0),
                 "cuda": dict(bank=1_281_167, queries=50_000, dim=768, classes=1000, target_s=10.0)}
@@ -88,48 +87,6 @@ RANK_TOL = 1e-6
 
 
 # ============================================================================ measurement
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _proc_kb(path: str, field: str) -> int | None:
-    try:
-        return int(re.search(rf"{field}:\s+(\d+)", open(path).read()).group(1))
-    except (OSError, AttributeError):
-        return None
-
-
-def mem_start(device: torch.device) -> tuple[str, float]:
-    """Reset the peak counter; return (method, baseline in MB)."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        return "cuda", torch.cuda.memory_allocated(device) / 2**20
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)  # give freed heap back, so the next call's growth shows
-    except (OSError, AttributeError):
-        pass
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current resident set
-        return "vmhwm", _proc_kb("/proc/self/status", "VmRSS") / 1024
-    except OSError:
-        return "maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def mem_peak(device: torch.device, method: str, base: float) -> float:
-    if method == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20 - base
-    if method == "vmhwm":
-        return _proc_kb("/proc/self/status", "VmHWM") / 1024 - base
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
-
-
-MEM_LABEL = {"cuda": "peak MB (cuda max alloc)", "vmhwm": "peak MB (VmHWM growth)", "maxrss": "peak MB (maxrss growth)"}
-
-
 def measure(fn, device: torch.device):
     """(result, seconds, peak MB above the start) of one call."""
     method, base = mem_start(device)
@@ -165,7 +122,7 @@ def available_gb(device: torch.device) -> float:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return gb(free)
-    kb = _proc_kb("/proc/meminfo", "MemAvailable")
+    kb = proc_kb("/proc/meminfo", "MemAvailable")
     return gb(kb * 1024) if kb else float("inf")
 
 

@@ -25,12 +25,14 @@ How
     then ``--steps`` steps, each timed between ``torch.cuda.synchronize()`` calls.
 
 How to read the numbers
-    ms/step is the median step time; img/s = batch / median step time. Peak memory: on CUDA
-    ``torch.cuda.max_memory_allocated`` during the row (weights, gradients, AdamW state,
-    activations; the synthetic batch is included); on CPU the growth of the process's peak
-    resident set over the row's start (VmHWM reset through /proc/self/clear_refs; falls back to
-    the getrusage ru_maxrss delta, which under-reports rows after the first) - an approximation
-    that includes allocator slack (and, for the torch.compile row, the compiler's own memory).
+    ms/step is the median step time; img/s = batch / median step time. Peak memory is what the
+    row needed above what was allocated at its start (benchmarks/_measure.py): on CUDA
+    ``torch.cuda.max_memory_allocated`` during the row minus ``torch.cuda.memory_allocated`` at
+    its start (weights, gradients, AdamW state, activations; the synthetic batch, allocated
+    before the rows, is not included); on CPU the growth of the process's peak resident set over
+    the row's start (VmHWM reset through /proc/self/clear_refs; falls back to the getrusage
+    ru_maxrss growth, which under-reports rows after the first) - an approximation that includes
+    allocator slack (and, for the torch.compile row, the compiler's own memory).
     MFU (CUDA only) = 3 * model.flops_per_sample() * img/s / peak bf16 FLOP/s of the GPU
     (resdecay.runlog.peak_flops); the analytic count covers matmuls only. One untimed step runs
     before the table so that one-time allocations do not land on the first row.
@@ -44,12 +46,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import ctypes
-import gc
 import json
 import platform
-import re
-import resource
 import statistics
 import sys
 import time
@@ -64,6 +62,8 @@ from resdecay.models.mae import choose_skip_sources
 from resdecay.runlog import peak_flops
 from resdecay.schedule import alpha_schedule
 from resdecay.train import param_groups
+
+from _measure import MEM_LABEL, mem_peak, mem_start, sync
 
 
 # ============================================================================ naive reference
@@ -167,45 +167,6 @@ class RefMAE(nn.Module):
 
 
 # ============================================================================ measurement
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _rss_kb(field: str) -> int | None:
-    try:
-        return int(re.search(rf"{field}:\s+(\d+)", open("/proc/self/status").read()).group(1))
-    except (OSError, AttributeError):
-        return None
-
-
-def mem_start(device) -> tuple[str, float]:
-    """Reset the peak counter; return (method, baseline in MB)."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        return "cuda", 0.0
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)  # give freed heap back, so the next row's growth shows
-    except (OSError, AttributeError):
-        pass
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current resident set
-        return "vmhwm", _rss_kb("VmRSS") / 1024
-    except OSError:
-        return "maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def mem_peak(device, method: str, base: float) -> float:
-    if method == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    if method == "vmhwm":
-        return _rss_kb("VmHWM") / 1024 - base
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
-
-
 def run_row(make, imgs, cfg, args, device) -> dict:
     method, base = mem_start(device)
     net = make()
@@ -315,7 +276,7 @@ def main() -> int:
     rows.append(("reference (eager, naive attention)", lambda: copy.deepcopy(ref).to(device)))
 
     method = mem_start(device)[0]
-    mem_head = {"cuda": "peak MB (cuda max alloc)", "vmhwm": "peak MB (VmHWM growth)", "maxrss": "peak MB (maxrss delta)"}[method]
+    mem_head = MEM_LABEL[method]
     head = f"{'row':<36} {'img/s':>10} {'ms/step':>10} {mem_head:>28} {'MFU':>7}"
     print(head)
     print("-" * len(head))

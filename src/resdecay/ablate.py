@@ -36,7 +36,7 @@ from .config import load_config
 from .errors import UserError
 from .eval.suite import EvalSettings, evaluate_checkpoint
 from .models import build_model
-from .plots import plot_bars
+from .plots import plot_bars, plot_rank_vs_depth
 from .distributed import is_main_process
 from .train import train
 
@@ -149,8 +149,10 @@ def run_grid(grid: str, out: str | None = None, only: list[str] | None = None, e
             done.parent.mkdir(parents=True, exist_ok=True)
             done.write_text(json.dumps({**report, "label": name}, indent=2))
         report = json.loads(done.read_text())
+        model = report.get("model", {})
         rows[name] = {"measures": _measure(report), "paper": v.get("paper"), "run_dir": str(run_dir),
-                      "overrides": v.get("overrides", []), "alphas": report.get("alphas")}
+                      "overrides": v.get("overrides", []), "alphas": report.get("alphas"), "family": model.get("family"),
+                      "alpha_min": model.get("alpha_min"), "depth": sum(model["layers"]) if "layers" in model else model.get("depth")}
     if not is_main_process():
         return {}
     result = summarize(g, rows)
@@ -161,6 +163,8 @@ def run_grid(grid: str, out: str | None = None, only: list[str] | None = None, e
     print("\n" + table)
     plot_bars({m: {n: r["measures"][m] for n, r in rows.items() if m in r["measures"]} for m in MEASURES},
               out_dir / "ablate.png", f"{g['name']}: {g.get('description', '')}")
+    if len({r["depth"] for r in rows.values()}) > 1 and all(r["family"] == "resnet" for r in rows.values()):
+        plot_rank_vs_depth(rows, out_dir / "rank_vs_depth.png", g["name"])  # Figure 7
     print(f"\nwrote {out_dir / 'ablate.json'}, {out_dir / 'table.txt'}, {out_dir / 'ablate.png'}")
     return result
 

@@ -155,3 +155,19 @@ def plot_bars(groups: dict[str, dict[str, float]], path: Path, title: str = "") 
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def plot_rank_vs_depth(rows: dict[str, dict], path: Path, title: str = "") -> Path:
+    """Figure 7: effective rank of the final features against network depth, one line per
+    alpha_min (rows carry "depth", "alpha_min" and measures["rank_cls"])."""
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for a in sorted({r["alpha_min"] for r in rows.values()}, reverse=True):
+        pts = sorted((r["depth"], r["measures"]["rank_cls"]) for r in rows.values()
+                     if r["alpha_min"] == a and "rank_cls" in r["measures"])
+        if pts:
+            ax.plot(*zip(*pts), "o-", label=f"alpha_min {a:g}")
+    ax.set(xlabel="residual blocks", ylabel="effective rank (paper eq. 6, pooled test features)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -1,0 +1,70 @@
+"""Device sync and peak-memory measurement shared by the benchmark scripts.
+
+``mem_start(device)`` resets the peak counter and returns ``(method, base)``; after the measured
+work, ``mem_peak(device, method, base)`` returns the peak in MB above ``base``, i.e. the memory
+the work needed on top of what was already held when it started.
+
+CUDA ("cuda")      ``torch.cuda.max_memory_allocated`` since ``reset_peak_memory_stats``, minus
+                   ``torch.cuda.memory_allocated`` at the start (tensors the caller allocated
+                   before ``mem_start`` are not counted); caching-allocator slack is not counted.
+CPU ("vmhwm")      growth of the process's peak resident set: ``malloc_trim(0)`` first (freed heap
+                   goes back to the OS), then VmHWM is reset to the current resident set through
+                   ``/proc/self/clear_refs``; peak = VmHWM - VmRSS at the start. An approximation
+                   that includes allocator slack and anything else the process touches meanwhile.
+CPU ("maxrss")     fallback where clear_refs cannot be written: growth of ``ru_maxrss``, which
+                   cannot be reset, so it under-reports every measurement after the first.
+
+Used by scripts run as ``python benchmarks/x.py`` (this folder is then on sys.path).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import re
+import resource
+
+import torch
+
+MEM_LABEL = {"cuda": "peak MB (cuda max alloc)", "vmhwm": "peak MB (VmHWM growth)", "maxrss": "peak MB (maxrss growth)"}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def proc_kb(path: str, field: str) -> int | None:
+    """The ``field:  N kB`` value of a /proc file such as /proc/self/status, or None."""
+    try:
+        return int(re.search(rf"{field}:\s+(\d+)", open(path).read()).group(1))
+    except (OSError, AttributeError):
+        return None
+
+
+def mem_start(device: torch.device) -> tuple[str, float]:
+    """Reset the peak counter; return (method, baseline in MB)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        return "cuda", torch.cuda.memory_allocated(device) / 2**20
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # give freed heap back, so the next growth shows
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current resident set
+        return "vmhwm", proc_kb("/proc/self/status", "VmRSS") / 1024
+    except OSError:
+        return "maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def mem_peak(device: torch.device, method: str, base: float) -> float:
+    """Peak MB since ``mem_start`` minus its ``base``."""
+    if method == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20 - base
+    if method == "vmhwm":
+        return proc_kb("/proc/self/status", "VmHWM") / 1024 - base
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
