@@ -113,6 +113,9 @@ def test_eval_bad_input(tiny_checkpoints, tmp_path, capsys):
     assert_one_line_error(*run(capsys, "eval", ck, "--evals", "knn", "--k", "5000", *cache)[::2], "--k 5000 is larger than the kNN bank")
     assert_one_line_error(*run(capsys, "eval", ck, "--evals", "knn,svm", *cache)[::2], "unknown evaluation 'svm'")
     assert_one_line_error(*run(capsys, "compare", str(tmp_path / "nothing"), str(tmp_path))[::2], "no evaluation found")
+    assert_one_line_error(*run(capsys, "compare", str(tmp_path))[::2], "compare needs at least two runs")
+    assert_one_line_error(*run(capsys, "eval", ck, "--probe-norm", "layernorm", *cache)[::2], "--probe-norm 'layernorm' is unknown")
+    assert_one_line_error(*run(capsys, "eval", ck, "--feature", "max", *cache)[::2], "--feature 'max' is unknown")
 
 
 def test_labels_missing_and_wrong_images_are_one_clear_line(tiny_checkpoints, tmp_path, capsys):

@@ -110,3 +110,16 @@ def test_plot_and_figures_commands(tiny_checkpoints, tmp_path, capsys):
     assert code == 0, err
     for png in ("tsne.png", "pca_maps.png", "reconstructions.png"):
         assert (tmp_path / "figs" / png).stat().st_size > 1000
+
+
+def test_figures_refuse_checkpoints_with_different_inputs(tiny_checkpoints, fake_fmnist, tmp_path, capsys):
+    from resdecay.train import train
+
+    from conftest import TINY
+
+    cfg = load_config("mae-tiny-digits", [*TINY, "train.epochs=1", "train.batch_size=32", "data.name=fashion-mnist",
+                                          f"data.path={fake_fmnist}", "model.img_size=28", "model.patch_size=4",
+                                          f"train.out_dir={tmp_path / 'fm'}"])
+    other = train(cfg, progress=False)["checkpoint"]
+    code, _, err = run(capsys, "figures", tiny_checkpoints["decayed"], other, "--out", str(tmp_path / "f"))
+    assert_one_line_error(code, err, "take different inputs")

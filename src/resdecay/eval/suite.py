@@ -213,7 +213,8 @@ def format_report(report: dict) -> str:
         p = r["protocol"]
         vals = ", ".join(f"{k} {v:.4f}" for k, v in r["values"].items() if k in ("top1", "top5", "effective_rank"))
         extra = {"knn": lambda: f"k={p['k']} T={p['temperature']}",
-                 "probe": lambda: f"{p['probe']['name']} recipe, {p['probe']['epochs']} epochs, lr {p['probe']['lr']}",
+                 "probe": lambda: (f"{p['probe']['name']} recipe, {p['probe']['epochs']} epochs, lr {p['probe']['lr']}, "
+                                   f"feature norm {p['probe']['feature_norm']}"),
                  "rank": lambda: p["form"]}[r["metric"]]()
         split = f"test {p['test']['images']}" if r["metric"] == "rank" else f"train {p['train']['images']} -> test {p['test']['images']}"
         lines.append(f"{r['metric']:<8} {r['layer']:>5} {r['feature']:<10} {vals:<32} {p['train']['data']} {split}; {extra}")
