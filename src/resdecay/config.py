@@ -92,6 +92,14 @@ class RunConfig:
 
 
 # ----------------------------------------------------------------------------- presets
+def shortcut_tag(alpha_min: float, skips: bool | None) -> str:
+    """How a run is named in tables and legends: 'plain' (alpha 1, no skips) or 'alpha_min 0.6, skips'.
+    skips=None means unknown (a summary from an older run): only alpha_min is shown."""
+    if alpha_min == 1.0 and skips is False:
+        return "plain"
+    return f"alpha_min {alpha_min:g}{', skips' if skips else ''}"
+
+
 def _preset_dir():
     return resources.files("resdecay") / "presets"
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint import load_model
+from .config import shortcut_tag
 from .data import DataConfig, build_dataset
 from .errors import UserError
 from .eval.figures import online_rows, plot_correlation, plot_pca_maps, plot_rank_and_accuracy, plot_tsne
@@ -22,7 +23,7 @@ def run_label(run: Path) -> str:
     summary = run / "summary.json"
     if summary.exists():
         s = json.loads(summary.read_text())
-        return f"{run.name} (alpha_min {s['alpha_min']:g})"
+        return f"{run.name} ({shortcut_tag(s['alpha_min'], s.get('skips'))})"
     return run.name
 
 
@@ -54,7 +55,7 @@ def run_figures(checkpoints: list[str], out: str, data: DataConfig | None = None
     models, cfgs = {}, {}
     for c in checkpoints:
         model, cfg = load_model(c)
-        label = f"{run_dir_of(Path(c)).name} (alpha_min {cfg.model.alpha_min:g})"
+        label = f"{run_dir_of(Path(c)).name} ({shortcut_tag(cfg.model.alpha_min, getattr(cfg.model, 'skips', False))})"
         models[label], cfgs[label] = model, cfg
     first = next(iter(cfgs.values()))
     sizes = {(cfg.model.img_size, cfg.model.in_chans) for cfg in cfgs.values()}

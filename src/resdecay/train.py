@@ -244,7 +244,7 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
     summary = {"preset": cfg.preset, "out_dir": str(out), "steps": step, "epochs": t.epochs, "images": len(samples),
                "effective_batch": eff_batch, "lr": peak_lr,
                "final_loss": last_loss, "train_time_s": time.perf_counter() - t_start,
-               "alpha_min": cfg.model.alpha_min, "alpha_eff": effective_decay(raw_model.alphas),
+               "alpha_min": cfg.model.alpha_min, "skips": getattr(cfg.model, "skips", None), "alpha_eff": effective_decay(raw_model.alphas),
                "checkpoint": str(last_ckpt) if last_ckpt else None, "resumed_from": str(resumed_from) if resumed_from else None}
     D.cleanup(env)
     return summary

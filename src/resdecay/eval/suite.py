@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import load_checkpoint, load_model
+from ..config import shortcut_tag
 from ..data import DataConfig, build_dataset, check_first_sample
 from ..decayify import alphas_of
 from ..errors import UserError
@@ -193,10 +194,7 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
 
 
 def _label(cfg) -> str:
-    m = cfg.model
-    if m.alpha_min == 1.0 and not getattr(m, "skips", False):
-        return f"{cfg.preset} (plain)"
-    return f"{cfg.preset} (alpha_min {m.alpha_min:g}{', skips' if getattr(m, 'skips', False) else ''})"
+    return f"{cfg.preset} ({shortcut_tag(cfg.model.alpha_min, getattr(cfg.model, 'skips', False))})"
 
 
 def format_report(report: dict) -> str:
