@@ -20,7 +20,8 @@ def decayed_add(x: torch.Tensor, branch: torch.Tensor, alpha: float | torch.Tens
 
     For a fixed alpha, ``torch.add(branch, x, alpha=alpha)`` is one fused multiply-add kernel in
     the forward pass, the same cost as a plain ``x + branch``; the backward pass adds one
-    elementwise scale of the gradient (about 0.2% of a block; benchmarks/block_overhead.py).
+    elementwise scale of the identity gradient (within noise on CPU; +2.7-2.9% of an eager bf16
+    ViT-B block on an H100, which torch.compile can fuse away; benchmarks/block_overhead.py).
     A tensor alpha (the learnable-alpha ablation) takes the autograd path. beta != 1 is only
     used by the Table 3b variants (sqrt(0.5) scalings).
     """
