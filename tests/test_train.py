@@ -165,3 +165,28 @@ def test_epoch_hook_does_not_shift_the_training_rng(tmp_path):
         finals.append(ckpt.load_checkpoint(train(cfg, progress=False, on_epoch_end=hook)["checkpoint"])["model"])
     assert len(calls) == 2
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+
+
+def test_ema_and_constant_lr_resume_exactly(tmp_path, tiny_overrides):
+    """EMA weights live in the checkpoint and continue exactly after a resume; constant lr stays at peak."""
+    from resdecay.train import lr_at
+
+    assert lr_at(5, 100, 10, 1e-3, 0.0, "constant") == pytest.approx(5e-4)
+    assert lr_at(90, 100, 10, 1e-3, 0.0, "constant") == 1e-3
+    ema = ["train.ema_decay=0.9", "train.lr_schedule=constant", "train.ckpt_every=11", "train.keep_last=10"]
+    ref = load_config("mae-tiny-digits", [*tiny_overrides, *ema, f"train.out_dir={tmp_path / 'ref'}"])
+    train(ref, progress=False)
+    part = load_config("mae-tiny-digits", [*tiny_overrides, *ema, "train.epochs=1", f"train.out_dir={tmp_path / 'part'}"])
+    train(part, progress=False)
+    full = load_config("mae-tiny-digits", [*tiny_overrides, *ema, f"train.out_dir={tmp_path / 'part'}"])
+    train(full, resume="auto", progress=False)
+    a = ckpt.load_checkpoint(ckpt.list_checkpoints(tmp_path / "ref" / "checkpoints")[-1])
+    b = ckpt.load_checkpoint(ckpt.list_checkpoints(tmp_path / "part" / "checkpoints")[-1])
+    assert "ema" in a and a["train_state"]["step"] == b["train_state"]["step"]
+    for k in a["ema"]:
+        assert torch.equal(a["ema"][k], b["ema"][k]), k
+    # the EMA lags the weights: it differs from them but is close
+    w = a["model"]["decoder_pred.weight"]
+    assert not torch.equal(a["ema"]["decoder_pred.weight"], w)
+    model, _ = ckpt.load_model(ckpt.list_checkpoints(tmp_path / "ref" / "checkpoints")[-1], ema=True)
+    assert torch.equal(model.state_dict()["decoder_pred.weight"], a["ema"]["decoder_pred.weight"])

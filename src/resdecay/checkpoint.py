@@ -124,9 +124,10 @@ def model_differences(saved: dict, current: dict) -> list[str]:
     return [f"model.{k}: checkpoint {saved.get(k)!r} vs run {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu"):
+def load_model(path: str | Path, device: str | torch.device = "cpu", ema: bool = False):
     """Rebuild the network a checkpoint describes (alpha_min and schedule from its config) and
-    load its weights. Returns (model in eval mode, RunConfig)."""
+    load its weights (``ema=True``: the EMA weights where the run kept them, as sampling wants).
+    Returns (model in eval mode, RunConfig)."""
     from .config import from_dict
     from .models import build_model
 
@@ -134,7 +135,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu"):
     cfg = from_dict(state["config"])
     model = build_model(cfg.model)
     try:
-        model.load_state_dict(state["model"])
+        model.load_state_dict(state["ema"] if ema and "ema" in state else state["model"])
     except RuntimeError as e:
         raise CheckpointError(f"{path}: weights do not fit the model its config describes ({str(e).splitlines()[0]})") from None
     return model.to(device).eval(), cfg

@@ -33,6 +33,9 @@ class TrainConfig:
     base_lr: float = 1.5e-4  # lr = base_lr * effective_batch / 256 (MAE's rule)
     lr: float | None = None  # absolute lr; overrides the base_lr rule when set
     min_lr: float = 0.0
+    lr_schedule: str = "cosine"  # cosine (half-cycle to min_lr after warmup, MAE) | constant (DiT, SiT, U-ViT)
+    ema_decay: float = 0.0  # EMA of the weights kept in checkpoints and used for sampling (0 = off; DiT 0.9999)
+    ema_warmup: bool = False  # timm's EMA warmup (decay grows with the step): for short runs
     weight_decay: float = 0.05  # not applied to biases and 1-D parameters (norms, tokens' scales)
     beta1: float = 0.9
     beta2: float = 0.95
@@ -60,6 +63,10 @@ class TrainConfig:
             raise ConfigError(f"train.warmup_epochs must be >= 0, got {self.warmup_epochs}")
         if self.base_lr <= 0 or (self.lr is not None and self.lr <= 0):
             raise ConfigError("train.base_lr (and train.lr when set) must be positive")
+        if self.lr_schedule not in ("cosine", "constant"):
+            raise ConfigError(f"train.lr_schedule {self.lr_schedule!r} is unknown; choose cosine or constant")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"train.ema_decay must lie in [0, 1) (0 = no EMA), got {self.ema_decay}")
         if self.optimizer not in ("adamw", "lars", "sgd"):
             raise ConfigError(f"train.optimizer {self.optimizer!r} is unknown; choose adamw, lars or sgd")
         if self.device not in ("auto", "cpu", "cuda"):

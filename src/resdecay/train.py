@@ -30,10 +30,13 @@ from .runlog import RunLog, peak_flops, peak_memory_mb
 from .schedule import effective_decay
 
 
-def lr_at(step: int, total: int, warmup: int, peak: float, floor: float) -> float:
-    """Per-iteration linear warmup, then half-cycle cosine from ``peak`` to ``floor`` (MAE)."""
+def lr_at(step: int, total: int, warmup: int, peak: float, floor: float, schedule: str = "cosine") -> float:
+    """Per-iteration linear warmup, then half-cycle cosine from ``peak`` to ``floor`` (MAE) or a
+    constant ``peak`` (DiT / SiT / U-ViT)."""
     if step < warmup:
         return peak * step / warmup
+    if schedule == "constant":
+        return peak
     progress = (step - warmup) / max(1, total - warmup)
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
@@ -129,6 +132,7 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
 
     # ------------------------------------------------------------------ resume
     step = 0
+    ema_state = None
     if resumed_from is not None:
         state = ckpt.load_checkpoint(resumed_from)
         diffs = ckpt.model_differences(state["config"]["model"], cfg.to_dict()["model"])
@@ -143,12 +147,22 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         step = int(state["train_state"]["step"])
+        ema_state = state.get("ema")
         rngs = state["rng"]
         if len(rngs) == env.world_size:
             ckpt.set_rng_state(rngs[env.rank])
         else:
             say(f"note: checkpoint has RNG states of {len(rngs)} ranks, this run has {env.world_size}; reseeding")
             torch.manual_seed(t.seed + env.rank + step)
+    ema = None
+    if t.ema_decay > 0:  # an exponential moving average of the weights, used for sampling (DiT, SiT, U-ViT)
+        from timm.utils import ModelEmaV3
+
+        ema = ModelEmaV3(raw_model, decay=t.ema_decay, use_warmup=t.ema_warmup)
+        if ema_state is not None:
+            ema.module.load_state_dict(ema_state)
+        elif resumed_from is not None:
+            say(f"note: {resumed_from} has no EMA weights; the EMA starts from the resumed weights")
     model = raw_model
     if t.compile:
         model = torch.compile(model)
@@ -187,7 +201,7 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
             sampler.set_epoch(epoch, start=in_epoch * t.accum_steps * t.batch_size)
             batches = iter(loader)
             for _ in range(in_epoch, steps_per_epoch):
-                lr = lr_at(step, total_steps, warmup_steps, peak_lr, t.min_lr)
+                lr = lr_at(step, total_steps, warmup_steps, peak_lr, t.min_lr, t.lr_schedule)
                 for group in optimizer.param_groups:
                     group["lr"] = lr * group.get("lr_scale", 1.0)
                 for micro in range(t.accum_steps):
@@ -209,6 +223,8 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
                 step, window_steps = step + 1, window_steps + 1
+                if ema is not None:
+                    ema.update(raw_model, step=step)
                 bar.update(1)
 
                 if step % t.log_every == 0 or step == total_steps or step % t.ckpt_every == 0:
@@ -226,7 +242,7 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
                     loss_sum.zero_()
                     window_steps, window_t0 = 0, now
                 if step % t.ckpt_every == 0 or step == total_steps:
-                    last_ckpt = save(cfg, env, raw_model, optimizer, scaler, step, steps_per_epoch, ckpt_dir)
+                    last_ckpt = save(cfg, env, raw_model, optimizer, scaler, step, steps_per_epoch, ckpt_dir, ema)
             if on_epoch_end is not None:  # on forked RNG, so evaluation never shifts the training stream
                 with torch.random.fork_rng(devices=[env.device] if env.device.type == "cuda" else []):
                     on_epoch_end(raw_model, epoch, step, log)
@@ -250,7 +266,7 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
     return summary
 
 
-def save(cfg, env, model, optimizer, scaler, step, steps_per_epoch, ckpt_dir) -> Path:
+def save(cfg, env, model, optimizer, scaler, step, steps_per_epoch, ckpt_dir, ema=None) -> Path:
     """Every rank contributes its RNG state; rank 0 writes the file atomically."""
     rngs = D.gather_objects(env, ckpt.rng_state())
     path = ckpt.checkpoint_path(ckpt_dir, step)  # every rank returns it; rank 0 writes it
@@ -259,6 +275,8 @@ def save(cfg, env, model, optimizer, scaler, step, steps_per_epoch, ckpt_dir) ->
                  "train_state": {"step": step, "epoch": step // steps_per_epoch, "step_in_epoch": step % steps_per_epoch,
                                  "world_size": env.world_size},
                  "rng": rngs, "config": cfg.to_dict()}
+        if ema is not None:
+            state["ema"] = ema.module.state_dict()
         ckpt.save_checkpoint(state, ckpt_dir, step, cfg.train.keep_last)
     D.barrier(env)
     return path
