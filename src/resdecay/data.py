@@ -6,6 +6,7 @@ Supported (``data.name``):
     cifar10/100    torchvision's on-disk format (``cifar-10-batches-py`` / ``cifar-100-python``)
     imagefolder    ImageNet / ImageNet-100 layout: ``path/train/<class>/*`` and ``path/val/<class>/*``
     synthetic      random images (benchmarks); size from the model
+    latents        VAE latents cached by ``resdecay latents`` (latent diffusion), in ``data.path``
 
 Determinism: the sampler yields ``(index, epoch)`` and augmentation of a sample is seeded by
 ``(seed, epoch, index)``, so a run resumed mid-epoch sees exactly the batches and crops an
@@ -26,7 +27,8 @@ from torch.utils.data import Dataset, Sampler
 
 from .errors import ConfigError, DataError
 
-DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "synthetic")
+DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "synthetic", "latents")
+NORMALIZE = ("dataset", "symmetric")
 FASHION_MNIST_DEBIAN = "/usr/share/datasets/fashion-mnist"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 AUGMENTS = ("none", "flip", "mae", "randaug", "cifar")
@@ -41,12 +43,15 @@ class DataConfig:
     num_workers: int = 0  # DataLoader worker processes (0 = load in the main process)
     train_subset: int | None = None  # use only the first N training images (quick runs)
     resize: bool = False  # resize fixed-size datasets to model.img_size instead of refusing
+    normalize: str = "dataset"  # dataset (per-channel mean/std) | symmetric (pixels to [-1, 1], diffusion)
 
     def validate(self) -> None:
         if self.name not in DATASETS:
             raise ConfigError(f"data.name {self.name!r} is unknown; choose one of {', '.join(DATASETS)}")
         if self.augment not in AUGMENTS:
             raise ConfigError(f"data.augment {self.augment!r} is unknown; choose one of {', '.join(AUGMENTS)}")
+        if self.normalize not in NORMALIZE:
+            raise ConfigError(f"data.normalize {self.normalize!r} is unknown; choose one of {', '.join(NORMALIZE)}")
         if self.num_workers < 0:
             raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}")
         if self.train_subset is not None and self.train_subset < 1:
@@ -235,6 +240,11 @@ def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | No
     cfg.validate()
     train = split == "train"
     aug = cfg.augment if (augment is None and train) or augment else "none"
+    if cfg.name == "latents":
+        from .latents import latent_dataset
+
+        return latent_dataset(cfg, split)
+    symmetric = cfg.normalize == "symmetric"  # diffusion models see pixels in [-1, 1]
     if cfg.name == "imagefolder":
         root = _need_dir(cfg.path, "imagefolder", "ImageNet layout: <path>/train/<class>/*.JPEG and <path>/val/...")
         sub = root / ("train" if train else "val")
@@ -242,8 +252,9 @@ def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | No
             if not train:
                 raise DataError(f"data path {root} has no val/ folder for evaluation; add <path>/val/<class>/*")
             sub = root
-        ds = _image_folder(sub, _pil_transform(aug, img_size, IMAGENET_MEAN, IMAGENET_STD))
-        info = DataInfo("imagefolder", len(ds.classes), 3, None, IMAGENET_MEAN, IMAGENET_STD)
+        mean, std = ((0.5,) * 3, (0.5,) * 3) if symmetric else (IMAGENET_MEAN, IMAGENET_STD)
+        ds = _image_folder(sub, _pil_transform(aug, img_size, mean, std))
+        info = DataInfo("imagefolder", len(ds.classes), 3, None, mean, std)
         if cfg.train_subset and train:
             ds = torch.utils.data.Subset(ds, range(min(cfg.train_subset, len(ds))))
         return ds, info
@@ -274,6 +285,8 @@ def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | No
     if cfg.train_subset and train:
         images, labels = images[: cfg.train_subset], labels[: cfg.train_subset]
     num_classes = 100 if cfg.name == "cifar100" else 10
+    if symmetric:
+        stats = ((0.5,) * images.shape[1], (0.5,) * images.shape[1])
     info = DataInfo(cfg.name, num_classes, int(images.shape[1]), native, *stats)
     return TensorImages(images, labels, info, _tensor_transform(aug, img_size, native, cfg.resize)), info
 

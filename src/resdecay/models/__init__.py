@@ -1,7 +1,7 @@
 """Model families by name: ``model.family`` in a preset picks the config class, the
 constructor and the training objective.
 
-Later families (U-ViT, SiT) register here; the trainer, CLI and checkpoints only talk to this
+The diffusion families (U-ViT, SiT) register here too; the trainer, CLI and checkpoints only talk to this
 table and to the model contract: ``forward_intermediates(x, indices)``, ``flops_per_sample()``
 and ``alphas`` (the (depth, 2) shortcut factors in use).
 """
@@ -17,11 +17,21 @@ import torch.nn as nn
 from .classifier import ClassifierConfig, EncoderClassifier, classifier_objective, classifier_param_groups
 from .mae import MAEConfig, MaskedAutoencoder
 from .resnet import ResNetConfig, SupervisedResNet, resnet_objective
+from .sit import SiT, SiTConfig
+from .uvit import UViT, UViTConfig
 
 
 def mae_objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """MAE pretraining loss: norm-pix MSE on the removed patches (labels unused)."""
     return model(images)[0]
+
+
+def diffusion_objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Denoising loss of the model's own objective (``model.cfg.objective``: DDPM eps or SiT velocity);
+    the noise and the time live in ``resdecay.diffusion``, not in the backbone (DiT's split)."""
+    from ..diffusion import diffusion_loss
+
+    return diffusion_loss(model, images, labels)
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,8 @@ FAMILIES: dict[str, Family] = {
     "mae": Family(MAEConfig, MaskedAutoencoder, mae_objective),
     "classifier": Family(ClassifierConfig, EncoderClassifier, classifier_objective, classifier_param_groups),
     "resnet": Family(ResNetConfig, SupervisedResNet, resnet_objective),
+    "uvit": Family(UViTConfig, UViT, diffusion_objective),
+    "sit": Family(SiTConfig, SiT, diffusion_objective),
 }
 
 
@@ -57,4 +69,4 @@ def build_model(cfg: Any) -> nn.Module:
 
 
 __all__ = ["FAMILIES", "ClassifierConfig", "EncoderClassifier", "Family", "MAEConfig", "MaskedAutoencoder", "ResNetConfig",
-           "SupervisedResNet", "build_model", "get_family", "model_config_class"]
+           "SiT", "SiTConfig", "SupervisedResNet", "UViT", "UViTConfig", "build_model", "get_family", "model_config_class"]
