@@ -293,6 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
     fg.add_argument("--out", default="runs/figures", help="output folder (default runs/figures)")
     fg.set_defaults(func=cmd_figures)
 
+    from .cli_diffusion import add_commands as add_diffusion_commands
+
+    add_diffusion_commands(sub)
+
     s = sub.add_parser("presets", help="list the shipped presets")
     s.set_defaults(func=cmd_presets)
     return p

@@ -1,0 +1,148 @@
+"""The diffusion subcommands of ``resdecay``: sample, fid, latents, eval-diffusion (wired into cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .errors import UserError
+
+
+def _data_cfg(name: str | None, path: str | None, normalize: str = "dataset"):
+    from .data import DataConfig
+
+    if name is None:
+        if path:
+            raise UserError("--data-path needs --data (digits, fashion-mnist, cifar10, cifar100, imagefolder, latents)")
+        return None
+    cfg = DataConfig(name=name, path=path, normalize=normalize)
+    cfg.validate()
+    return cfg
+
+
+def _levels(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise UserError(f"--noise-levels takes comma-separated numbers in [0, 1], e.g. 0,0.1,0.25; got {text!r}") from None
+
+
+def cmd_sample(args) -> None:
+    from .sample import run_sample
+
+    labels = None
+    if args.labels:
+        try:
+            labels = [int(v) for v in args.labels.split(",")]
+        except ValueError:
+            raise UserError(f"--labels takes comma-separated class indices, got {args.labels!r}") from None
+    r = run_sample(args.checkpoint, n=args.n, sampler=args.sampler, steps=args.steps, cfg_scale=args.cfg, labels=labels,
+                   seed=args.seed, batch_size=args.batch_size, vae=args.vae, out=args.out, device=args.device,
+                   use_ema=not args.no_ema, progress=not args.no_progress)
+    if r:
+        print(f"{r['n']} samples | sampler {r['sampler']}, {r['steps']} steps, cfg {r['cfg_scale']:g}, {r['weights']} weights, "
+              f"seed {r['seed']}\nwrote {r['png']} and {r['npz']}")
+
+
+def cmd_latents(args) -> None:
+    from .latents import encode_dataset
+
+    import torch
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    written = encode_dataset(_data_cfg(args.data, args.data_path), args.vae, args.out, args.img_size, args.batch_size,
+                             device, progress=not args.no_progress)
+    for split, w in written.items():
+        print(f"{split}: {w['n']} latents of shape {w['shape']} (x {w['scaling_factor']:g}) -> {w['path']}")
+    print(f"train with: data.name=latents data.path={args.out}")
+
+
+def cmd_eval_diffusion(args) -> None:
+    from .eval.diffusion_probe import run_eval_diffusion
+
+    layers = None if args.layers == "all" else [int(v) for v in args.layers.split(",")]
+    r = run_eval_diffusion(args.checkpoint, data=_data_cfg(args.data, args.data_path, "symmetric"), out=args.out, layers=layers,
+                           levels=_levels(args.noise_levels), max_train=args.max_train, max_test=args.max_test,
+                           device=args.device, batch_size=args.batch_size, progress=not args.no_progress)
+    print(format_grid(r))
+    print(f"wrote {r['paths']['json']} and {r['paths']['png']}")
+
+
+def format_grid(r: dict) -> str:
+    p = r["protocol"]
+    head = (f"diffusion probe grid | {p['checkpoint']} (step {p['step']}, {p['weights']} weights) | {p['data']} "
+            f"train {p['train_images']} -> test {p['test_images']} | fast probe, mean tokens, null label")
+    lines = [head, "block  " + "".join(f"{f'noise {lv:g}':>12}" for lv in r["levels"])]
+    for layer, row in zip(r["layers"], r["top1"]):
+        lines.append(f"{layer:>5}  " + "".join(f"{v:>12.4f}" for v in row))
+    b = r["best"]
+    lines.append(f"best cell: block {b['layer']}, noise level {b['level']:g}, top-1 {b['top1']:.4f}")
+    return "\n".join(lines)
+
+
+def cmd_fid(args) -> None:
+    from .eval.fid_cli import run_fid
+
+    r = run_fid(args.samples, ref=args.ref, data_path=args.data_path, inception_weights=args.inception_weights,
+                proxy=args.proxy, batch_size=args.batch_size, device=args.device, ref_out=args.ref_out,
+                allow_few=args.allow_few, progress=not args.no_progress, img_size=args.img_size)
+    print(f"{r['label']}: {r['value']:.4f}")
+    print(json.dumps(r["protocol"], indent=1))
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("sample", help="sample a diffusion checkpoint: PNG grid + ADM-format .npz (torchrun splits N)")
+    s.add_argument("checkpoint")
+    s.add_argument("--n", type=int, default=64, help="number of samples (split across ranks under torchrun)")
+    s.add_argument("--sampler", default=None, help="ddpm | ddim | dpm-solver++ (eps models; default dpm-solver++) | "
+                                                   "euler | heun | euler-maruyama (velocity models; default euler-maruyama)")
+    s.add_argument("--steps", type=int, default=None, help="sampling steps (default: 50 for dpm-solver++, 250 for euler-maruyama)")
+    s.add_argument("--cfg", type=float, default=1.0, help="classifier-free guidance scale (1 = none)")
+    s.add_argument("--labels", default=None, help="comma list of class indices, cycled (default: random)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--batch-size", type=int, default=256)
+    s.add_argument("--vae", default=None, help="VAE folder to decode latent models (diffusers AutoencoderKL)")
+    s.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA")
+    s.add_argument("--device", default="auto")
+    s.add_argument("--out", default=None, help="output folder (default <run>/samples)")
+    s.add_argument("--no-progress", action="store_true")
+    s.set_defaults(func=cmd_sample)
+
+    f = sub.add_parser("fid", help="FID (Inception weights from a local file) or proxy FID of samples against a reference")
+    f.add_argument("samples", help="an ADM-format .npz (arr_0: uint8 NHWC), e.g. from `resdecay sample`")
+    f.add_argument("--ref", required=True, help="reference statistics file (.pt) or a dataset name to build them from")
+    f.add_argument("--data-path", default=None, help="dataset folder when --ref is a dataset name")
+    f.add_argument("--ref-out", default=None, help="where to save statistics built from a dataset (default runs/fid_refs/...)")
+    f.add_argument("--inception-weights", default=None, help="FID Inception weights file (pt_inception-2015-12-05-*.pth)")
+    f.add_argument("--proxy", action="store_true", help="proxy FID: features of a small classifier trained on the dataset")
+    f.add_argument("--batch-size", type=int, default=200, help="extraction batch size (fixed; recorded)")
+    f.add_argument("--allow-few", action="store_true", help="allow fewer samples than feature dimensions")
+    f.add_argument("--img-size", type=int, default=256, help="reference resolution for --ref imagefolder (resize + centre crop)")
+    f.add_argument("--device", default="auto")
+    f.add_argument("--no-progress", action="store_true")
+    f.set_defaults(func=cmd_fid)
+
+    la = sub.add_parser("latents", help="encode a dataset once with a local VAE for latent diffusion")
+    la.add_argument("--vae", default=None, help="a local diffusers AutoencoderKL folder (required)")
+    la.add_argument("--data", required=True, help="digits, fashion-mnist, cifar10, cifar100, imagefolder")
+    la.add_argument("--data-path", default=None)
+    la.add_argument("--img-size", type=int, default=256, help="pixel side fed to the VAE (latents are 1/8 of it)")
+    la.add_argument("--batch-size", type=int, default=64)
+    la.add_argument("--device", default="auto")
+    la.add_argument("--out", required=True, help="output folder for train.pt / test.pt")
+    la.add_argument("--no-progress", action="store_true")
+    la.set_defaults(func=cmd_latents)
+
+    e = sub.add_parser("eval-diffusion", help="linear probe per (block, noise level) of a diffusion model: heat map + best cell")
+    e.add_argument("checkpoint")
+    e.add_argument("--data", default=None, help="dataset (default: the checkpoint's)")
+    e.add_argument("--data-path", default=None)
+    e.add_argument("--layers", default="all", help="'all' or a comma list of block indices")
+    e.add_argument("--noise-levels", default="0,0.1,0.25,0.5,0.75", help="fractions of the diffusion time, 0 = clean")
+    e.add_argument("--max-train", type=int, default=None)
+    e.add_argument("--max-test", type=int, default=None)
+    e.add_argument("--batch-size", type=int, default=256)
+    e.add_argument("--device", default="auto")
+    e.add_argument("--out", default=None, help="output folder (default <run>/eval_diffusion)")
+    e.add_argument("--no-progress", action="store_true")
+    e.set_defaults(func=cmd_eval_diffusion)

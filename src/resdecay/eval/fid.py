@@ -1,0 +1,367 @@
+"""Fréchet distances between image sets, fully offline.
+
+Two feature extractors, never mixed:
+  * Inception-v3, the standard FID: torchmetrics' NoTrainInceptionV3 with torch-fidelity's FID
+    weights read from a local file (``--inception-weights``); nothing is ever downloaded.
+  * a proxy: a small CNN classifier trained once on the dataset's training split and cached; its
+    penultimate features give "proxy FID (<name>)", comparable only with the same extractor.
+
+Statistics (mean, covariance) are accumulated in float64 with a fixed extraction batch size and
+saved once per image set; the Fréchet distance itself is torchmetrics' ``_compute_fid``.
+Images: float tensors in [0, 1] (B, C, H, W), uint8 NHWC arrays (ADM's .npz ``arr_0``) or such a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..checkpoint import atomic_save
+from ..errors import UserError, one_line
+
+BATCH_SIZE = 100  # fixed: features (and so FID) must not depend on how the caller chunked the images
+STATS_FORMAT = "resdecay-fid-stats-v1"
+PROXY_VERSION = "v1"  # bump when the proxy's architecture or recipe changes: old caches are then ignored
+PROXY_DATASETS = {"digits": (1, 8), "fashion-mnist": (1, 28), "cifar10": (3, 32), "cifar100": (3, 32)}
+INCEPTION_LABEL = "FID (Inception-v3, torchmetrics)"
+INCEPTION_RESIZE = "bilinear (torch-fidelity, 299x299)"
+WEIGHTS_FIX = ("pass --inception-weights PATH (the FID Inception file: pytorch-fid's "
+               "pt_inception-2015-12-05-6726825d.pth or torch-fidelity's weights-inception-2015-12-05-6726825d.pth)")
+
+
+def default_cache_dir() -> Path:
+    """Where trained proxy extractors are kept: $XDG_CACHE_HOME/resdecay/fid (~/.cache/resdecay/fid)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "resdecay" / "fid"
+
+
+def _digest(path: Path) -> str:
+    """Short hash of a weights file: stats record it, so a retrained proxy cannot be mixed with old stats."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------- extractors
+class InceptionFeatures(nn.Module):
+    """[0, 1] images (B, C, H, W) -> (B, 2048) pool features of the FID Inception network."""
+
+    label, resize_filter, needs_rgb, name = INCEPTION_LABEL, INCEPTION_RESIZE, True, "inception-v3-compat"
+
+    def __init__(self, net: nn.Module, fingerprint: str):
+        super().__init__()
+        self.net, self.fingerprint = net, fingerprint
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] == 1:  # the network is RGB-only: grayscale is repeated (the stats record it)
+            x = x.expand(-1, 3, -1, -1)
+        # round, not truncate (torchmetrics' normalize=True truncates): uint8 inputs survive [0, 1] exactly
+        return self.net((x * 255).round_().clamp_(0, 255).to(torch.uint8))
+
+
+def inception_extractor(weights_path: str | os.PathLike | None) -> InceptionFeatures:
+    """torchmetrics' NoTrainInceptionV3 (2048 pool features) with weights from a local file only."""
+    if not weights_path:
+        raise UserError(f"Inception FID needs local weights (nothing is downloaded): {WEIGHTS_FIX}")
+    path = Path(weights_path).expanduser()
+    if not path.is_file():
+        raise UserError(f"Inception weights not found at {path}: {WEIGHTS_FIX}")
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)  # safe check first: torch-fidelity unpickles freely
+    except Exception:
+        raise UserError(f"cannot load Inception weights {path} (not a readable weights file): {WEIGHTS_FIX}") from None
+    from torchmetrics.image.fid import NoTrainInceptionV3
+
+    try:  # antialias=False: torch-fidelity's TF1-compatible bilinear resize, the one published FIDs use
+        net = NoTrainInceptionV3("inception-v3-compat", ["2048"], feature_extractor_weights_path=str(path),
+                                 antialias=False)
+    except ModuleNotFoundError:
+        raise UserError("Inception FID needs torch-fidelity: pip install torch-fidelity") from None
+    except Exception:
+        raise UserError(f"cannot load Inception weights {path} (its keys or shapes are not the FID Inception-v3's): "
+                        f"{WEIGHTS_FIX}") from None
+    return InceptionFeatures(net, _digest(path))
+
+
+class ProxyCNN(nn.Module):
+    """[0, 1] images -> three conv stages -> global average pool: (B, 4 * width) features; ``head``
+    classifies them in training. Once trained it is the proxy extractor, for its training resolution."""
+
+    resize_filter, needs_rgb = "none (the proxy runs at its training resolution)", False
+
+    def __init__(self, in_chans: int, num_classes: int, width: int = 32):
+        super().__init__()
+
+        def stage(cin, cout, pool):
+            return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+                    *([nn.MaxPool2d(2)] if pool else [])]
+
+        self.body = nn.Sequential(*stage(in_chans, width, True), *stage(width, 2 * width, True),
+                                  *stage(2 * width, 4 * width, False), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(4 * width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body((x - 0.5) / 0.5)
+
+
+def _load_split(name: str, split: str, data_path, img_size: int | None):
+    """uint8 images (N, C, H, W), labels, number of classes; resized (bicubic, antialiased) if asked."""
+    from ..data import DataConfig, build_dataset
+
+    native = PROXY_DATASETS[name][1]
+    ds, info = build_dataset(DataConfig(name=name, path=data_path), split, native, augment=False)
+    images = ds.images  # raw uint8: the dataset's own items are mean/std-normalised, not [0, 1]
+    if img_size and img_size != images.shape[-1]:
+        images = F.interpolate(images.float(), size=(img_size, img_size), mode="bicubic", antialias=True)
+        images = images.round_().clamp_(0, 255).to(torch.uint8)
+    return images, ds.labels, info.num_classes
+
+
+def reference_images(dataset_name: str, split: str = "test", data_path=None, img_size: int | None = None):
+    """The real images of a dataset split as uint8 (N, C, H, W), to build reference stats from."""
+    if dataset_name not in PROXY_DATASETS:
+        raise UserError(f"no built-in images for {dataset_name!r}; choose one of {', '.join(PROXY_DATASETS)}")
+    return _load_split(dataset_name, split, data_path, img_size)[0]
+
+
+def _train_proxy(images, labels, num_classes, epochs, device, batch_size=32, seed=0) -> ProxyCNN:
+    net = ProxyCNN(images.shape[1], num_classes).to(device)
+    with torch.random.fork_rng(devices=[]):  # seeded, and the caller's RNG stream is left untouched
+        torch.manual_seed(seed)
+        opt = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=1e-4)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, 3e-3, total_steps=epochs * math.ceil(len(images) / batch_size))
+        net.train()
+        for _ in range(epochs):
+            for idx in torch.randperm(len(images)).split(batch_size):
+                loss = F.cross_entropy(net.head(net(images[idx].to(device).float() / 255)), labels[idx].to(device))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sched.step()
+    return net.eval().cpu()
+
+
+@torch.inference_mode()
+def _accuracy(net: ProxyCNN, images, labels) -> float:
+    preds = torch.cat([net.head(net(x.float() / 255)).argmax(1) for x in images.split(500)])
+    return float((preds == labels).float().mean())
+
+
+def proxy_extractor(dataset_name: str, data_path=None, cache_dir=None, img_size: int | None = None,
+                    in_chans: int | None = None, device: str | torch.device = "cpu") -> ProxyCNN:
+    """The dataset's proxy feature extractor: trained on its training split once, then loaded from
+    ``cache_dir`` (default ``default_cache_dir()``). ``.name``, ``.label`` and ``.meta`` describe it."""
+    if dataset_name not in PROXY_DATASETS:
+        raise UserError(f"proxy FID needs a labelled fixed-size dataset ({', '.join(PROXY_DATASETS)}), got "
+                        f"{dataset_name!r}: for other images use Inception FID with --inception-weights PATH")
+    chans, size = PROXY_DATASETS[dataset_name][0], img_size or PROXY_DATASETS[dataset_name][1]
+    if in_chans is not None and in_chans != chans:
+        raise UserError(f"{dataset_name} images have {chans} channel(s), not {in_chans}: proxy FID compares "
+                        f"samples with the dataset itself, so generate {chans}-channel images")
+    name = f"proxy-cnn-{dataset_name}-{size}px"
+    path = Path(cache_dir or default_cache_dir()).expanduser() / f"{name}-{PROXY_VERSION}.pt"
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
+    except Exception:
+        saved = None  # a damaged cache is only a cache: train again and overwrite it
+    if saved is None:
+        images, labels, num_classes = _load_split(dataset_name, "train", data_path, size)
+        t0 = time.perf_counter()
+        epochs = min(30, max(2, math.ceil(30_000 / len(images))))  # >= 30k images seen, at least 2 epochs
+        net = _train_proxy(images, labels, num_classes, epochs, device)
+        meta = {"name": name, "version": PROXY_VERSION, "dataset": dataset_name, "img_size": size, "in_chans": chans,
+                "num_classes": num_classes, "epochs": epochs, "train_seconds": round(time.perf_counter() - t0, 1),
+                "test_acc": round(_accuracy(net, *_load_split(dataset_name, "test", data_path, size)[:2]), 4)}
+        saved = {"meta": meta, "state_dict": net.state_dict()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_save(saved, path)
+    net = ProxyCNN(chans, saved["meta"]["num_classes"])
+    net.load_state_dict(saved["state_dict"])
+    net.name, net.label, net.fingerprint, net.meta = name, f"proxy FID ({name})", _digest(path), saved["meta"]
+    net.resolution = (chans, size, size)
+    return net.eval()
+
+
+# ----------------------------------------------------------------------------- images -> batches
+def _chunks(images):
+    """Raw chunks as uint8 or float tensors (N, C, H, W); converted to float only batch by batch."""
+    if isinstance(images, (str, os.PathLike)):
+        path = Path(images).expanduser()
+        try:
+            z = np.load(path, allow_pickle=False)
+            if isinstance(z, np.lib.npyio.NpzFile):  # ADM's .npz; a plain .npy holds the array itself
+                with z:
+                    z = z["arr_0"]
+        except Exception as e:
+            raise UserError(f"cannot read samples file {path} ({type(e).__name__}: {one_line(e)[:100]}): pass an "
+                            f".npz holding uint8 NHWC images in 'arr_0' (ADM format)") from None
+        images = z
+    if isinstance(images, np.ndarray):
+        if images.dtype != np.uint8 or images.ndim not in (3, 4):
+            raise UserError(f"numpy samples must be uint8 NHWC images (ADM .npz 'arr_0'), got {images.dtype} "
+                            f"{images.shape}: convert with (x * 255).round().astype(np.uint8)")
+        t = torch.from_numpy(images)
+        yield t.unsqueeze(1) if t.ndim == 3 else t.permute(0, 3, 1, 2)
+    elif isinstance(images, torch.Tensor):
+        yield images
+    elif hasattr(images, "__iter__") and not isinstance(images, (dict, bytes)):  # DataLoader, list of batches
+        for item in images:
+            yield from _chunks(item[0] if isinstance(item, (tuple, list)) else item)  # (images, labels) pairs
+    else:
+        raise UserError(f"samples of type {type(images).__name__} are not images: pass a float tensor in [0, 1] "
+                        f"(B, C, H, W), a uint8 NHWC array, an .npz path (ADM 'arr_0') or a loader of such tensors")
+
+
+def _as_float(x: torch.Tensor) -> torch.Tensor:
+    if x.ndim != 4 or x.shape[1] not in (1, 3):
+        raise UserError(f"images must be (B, C, H, W) with 1 or 3 channels (numpy: uint8 NHWC), got {tuple(x.shape)}")
+    if x.dtype != torch.uint8 and not x.is_floating_point():
+        raise UserError(f"image tensors must be float in [0, 1] or uint8, got {x.dtype}")
+    # a fresh copy with standard strides: batches cut from NHWC arrays (even 1-channel ones) would
+    # otherwise run channels-last conv kernels and give features that differ in the last bits
+    y = torch.empty(x.shape, dtype=torch.float32, device=x.device).copy_(x)
+    if x.dtype == torch.uint8:
+        return y.div_(255)
+    lo, hi = float(y.min()), float(y.max())
+    if lo < -1e-3 or hi > 1 + 1e-3:  # e.g. mean/std-normalised dataset items, or [-1, 1] model outputs
+        raise UserError(f"images must be floats in [0, 1], got values in [{lo:.3g}, {hi:.3g}]: map [-1, 1] "
+                        f"outputs with (x + 1) / 2 and undo any mean/std normalisation")
+    return y.clamp_(0, 1)
+
+
+def _rebatch(chunks, batch_size: int):
+    """Exactly batch_size images per batch (the last may be short), however the input was chunked."""
+    buf, n = [], 0
+    for piece in (p for c in chunks for p in c.split(batch_size)):
+        buf.append(piece)
+        n += len(piece)
+        if n >= batch_size:
+            cat = torch.cat(buf)
+            yield cat[:batch_size]
+            buf, n = [cat[batch_size:]], n - batch_size
+    if n:
+        yield torch.cat(buf)
+
+
+# ----------------------------------------------------------------------------- statistics
+def _res(r) -> str:
+    return f"{r[1]}x{r[2]}x{r[0]}"
+
+
+def _check_pair(ref: dict, ext_id: str, resolution) -> None:
+    if ext_id != ref["extractor_id"]:
+        raise UserError(f"reference stats were built with extractor {ref['extractor_id']}, the samples with {ext_id}: "
+                        f"rebuild the reference with the samples' extractor")
+    if tuple(resolution) != tuple(ref["resolution"]):
+        raise UserError(f"reference stats are for {_res(ref['resolution'])} images, samples are {_res(resolution)}: "
+                        f"rebuild the reference at {_res(resolution)} (or generate {_res(ref['resolution'])} samples)")
+
+
+@torch.inference_mode()
+def feature_stats(images, extractor: nn.Module, batch_size: int = BATCH_SIZE, device: str | torch.device = "cpu",
+                  reference: dict | None = None, progress: bool = False) -> dict:
+    """Mean and covariance (float64) of the extractor's features over all images, with their protocol.
+
+    ``reference``: stats these images will be compared with; a mismatch stops at the first batch."""
+    from tqdm.auto import tqdm
+
+    name = getattr(extractor, "name", type(extractor).__name__)
+    ext_id = f"{name}@{extractor.fingerprint}" if getattr(extractor, "fingerprint", None) else name
+    extractor = extractor.eval().to(device)
+    shift = total = cross = resolution = None
+    n = 0
+    for raw in tqdm(_rebatch(_chunks(images), batch_size), desc="FID features", disable=not progress, leave=False):
+        x = _as_float(raw)
+        if resolution is None:
+            resolution, expected = tuple(x.shape[1:]), getattr(extractor, "resolution", None)
+            if expected is not None and tuple(expected) != resolution:
+                raise UserError(f"{name} was trained on {_res(expected)} images, these are {_res(resolution)}: "
+                                f"use the proxy built for {_res(resolution)} or images of {_res(expected)}")
+            if reference is not None:
+                _check_pair(reference, ext_id, resolution)
+        elif tuple(x.shape[1:]) != resolution:
+            raise UserError(f"images change size from {_res(resolution)} to {_res(x.shape[1:])}: FID needs one size")
+        f = extractor(x.to(device))
+        f = f.cpu().double() if f.device.type == "mps" else f.double()  # MPS has no float64
+        if shift is None:  # shifted sums: the float64 covariance loses nothing to a large feature mean
+            shift = f.mean(0)
+            total, cross = torch.zeros_like(shift), f.new_zeros(len(shift), len(shift))
+        d = f - shift
+        total += d.sum(0)
+        cross += d.T @ d
+        n += len(f)
+    if n < 2:
+        raise UserError(f"FID needs at least 2 images, got {n}")
+    return {"format": STATS_FORMAT, "mu": (shift + total / n).cpu(),
+            "sigma": ((cross - torch.outer(total, total) / n) / (n - 1)).cpu(), "n": n,
+            "extractor": name, "extractor_id": ext_id, "label": getattr(extractor, "label", f"proxy FID ({name})"),
+            "resolution": resolution, "resize_filter": getattr(extractor, "resize_filter", "none"),
+            "grayscale_to_rgb": bool(getattr(extractor, "needs_rgb", False) and resolution[0] == 1),
+            "batch_size": batch_size, "dtype": "float64"}
+
+
+def _checked_stats(st, what: str) -> dict:
+    ok = isinstance(st, dict) and st.get("format") == STATS_FORMAT and isinstance(st.get("mu"), torch.Tensor)
+    if not ok or st["mu"].ndim != 1 or tuple(st["sigma"].shape) != (len(st["mu"]),) * 2:
+        raise UserError(f"{what} is not a FID stats file of this version: rebuild it from the real images")
+    return st
+
+
+def save_stats(path, stats: dict) -> None:
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_save(_checked_stats(stats, "stats"), path)
+
+
+def load_stats(path) -> dict:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise UserError(f"FID reference stats not found at {path}: build them from the real images first")
+    try:
+        st = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        raise UserError(f"cannot read FID reference stats {path} (not a readable PyTorch file): rebuild them") from None
+    return _checked_stats(st, str(path))
+
+
+def fid(sample_stats: dict, ref_stats: dict, allow_few: bool = False) -> float:
+    """Fréchet distance between two stats dicts (torchmetrics' ``_compute_fid``, in float64)."""
+    from torchmetrics.image.fid import _compute_fid
+
+    _check_pair(ref_stats, sample_stats["extractor_id"], sample_stats["resolution"])
+    dim = len(ref_stats["mu"])
+    for st, what in ((sample_stats, "samples"), (ref_stats, "reference")):
+        if st["n"] < 2 or (st["n"] <= dim and not allow_few):  # n images give a covariance of rank <= n - 1
+            raise UserError(f"{st['label']}: the {what} have {st['n']} images but {dim}-dimensional features need at "
+                            f"least {dim + 1} (else the covariance is rank-deficient): use more images"
+                            + (" or pass --allow-few (allow_few=True)" if st["n"] >= 2 else ""))
+    value = float(_compute_fid(sample_stats["mu"].double(), sample_stats["sigma"].double(),
+                               ref_stats["mu"].double(), ref_stats["sigma"].double()))
+    if not math.isfinite(value):
+        raise UserError(f"{sample_stats['label']} is not finite: the feature covariance is degenerate; use more images")
+    return value
+
+
+def compute_fid(samples, ref, extractor: nn.Module, batch_size: int = BATCH_SIZE,
+                device: str | torch.device = "cpu", allow_few: bool = False, progress: bool = False) -> dict:
+    """FID of ``samples`` against ``ref`` (a stats file or dict): value, label, protocol card, summary line."""
+    ref = load_stats(ref) if isinstance(ref, (str, os.PathLike)) else _checked_stats(ref, "reference stats")
+    st = feature_stats(samples, extractor, batch_size, device, reference=ref, progress=progress)
+    value = fid(st, ref, allow_few=allow_few)
+    protocol = {"n_samples": st["n"], "n_ref": ref["n"], "extractor": st["extractor_id"],
+                "feature_dim": len(st["mu"]), "resolution": _res(st["resolution"]),
+                "resize_filter": st["resize_filter"], "grayscale_to_rgb": st["grayscale_to_rgb"],
+                "batch_size": st["batch_size"], "ref_batch_size": ref["batch_size"], "stats_dtype": "float64"}
+    summary = (f"{st['label']} = {value:.4f} ({st['n']} samples vs {ref['n']} reference, {protocol['resolution']}, "
+               f"resize {st['resize_filter']}{', gray->RGB' if st['grayscale_to_rgb'] else ''}, "
+               f"batch {st['batch_size']}, float64 stats)")
+    return {"value": value, "label": st["label"], "protocol": protocol, "summary": summary}

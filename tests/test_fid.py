@@ -1,0 +1,172 @@
+"""FID: float64 stats, batch-size independence, the cached proxy extractor, offline Inception, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from resdecay.errors import UserError
+from resdecay.eval import fid as fidmod
+from resdecay.eval.fid import (compute_fid, feature_stats, fid, inception_extractor, load_stats, proxy_extractor,
+                               reference_images, save_stats)
+
+
+def tiny_extractor(in_chans: int = 1, dim: int = 8) -> nn.Module:
+    """A random extractor, for tests where what the features mean does not matter."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(in_chans, dim, 3), nn.Tanh(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+
+@pytest.fixture(scope="module")
+def proxy_cache(tmp_path_factory):
+    torch.set_num_threads(2)
+    cache = tmp_path_factory.mktemp("fid-cache")
+    return proxy_extractor("digits", cache_dir=cache), cache  # trains once: a few seconds
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return reference_images("digits", "train")  # uint8 (1437, 1, 8, 8)
+
+
+def test_identical_sets_give_zero():
+    x = torch.rand(200, 1, 8, 8)
+    ext = tiny_extractor()
+    st = feature_stats(x, ext)
+    assert abs(fid(st, st)) < 1e-6
+    res = compute_fid(x, st, ext)  # the same images extracted again
+    assert abs(res["value"]) < 1e-6 and res["label"] == "proxy FID (Sequential)"
+    assert st["mu"].dtype == st["sigma"].dtype == torch.float64 and st["sigma"].shape == (8, 8)
+
+
+def test_proxy_real_halves_small_noise_large(proxy_cache, digits):
+    ext, _ = proxy_cache
+    half = len(digits) // 2
+    ref = feature_stats(digits[:half], ext)
+    real = compute_fid(digits[half:], ref, ext)
+    noise = compute_fid(torch.rand(len(digits) - half, 1, 8, 8), ref, ext)
+    assert 0 < real["value"] < 5 and noise["value"] > 10 * real["value"], (real["value"], noise["value"])
+    assert real["label"] == "proxy FID (proxy-cnn-digits-8px)" and real["summary"].startswith(real["label"])
+    card = real["protocol"]
+    assert card["n_samples"] == len(digits) - half and card["n_ref"] == half and card["resolution"] == "8x8x1"
+    assert card["stats_dtype"] == "float64" and card["feature_dim"] == 128 and card["batch_size"] == 100
+    assert ext.meta["test_acc"] > 0.9
+
+
+def test_batch_size_and_chunking_do_not_change_fid(proxy_cache, digits):
+    ext, _ = proxy_cache
+    ref = feature_stats(digits[:700], ext)
+    a = fid(feature_stats(digits[700:], ext, batch_size=100), ref)
+    b = fid(feature_stats(digits[700:], ext, batch_size=7), ref)
+    assert a == pytest.approx(b, rel=1e-6)
+    # how the caller chunks the images (a loader of (images, labels), uneven pieces) does not matter at all
+    x = digits[700:].float() / 255
+    whole = feature_stats(x, ext)
+    pieces = feature_stats([(x[:13], None), (x[13:250], None), (x[250:], None)], ext)
+    assert torch.equal(whole["mu"], pieces["mu"]) and torch.equal(whole["sigma"], pieces["sigma"])
+
+
+def test_npz_uint8_nhwc_matches_float_tensor(tmp_path, digits):
+    ext = tiny_extractor()
+    path = tmp_path / "samples.npz"
+    np.savez(path, arr_0=digits[:300].permute(0, 2, 3, 1).numpy())  # ADM layout: uint8 NHWC in arr_0
+    from_file = feature_stats(str(path), ext)
+    from_tensor = feature_stats(digits[:300].float() / 255, ext)
+    assert torch.equal(from_file["mu"], from_tensor["mu"]) and torch.equal(from_file["sigma"], from_tensor["sigma"])
+
+
+def test_stats_save_load_round_trip(tmp_path):
+    x = torch.rand(100, 1, 8, 8)
+    ext = tiny_extractor()
+    st = feature_stats(x, ext, batch_size=30)
+    save_stats(tmp_path / "ref.pt", st)
+    back = load_stats(tmp_path / "ref.pt")
+    assert torch.equal(back["mu"], st["mu"]) and torch.equal(back["sigma"], st["sigma"])
+    assert {k: v for k, v in back.items() if k not in ("mu", "sigma")} == {k: v for k, v in st.items()
+                                                                           if k not in ("mu", "sigma")}
+    assert abs(compute_fid(x, str(tmp_path / "ref.pt"), ext)["value"]) < 1e-6
+    (tmp_path / "bad.pt").write_bytes(b"not a stats file")
+    with pytest.raises(UserError, match="cannot read FID reference stats"):
+        load_stats(tmp_path / "bad.pt")
+    torch.save({"mu": torch.zeros(3)}, tmp_path / "other.pt")
+    with pytest.raises(UserError, match="not a FID stats file"):
+        load_stats(tmp_path / "other.pt")
+    with pytest.raises(UserError, match="not found"):
+        load_stats(tmp_path / "missing.pt")
+
+
+def test_proxy_is_cached_not_retrained(proxy_cache, monkeypatch):
+    ext, cache = proxy_cache
+    (path,) = cache.glob("proxy-cnn-digits-8px-*.pt")
+    mtime = path.stat().st_mtime_ns
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the cached proxy extractor was retrained")
+
+    monkeypatch.setattr(fidmod, "_train_proxy", no_training)
+    again = proxy_extractor("digits", cache_dir=cache)
+    assert path.stat().st_mtime_ns == mtime and again.fingerprint == ext.fingerprint
+    assert again.name == "proxy-cnn-digits-8px" and again.label == "proxy FID (proxy-cnn-digits-8px)"
+    x = torch.rand(4, 1, 8, 8)
+    assert torch.equal(again(x), ext(x))
+
+
+def test_inception_weights_missing_or_unreadable(tmp_path):
+    for path in (None, tmp_path / "nope.pth"):
+        with pytest.raises(UserError, match="--inception-weights"):
+            inception_extractor(path)
+    garbage = tmp_path / "pt_inception-2015-12-05-6726825d.pth"
+    garbage.write_bytes(b"\x00garbage" * 100)
+    with pytest.raises(UserError, match="cannot load Inception weights.*--inception-weights"):
+        inception_extractor(garbage)
+    torch.save({"fc.weight": torch.zeros(2, 2)}, tmp_path / "wrong.pth")  # readable, but not Inception
+    with pytest.raises(UserError, match="--inception-weights"):
+        inception_extractor(tmp_path / "wrong.pth")
+
+
+def test_inception_path_offline_with_random_weights(tmp_path):
+    """The real pipeline (uint8 conversion, gray->RGB, torch-fidelity resize) on random weights
+    with torch-fidelity's key names (torchvision's Inception3 with 1008 classes has the same)."""
+    from torchvision.models import inception_v3
+
+    net = inception_v3(weights=None, aux_logits=False, num_classes=1008, init_weights=False)
+    torch.save(net.state_dict(), tmp_path / "weights.pth")
+    ext = inception_extractor(tmp_path / "weights.pth")
+    st = feature_stats(torch.rand(4, 1, 8, 8), ext, batch_size=2)
+    assert st["mu"].shape == (2048,) and st["grayscale_to_rgb"] and st["resolution"] == (1, 8, 8)
+    assert st["label"] == "FID (Inception-v3, torchmetrics)" and st["resize_filter"] == "bilinear (torch-fidelity, 299x299)"
+    with pytest.raises(UserError, match="need at least 2049"):
+        fid(st, st)
+
+
+def test_resolution_and_extractor_mismatch(proxy_cache):
+    ref = feature_stats(torch.rand(50, 1, 8, 8), tiny_extractor())
+    with pytest.raises(UserError, match=r"reference stats are for 8x8x1 images, samples are 16x16x3: rebuild"):
+        compute_fid(torch.rand(50, 3, 16, 16), ref, tiny_extractor())  # stops before the (1-channel) extractor runs
+    with pytest.raises(UserError, match="built with extractor Sequential, the samples with proxy-cnn-digits-8px@"):
+        compute_fid(torch.rand(200, 1, 8, 8), ref, proxy_cache[0])
+    with pytest.raises(UserError, match="was trained on 8x8x1 images, these are 16x16x1"):
+        feature_stats(torch.rand(10, 1, 16, 16), proxy_cache[0])
+
+
+def test_too_few_samples():
+    ext = tiny_extractor(dim=8)
+    ref = feature_stats(torch.rand(50, 1, 8, 8), ext)
+    with pytest.raises(UserError, match=r"samples have 5 images but 8-dimensional features need at least 9 .*rank-deficient"):
+        compute_fid(torch.rand(5, 1, 8, 8), ref, ext)
+    assert compute_fid(torch.rand(5, 1, 8, 8), ref, ext, allow_few=True)["value"] > 0
+    with pytest.raises(UserError, match="at least 2 images, got 1"):
+        feature_stats(torch.rand(1, 1, 8, 8), ext)
+
+
+def test_unrecognised_samples(tmp_path):
+    ext = tiny_extractor()
+    bad = [(np.random.rand(4, 8, 8, 1), "uint8 NHWC"), (42, "not images"), (torch.rand(4, 8, 8), "1 or 3 channels"),
+           ((torch.rand(4, 1, 8, 8) - 0.5) / 0.3, r"floats in \[0, 1\]"), (str(tmp_path / "x.npz"), "cannot read samples")]
+    for samples, msg in bad:
+        with pytest.raises(UserError, match=msg):
+            feature_stats(samples, ext)
+    with pytest.raises(UserError, match="proxy FID needs a labelled fixed-size dataset"):
+        proxy_extractor("imagefolder", cache_dir=tmp_path)
