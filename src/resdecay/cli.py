@@ -91,13 +91,20 @@ def cmd_ablate(args) -> None:
 
 
 def cmd_demo(args) -> None:
-    from .demo import run_demo
-
     if args.epochs is not None and args.epochs < 1:
         raise UserError(f"--epochs must be a positive integer, got {args.epochs}")
-    if not 0 < args.alpha_min <= 1:
-        raise UserError(f"--alpha-min must lie in (0, 1], got {args.alpha_min}")
-    run_demo(data=args.data, out_dir=args.out, epochs=args.epochs, alpha_min=args.alpha_min, seed=args.seed,
+    alpha_min = args.alpha_min if args.alpha_min is not None else (0.7 if args.diffusion else 0.6)
+    if not 0 < alpha_min <= 1:
+        raise UserError(f"--alpha-min must lie in (0, 1], got {alpha_min}")
+    if args.diffusion:
+        from .demo_diffusion import run_diffusion_demo
+
+        run_diffusion_demo(data=args.data, out_dir=args.out or "runs/demo_diffusion", epochs=args.epochs, alpha_min=alpha_min,
+                           seed=args.seed, progress=not args.no_progress)
+        return
+    from .demo import run_demo
+
+    run_demo(data=args.data, out_dir=args.out or "runs/demo", epochs=args.epochs, alpha_min=alpha_min, seed=args.seed,
              progress=not args.no_progress)
 
 
@@ -198,11 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="resdecay", description="Decayed identity shortcuts: x <- alpha*x + f(x), alpha falling with depth.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="pretrain a plain and a decayed U-Net MAE on small data and compare them")
+    d = sub.add_parser("demo", help="pretrain a plain and a decayed U-Net MAE (or, --diffusion, U-ViT) on small data and compare them")
+    d.add_argument("--diffusion", action="store_true", help="train tiny U-ViTs instead; report proxy FID and the probe grid")
     d.add_argument("--data", default="auto", help="auto (Fashion-MNIST if its IDX files are installed, else digits), digits, fashion-mnist")
-    d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    d.add_argument("--out", default=None, help="output folder (default runs/demo, runs/demo_diffusion with --diffusion)")
     d.add_argument("--epochs", type=int, default=None, help="override the demo's epochs for both models")
-    d.add_argument("--alpha-min", type=float, default=0.6, help="alpha_min of the decayed model (default 0.6)")
+    d.add_argument("--alpha-min", type=float, default=None, help="alpha_min of the decayed model (default 0.6; 0.7 with --diffusion)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     d.set_defaults(func=cmd_demo)
