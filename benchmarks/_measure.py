@@ -68,3 +68,21 @@ def mem_peak(device: torch.device, method: str, base: float) -> float:
     if method == "vmhwm":
         return proc_kb("/proc/self/status", "VmHWM") / 1024 - base
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
+
+
+def timed_steps(step, warmup: int, steps: int, device: torch.device):
+    """Call ``step()`` (one training step returning its loss) ``warmup + steps`` times; return the
+    seconds of each timed call and the last loss. Stops the benchmark on a non-finite loss."""
+    import time
+
+    times, loss = [], None
+    for i in range(warmup + steps):
+        sync(device)
+        t0 = time.perf_counter()
+        loss = step()
+        sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    if not torch.isfinite(loss):
+        raise SystemExit(f"non-finite loss {loss.item()} during the benchmark")
+    return times, loss

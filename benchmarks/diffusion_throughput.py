@@ -27,7 +27,7 @@ from resdecay.models import build_model
 from resdecay.runlog import peak_flops
 from resdecay.train import param_groups
 
-from _measure import MEM_LABEL, mem_peak, mem_start, sync
+from _measure import MEM_LABEL, mem_peak, mem_start, sync, timed_steps
 
 
 def train_row(model, cfg, batch: int, args, device) -> dict:
@@ -37,20 +37,15 @@ def train_row(model, cfg, batch: int, args, device) -> dict:
     method, base = mem_start(device)
     opt = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=1e-4, fused=device.type == "cuda")
     model.train()
-    times = []
-    for i in range(args.warmup + args.steps):
-        sync(device)
-        t0 = time.perf_counter()
+    def step():
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             loss = diffusion_loss(model, x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        sync(device)
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
-    if not torch.isfinite(loss):
-        raise SystemExit(f"non-finite loss {loss.item()} during the benchmark")
+        return loss.detach()
+
+    times, _ = timed_steps(step, args.warmup, args.steps, device)
     step_s = statistics.median(times)
     return {"steps_per_s": 1 / step_s, "img_per_s": batch / step_s, "ms_per_step": step_s * 1e3,
             "peak_mem_mb": mem_peak(device, method, base)}

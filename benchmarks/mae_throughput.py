@@ -50,7 +50,6 @@ import json
 import platform
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn as nn
@@ -63,7 +62,7 @@ from resdecay.runlog import peak_flops
 from resdecay.schedule import alpha_schedule
 from resdecay.train import param_groups
 
-from _measure import MEM_LABEL, mem_peak, mem_start, sync
+from _measure import MEM_LABEL, mem_peak, mem_start, timed_steps
 
 
 # ============================================================================ naive reference
@@ -172,20 +171,16 @@ def run_row(make, imgs, cfg, args, device) -> dict:
     net = make()
     opt = torch.optim.AdamW(param_groups(net, cfg.train.weight_decay), lr=1e-4,
                             betas=(cfg.train.beta1, cfg.train.beta2), fused=device.type == "cuda")
-    times = []
-    for i in range(args.warmup + args.steps):
-        sync(device)
-        t0 = time.perf_counter()
+
+    def step():
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             loss = net(imgs)[0]
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        sync(device)
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
-    if not torch.isfinite(loss):
-        raise SystemExit(f"non-finite loss {loss.item()} during the benchmark")
+        return loss.detach()
+
+    times, loss = timed_steps(step, args.warmup, args.steps, device)
     peak = mem_peak(device, method, base)
     del net, opt, loss
     step_s = statistics.median(times)

@@ -8,7 +8,6 @@ import torch
 import yaml
 
 from resdecay.ablate import load_grid, list_grids, run_grid, shared_init
-from resdecay.blocks import Block
 from resdecay.config import load_config
 from resdecay.models import MAEConfig, MaskedAutoencoder, build_model
 from resdecay.schedule import shortcut_factors
