@@ -93,7 +93,8 @@ def cmd_fid(args) -> None:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("sample", help="sample a diffusion checkpoint: PNG grid + ADM-format .npz (torchrun splits N)")
     s.add_argument("checkpoint")
-    s.add_argument("--n", type=int, default=64, help="number of samples (split across ranks under torchrun)")
+    s.add_argument("--n", "--num-samples", dest="n", type=int, default=64,
+                   help="number of samples, split across ranks (under torchrun spell it --num-samples: torchrun reads --n as its own)")
     s.add_argument("--sampler", default=None, help="ddpm | ddim | dpm-solver++ (eps models; default dpm-solver++) | "
                                                    "euler | heun | euler-maruyama (velocity models; default euler-maruyama)")
     s.add_argument("--steps", type=int, default=None, help="sampling steps (default: 50 for dpm-solver++, 250 for euler-maruyama)")
