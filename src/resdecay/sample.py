@@ -50,7 +50,7 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
     if mine:
         x = sample(model, mine, sampler=sampler, steps=steps, cfg_scale=cfg_scale, labels=my_labels,
                    image_shape=(m.in_chans, m.img_size, m.img_size), generator=g, device=env.device,
-                   batch_size=batch_size, progress=progress and env.is_main)
+                   batch_size=batch_size, progress=progress and env.is_main, clip_denoised=not latent)
         if latent:
             from .latents import decode
 
@@ -72,6 +72,7 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
         save_grid(allimgs, png)
         result = {"n": n, "sampler": sampler, "steps": steps, "cfg_scale": cfg_scale, "seed": seed,
                   "weights": "EMA" if use_ema and cfg.train.ema_decay > 0 else "raw", "world_size": env.world_size,
+                  "clip_denoised": not latent and m.objective == "ddpm-eps",
                   "checkpoint": str(checkpoint), "alpha_min": m.alpha_min, "skips": m.skips,
                   "decoded_with_vae": vae if latent else None, "npz": str(npz), "png": str(png)}
         (out_dir / f"samples_{tag}.json").write_text(json.dumps(result, indent=2))

@@ -87,22 +87,27 @@ def _progress(seq, progress: bool, desc: str):
 
 
 # ------------------------------------------------------------------ ddpm-eps: diffusers schedulers
-def make_scheduler(sampler: str, ddpm, steps: int):
-    """The diffusers scheduler for ``sampler``, built from ``ddpm``'s float64 betas."""
+def make_scheduler(sampler: str, ddpm, steps: int, clip_denoised: bool = False):
+    """The diffusers scheduler for ``sampler``, built from ``ddpm``'s float64 betas.
+
+    ``clip_denoised``: clamp each step's predicted clean image to [-1, 1], as DDPM / DDIM do for
+    pixel data (for DPM-Solver++ through its thresholding with sample_max_value 1, which then
+    reduces to the same static clip). Off for latents, whose range is not [-1, 1]."""
     d = _diffusers()
     T = ddpm.num_timesteps
     common = dict(num_train_timesteps=T, trained_betas=ddpm.betas64, prediction_type="epsilon")
     if sampler == "ddpm":
-        return d.DDPMScheduler(**common, variance_type="fixed_small", clip_sample=False, timestep_spacing="trailing")
+        return d.DDPMScheduler(**common, variance_type="fixed_small", clip_sample=clip_denoised, clip_sample_range=1.0,
+                               timestep_spacing="trailing")
     if sampler == "ddim":
-        return d.DDIMScheduler(**common, clip_sample=False, set_alpha_to_one=True, timestep_spacing="leading",
-                               steps_offset=T // steps - 1)
+        return d.DDIMScheduler(**common, clip_sample=clip_denoised, clip_sample_range=1.0, set_alpha_to_one=True,
+                               timestep_spacing="leading", steps_offset=T // steps - 1)
     return d.DPMSolverMultistepScheduler(**common, algorithm_type="dpmsolver++", solver_order=2,
-                                         lower_order_final=True)
+                                         lower_order_final=True, thresholding=clip_denoised, sample_max_value=1.0)
 
 
-def _run_ddpm_family(sampler, f, x, steps, ddpm, generator, progress):
-    sched = make_scheduler(sampler, ddpm, steps)
+def _run_ddpm_family(sampler, f, x, steps, ddpm, generator, progress, clip_denoised=False):
+    sched = make_scheduler(sampler, ddpm, steps, clip_denoised)
     with warnings.catch_warnings():  # diffusers' own numpy-2 DeprecationWarning in DPM-Solver set-up
         warnings.simplefilter("ignore", DeprecationWarning)
         sched.set_timesteps(steps, device=x.device)
@@ -185,13 +190,15 @@ def _labels(cfg, labels, n, generator) -> torch.Tensor | None:
 @torch.no_grad()
 def sample(model, n: int, *, sampler: str, steps: int, cfg_scale: float = 1.0, labels=None,
            image_shape: tuple[int, int, int], generator: torch.Generator | None = None, device=None,
-           batch_size: int | None = None, progress: bool = False, return_labels: bool = False):
+           batch_size: int | None = None, progress: bool = False, return_labels: bool = False,
+           clip_denoised: bool = False):
     """``n`` samples (n, C, H, W) in the model's data range, from noise drawn with ``generator``.
 
     labels: None (conditional models: random labels from the generator), one int, or n ints.
     cfg_scale != 1 applies classifier-free guidance with the null label index model.num_classes.
     The same generator state gives the same samples (for a given batch_size and device).
-    With return_labels=True returns (samples, labels or None).
+    With return_labels=True returns (samples, labels or None). clip_denoised: clamp the predicted
+    clean image to [-1, 1] at every step of the ddpm / ddim / dpm-solver++ samplers (pixel data).
     """
     cfg = model_config(model)
     _check(cfg, sampler, steps, cfg_scale, labels, n, image_shape, batch_size)
@@ -211,7 +218,7 @@ def sample(model, n: int, *, sampler: str, steps: int, cfg_scale: float = 1.0, l
             f = _guided(model, cfg.num_classes, y, float(cfg_scale))
             x = _randn((m, *image_shape), generator, device)
             if SAMPLERS[sampler] == "ddpm-eps":
-                x = _run_ddpm_family(sampler, f, x, steps, objective, generator, progress)
+                x = _run_ddpm_family(sampler, f, x, steps, objective, generator, progress, clip_denoised)
             elif sampler == "euler-maruyama":
                 x = _run_sde(f, x, steps, generator, progress)
             else:
