@@ -78,7 +78,7 @@ def plot_sample_grids(results: dict, path: Path, data_name: str) -> Path:
         ax.set_title(f"{label}\n{r['fid']['label']} {r['fid']['value']:.2f}", fontsize=9)
         ax.axis("off")
     fig.suptitle(f"samples on {data_name}: {SAMPLER}, {STEPS} steps, EMA weights", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95))  # leave the top strip to the suptitle
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
