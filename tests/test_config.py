@@ -13,9 +13,17 @@ def test_every_preset_and_its_plain_form_exist_and_load():
     names = set(list_presets())
     assert EXPECTED | {f"{n}-plain" for n in EXPECTED} | RECIPES <= names
     assert {"resnet18-cifar10", "resnet18-cifar100", "resnet18-fmnist"} <= names
+    assert {"uvit-tiny-fmnist", "uvit-s2", "uvit-m2", "sit-tiny-fmnist", "sit-s2", "sit-b2", "sit-xl2"} <= names
     for name in names - RECIPES:
         cfg = load_config(name)
-        assert cfg.preset == name and cfg.model.family == ("resnet" if name.startswith("resnet") else "mae")
+        assert cfg.preset == name and cfg.model.family == name.split("-")[0].replace("resnet18", "resnet")
+
+
+def test_diffusion_plain_presets_switch_off_decay_and_skips():
+    for n in ("uvit-tiny-fmnist", "sit-tiny-fmnist"):
+        decayed, plain = load_config(n), load_config(f"{n}-plain")
+        assert decayed.model.alpha_min < 1 and decayed.model.skips
+        assert plain.model.alpha_min == 1.0 and not plain.model.skips
 
 
 def test_recipe_presets_need_a_checkpoint():
