@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from resdecay.config import list_presets, load_config, parse_overrides
@@ -17,6 +19,18 @@ def test_every_preset_and_its_plain_form_exist_and_load():
     for name in names - RECIPES:
         cfg = load_config(name)
         assert cfg.preset == name and cfg.model.family == name.split("-")[0].replace("resnet18", "resnet")
+
+
+@pytest.mark.parametrize("override,message", [
+    ("data.normalize=x", "data.normalize 'x' is unknown"),
+    ("train.lr_schedule=x", "train.lr_schedule 'x' is unknown"),
+    ("train.ema_decay=1.5", "train.ema_decay must lie in [0, 1)"),
+    ("model.depth=6", "must be odd and >= 3 for U-ViT"),
+    ("model.objective=x", "model.objective 'x' is unknown"),
+])
+def test_new_diffusion_and_training_keys_are_checked(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config("uvit-tiny-fmnist", [override]).validate()
 
 
 def test_diffusion_plain_presets_switch_off_decay_and_skips():

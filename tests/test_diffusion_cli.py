@@ -125,6 +125,20 @@ def test_bad_inputs_one_line_each(diffusion_runs, tmp_path, capsys):
     # a sampler that does not fit the objective
     code, _, err = run(capsys, "sample", diffusion_runs["sit"], "--n", 2, "--sampler", "ddim", "--out", tmp_path)
     assert_one_line_error(code, err, "ddim")
+    # malformed options and files
+    code, _, err = run(capsys, "eval-diffusion", diffusion_runs["uvit"], "--layers", "a")
+    assert_one_line_error(code, err, "--layers takes")
+    code, _, err = run(capsys, "sample", diffusion_runs["uvit"], "--n", 2, "--steps", 0, "--out", tmp_path)
+    assert_one_line_error(code, err, "steps")
+    code, _, err = run(capsys, "fid", tmp_path / "missing.npz", "--ref", "digits", "--proxy")
+    assert_one_line_error(code, err, "no samples file")
+    np.savez(tmp_path / "ok.npz", arr_0=np.zeros((300, 8, 8, 1), np.uint8))
+    code, _, err = run(capsys, "fid", tmp_path / "ok.npz", "--ref", "nonsense", "--proxy")
+    assert_one_line_error(code, err, "neither a statistics file nor a dataset")
+    code, _, err = run(capsys, "fid", tmp_path / "ok.npz", "--ref", "digits")
+    assert_one_line_error(code, err, "--inception-weights", "--proxy")
+    code, _, err = run(capsys, "pretrain", "--preset", "sit-tiny-fmnist", "data.name=latents", f"train.out_dir={tmp_path / 'l'}")
+    assert_one_line_error(code, err, "no cached latents", "resdecay latents")
     # missing VAE / Inception weights
     code, _, err = run(capsys, "latents", "--vae", tmp_path / "no-vae", "--data", "digits", "--out", tmp_path / "lat")
     assert_one_line_error(code, err, "--vae")

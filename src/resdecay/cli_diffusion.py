@@ -60,7 +60,10 @@ def cmd_latents(args) -> None:
 def cmd_eval_diffusion(args) -> None:
     from .eval.diffusion_probe import run_eval_diffusion
 
-    layers = None if args.layers == "all" else [int(v) for v in args.layers.split(",")]
+    try:
+        layers = None if args.layers == "all" else [int(v) for v in args.layers.split(",")]
+    except ValueError:
+        raise UserError(f"--layers takes 'all' or comma-separated block indices, e.g. 0,3,6; got {args.layers!r}") from None
     r = run_eval_diffusion(args.checkpoint, data=_data_cfg(args.data, args.data_path, "symmetric"), out=args.out, layers=layers,
                            levels=_levels(args.noise_levels), max_train=args.max_train, max_test=args.max_test,
                            device=args.device, batch_size=args.batch_size, progress=not args.no_progress)

@@ -43,7 +43,7 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
     if latent and not vae:
         raise UserError(f"{checkpoint} was trained on VAE latents: pass --vae PATH (the VAE used by `resdecay latents`) to decode")
     sampler = sampler or DEFAULT_SAMPLER[m.objective]
-    steps = steps or DEFAULT_STEPS.get(sampler, 50)
+    steps = steps if steps is not None else DEFAULT_STEPS.get(sampler, 50)
     mine = len(range(env.rank, n, env.world_size))  # rank r takes samples r, r+W, ...
     my_labels = None if labels is None else torch.as_tensor([labels[i % len(labels)] for i in range(env.rank, n, env.world_size)])
     g = torch.Generator(device="cpu").manual_seed(seed + env.rank)
