@@ -47,9 +47,9 @@ def cmd_sample(args) -> None:
 def cmd_latents(args) -> None:
     from .latents import encode_dataset
 
-    import torch
+    from .distributed import resolve_device
 
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device, "--device")
     written = encode_dataset(_data_cfg(args.data, args.data_path), args.vae, args.out, args.img_size, args.batch_size,
                              device, progress=not args.no_progress)
     for split, w in written.items():

@@ -33,11 +33,18 @@ class DistEnv:
         return self.world_size > 1
 
 
+def resolve_device(device: str = "auto", option: str = "train.device") -> torch.device:
+    """auto -> cuda when a GPU is visible, else cpu; an explicit cuda without a GPU is one clear error."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"{option} {device!r} is unknown; choose auto, cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{option}=cuda but no CUDA GPU is visible; use cpu or auto")
+    return torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
+
+
 def setup(device: str = "auto") -> DistEnv:
     """Start (or join) the process group torchrun describes and pick this process's device."""
-    want_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device=cuda but no CUDA GPU is visible; use train.device=cpu or auto")
+    want_cuda = resolve_device(device).type == "cuda"
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from .checkpoint import load_checkpoint, load_model
 from .config import _read_preset, from_dict, parse_overrides
 from .data import build_dataset
+from .distributed import resolve_device
 from .errors import CheckpointError, ConfigError
 from .eval.knn import topk_accuracy
 from .eval.suite import file_sha256, run_dir_of
@@ -79,7 +80,7 @@ def run_finetune(checkpoint: str, preset: str = "finetune-mae", overrides: list[
     summary = train(cfg, resume=resume, progress=progress, init=encoder_loader(state))
     if not is_main_process():  # other torchrun ranks only helped train
         return summary
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
+    device = resolve_device(cfg.train.device)
     values, n_test = test_accuracy(Path(summary["checkpoint"]), device, progress=progress)
     m, t = cfg.model, cfg.train
     card = {"recipe": preset, "pretrained": str(checkpoint), "pretrained_sha256": file_sha256(checkpoint),

@@ -13,11 +13,11 @@ import dataclasses
 import json
 from pathlib import Path
 
-import torch
 
 from .checkpoint import load_model
 from .config import load_config
 from .data import build_dataset
+from .distributed import resolve_device
 from .decayify import alphas_of
 from .errors import ConfigError
 from .eval.features import extract_features
@@ -35,7 +35,7 @@ def run_supervised(preset: str, overrides: list[str] | None = None, resume: str 
     summary = train(cfg, resume=resume, progress=progress)
     if not is_main_process():  # other torchrun ranks only helped train
         return summary
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
+    device = resolve_device(cfg.train.device)
     values, n_test = test_accuracy(Path(summary["checkpoint"]), device, progress=progress)
     model, _ = load_model(summary["checkpoint"], device)
     test, _ = build_dataset(cfg.data, "test", cfg.model.img_size, augment=False)

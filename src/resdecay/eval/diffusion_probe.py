@@ -105,9 +105,10 @@ def run_eval_diffusion(checkpoint: str, data=None, out: str | None = None, layer
 
     from ..checkpoint import load_checkpoint, load_model
     from ..data import build_dataset
+    from ..distributed import resolve_device
     from .suite import run_dir_of
 
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+    dev = resolve_device(device, "--device")
     model, cfg = load_model(checkpoint, dev, ema=True)
     if cfg.model.family not in ("uvit", "sit"):
         raise UserError(f"{checkpoint} is a {cfg.model.family} model; eval-diffusion probes diffusion models "

@@ -33,11 +33,11 @@ def _extractor(proxy: bool, inception_weights: str | None, dataset: str | None, 
 def run_fid(samples: str, ref: str, data_path: str | None = None, inception_weights: str | None = None,
             proxy: bool = False, batch_size: int = 200, device: str = "auto", ref_out: str | None = None,
             allow_few: bool = False, progress: bool = True, img_size: int = 256) -> dict:
-    import torch
+    from ..distributed import resolve_device
 
     if batch_size < 1:
         raise UserError(f"--batch-size must be a positive integer, got {batch_size}")
-    dev = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    dev = resolve_device(device, "--device")
     if not Path(samples).is_file():
         raise UserError(f"no samples file at {samples}: pass an ADM-format .npz (arr_0: uint8 NHWC), e.g. from `resdecay sample`")
     if Path(ref).is_file():

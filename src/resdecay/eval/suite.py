@@ -20,6 +20,7 @@ from ..checkpoint import load_checkpoint, load_model
 from ..config import shortcut_tag
 from ..data import DataConfig, build_dataset, check_first_sample
 from ..decayify import alphas_of
+from ..distributed import resolve_device
 from ..errors import UserError
 from .features import POOLINGS, extract_features
 from .knn import knn_topk
@@ -126,7 +127,7 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
     """Evaluate one checkpoint; returns the report (None on non-zero torchrun ranks)."""
     s.validate()
     checkpoint = Path(checkpoint)
-    device = torch.device("cuda" if s.device == "auto" and torch.cuda.is_available() else ("cpu" if s.device == "auto" else s.device))
+    device = resolve_device(s.device, "--device")
     model, cfg = load_model(checkpoint, device)
     state = load_checkpoint(checkpoint)
     depth = len(model.blocks)
