@@ -60,10 +60,12 @@ def test_training_keeps_ema_and_loss_is_finite(diffusion_runs):
     assert model.alphas[-1, -1].item() == pytest.approx(0.7)
 
 
-@pytest.mark.parametrize("name,sampler", [("uvit", "ddim"), ("uvit", "dpm-solver++"), ("sit", "heun"), ("sit", "euler-maruyama")])
+@pytest.mark.parametrize("name,sampler", [("uvit", "ddim"), ("uvit", "dpm-solver++"), ("sit", "heun"), ("sit", "euler-maruyama"),
+                                          ("sit", "dopri5")])
 def test_sample_writes_grid_and_adm_npz(diffusion_runs, tmp_path, capsys, name, sampler):
     extra = ["--cfg", "1.5"] if name == "sit" else []
-    code, out, err = run(capsys, "sample", diffusion_runs[name], "--n", 10, "--sampler", sampler, "--steps", 4,
+    steps = [] if sampler == "dopri5" else ["--steps", 4]  # dopri5 chooses its own steps (at most 1000 by default)
+    code, out, err = run(capsys, "sample", diffusion_runs[name], "--n", 10, "--sampler", sampler, *steps,
                          "--out", tmp_path, "--no-progress", *extra)
     assert code == 0, err
     npz = next(tmp_path.glob("*.npz"))
@@ -72,6 +74,11 @@ def test_sample_writes_grid_and_adm_npz(diffusion_runs, tmp_path, capsys, name, 
     assert next(tmp_path.glob("*.png")).stat().st_size > 0
     meta = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert meta["sampler"] == sampler and meta["weights"] == "EMA"
+    if sampler == "dopri5":  # adaptive: the tolerances name the run, the evaluations it took are reported
+        assert (meta["atol"], meta["rtol"]) == (1e-6, 1e-3) and "atol1e-06-rtol0.001" in npz.name
+        assert meta["nfe"] >= 6 and "network evaluations per batch" in out
+    else:
+        assert meta["nfe"] == 4 * (2 if sampler == "heun" else 1) - (1 if sampler == "heun" else 0)
 
 
 def test_sample_is_deterministic_given_the_seed(diffusion_runs, tmp_path, capsys):
@@ -130,6 +137,8 @@ def test_bad_inputs_one_line_each(diffusion_runs, tmp_path, capsys):
     assert_one_line_error(code, err, "--layers takes")
     code, _, err = run(capsys, "sample", diffusion_runs["uvit"], "--n", 2, "--steps", 0, "--out", tmp_path)
     assert_one_line_error(code, err, "steps")
+    code, _, err = run(capsys, "sample", diffusion_runs["sit"], "--n", 2, "--sampler", "dopri5", "--rtol", 0, "--out", tmp_path)
+    assert_one_line_error(code, err, "rtol (dopri5's error tolerance) must be a positive number")
     code, _, err = run(capsys, "fid", tmp_path / "missing.npz", "--ref", "digits", "--proxy")
     assert_one_line_error(code, err, "no samples file")
     np.savez(tmp_path / "ok.npz", arr_0=np.zeros((300, 8, 8, 1), np.uint8))

@@ -38,10 +38,12 @@ def cmd_sample(args) -> None:
             raise UserError(f"--labels takes comma-separated class indices, got {args.labels!r}") from None
     r = run_sample(args.checkpoint, n=args.n, sampler=args.sampler, steps=args.steps, cfg_scale=args.cfg, labels=labels,
                    seed=args.seed, batch_size=args.batch_size, vae=args.vae, out=args.out, device=args.device,
-                   use_ema=not args.no_ema, progress=not args.no_progress)
+                   use_ema=not args.no_ema, progress=not args.no_progress, atol=args.atol, rtol=args.rtol)
     if r:
-        print(f"{r['n']} samples | sampler {r['sampler']}, {r['steps']} steps, cfg {r['cfg_scale']:g}, {r['weights']} weights, "
-              f"seed {r['seed']}\nwrote {r['png']} and {r['npz']}")
+        steps = (f"adaptive (atol {r['atol']:g}, rtol {r['rtol']:g}, at most {r['steps']} steps)" if r["sampler"] == "dopri5"
+                 else f"{r['steps']} steps")
+        print(f"{r['n']} samples | sampler {r['sampler']}, {steps}, {r['nfe']:g} network evaluations per batch, "
+              f"cfg {r['cfg_scale']:g}, {r['weights']} weights, seed {r['seed']}\nwrote {r['png']} and {r['npz']}")
 
 
 def cmd_latents(args) -> None:
@@ -99,8 +101,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--n", "--num-samples", dest="n", type=int, default=64,
                    help="number of samples, split across ranks (under torchrun spell it --num-samples: torchrun reads --n as its own)")
     s.add_argument("--sampler", default=None, help="ddpm | ddim | dpm-solver++ (eps models; default dpm-solver++) | "
-                                                   "euler | heun | euler-maruyama (velocity models; default euler-maruyama)")
-    s.add_argument("--steps", type=int, default=None, help="sampling steps (default: 50 for dpm-solver++, 250 for euler-maruyama)")
+                                                   "euler | heun | euler-maruyama | dopri5 (velocity models; default euler-maruyama)")
+    s.add_argument("--steps", type=int, default=None, help="sampling steps (default: 50 for dpm-solver++, 250 for "
+                                                           "euler-maruyama); for dopri5 the most steps it may take (default 1000)")
+    s.add_argument("--atol", type=float, default=1e-6, help="dopri5's absolute tolerance (SiT's default 1e-6)")
+    s.add_argument("--rtol", type=float, default=1e-3, help="dopri5's relative tolerance (SiT's default 1e-3)")
     s.add_argument("--cfg", type=float, default=1.0, help="classifier-free guidance scale (1 = none)")
     s.add_argument("--labels", default=None, help="comma list of class indices, cycled (default: random)")
     s.add_argument("--seed", type=int, default=0)

@@ -26,10 +26,11 @@ def save_grid(images_uint8: np.ndarray, path: Path, max_images: int = 64) -> Non
 
 def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: int | None = None, cfg_scale: float = 1.0,
                labels: list[int] | None = None, seed: int = 0, batch_size: int = 256, vae: str | None = None,
-               out: str | None = None, device: str = "auto", use_ema: bool = True, progress: bool = True) -> dict:
+               out: str | None = None, device: str = "auto", use_ema: bool = True, progress: bool = True,
+               atol: float | None = None, rtol: float | None = None) -> dict:
     from . import distributed as D
     from .checkpoint import load_model
-    from .diffusion.samplers import DEFAULT_SAMPLER, DEFAULT_STEPS, sample, save_npz, to_uint8
+    from .diffusion.samplers import DEFAULT_SAMPLER, DEFAULT_STEPS, ODE_ATOL, ODE_RTOL, sample, save_npz, to_uint8
     from .eval.suite import run_dir_of
 
     if n < 1:
@@ -44,13 +45,17 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
         raise UserError(f"{checkpoint} was trained on VAE latents: pass --vae PATH (the VAE used by `resdecay latents`) to decode")
     sampler = sampler or DEFAULT_SAMPLER[m.objective]
     steps = steps if steps is not None else DEFAULT_STEPS.get(sampler, 50)
+    atol = ODE_ATOL if atol is None else atol
+    rtol = ODE_RTOL if rtol is None else rtol
+    info: dict = {"nfe": 0.0}
     mine = len(range(env.rank, n, env.world_size))  # rank r takes samples r, r+W, ...
     my_labels = None if labels is None else torch.as_tensor([labels[i % len(labels)] for i in range(env.rank, n, env.world_size)])
     g = torch.Generator(device="cpu").manual_seed(seed + env.rank)
     if mine:
         x = sample(model, mine, sampler=sampler, steps=steps, cfg_scale=cfg_scale, labels=my_labels,
                    image_shape=(m.in_chans, m.img_size, m.img_size), generator=g, device=env.device,
-                   batch_size=batch_size, progress=progress and env.is_main, clip_denoised=not latent)
+                   batch_size=batch_size, progress=progress and env.is_main, clip_denoised=not latent,
+                   atol=atol, rtol=rtol, info=info)
         if latent:
             from .latents import decode
 
@@ -66,13 +71,15 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
         allimgs = np.concatenate(pieces)[order]
         out_dir = Path(out) if out else run_dir_of(Path(checkpoint)) / "samples"
         out_dir.mkdir(parents=True, exist_ok=True)
-        tag = f"{sampler}-{steps}steps-cfg{cfg_scale:g}-n{n}-seed{seed}"
+        how = f"atol{atol:g}-rtol{rtol:g}" if sampler == "dopri5" else f"{steps}steps"
+        tag = f"{sampler}-{how}-cfg{cfg_scale:g}-n{n}-seed{seed}"
         npz, png = out_dir / f"samples_{tag}.npz", out_dir / f"samples_{tag}.png"
         save_npz(npz, allimgs)
         save_grid(allimgs, png)
-        result = {"n": n, "sampler": sampler, "steps": steps, "cfg_scale": cfg_scale, "seed": seed,
+        result = {"n": n, "sampler": sampler, "steps": steps, "nfe": info["nfe"], "cfg_scale": cfg_scale, "seed": seed,
                   "weights": "EMA" if use_ema and cfg.train.ema_decay > 0 else "raw", "world_size": env.world_size,
                   "clip_denoised": not latent and m.objective == "ddpm-eps",
+                  **({"atol": atol, "rtol": rtol} if sampler == "dopri5" else {}),
                   "checkpoint": str(checkpoint), "alpha_min": m.alpha_min, "skips": m.skips,
                   "decoded_with_vae": vae if latent else None, "npz": str(npz), "png": str(png)}
         (out_dir / f"samples_{tag}.json").write_text(json.dumps(result, indent=2))

@@ -38,11 +38,13 @@ from resdecay.errors import ConfigError, UserError
 
 SAMPLERS: dict[str, str] = {  # sampler -> the objective it fits
     "ddpm": "ddpm-eps", "ddim": "ddpm-eps", "dpm-solver++": "ddpm-eps",
-    "euler": "interp-v", "heun": "interp-v", "euler-maruyama": "interp-v",
+    "euler": "interp-v", "heun": "interp-v", "euler-maruyama": "interp-v", "dopri5": "interp-v",
 }
 DEFAULT_SAMPLER = {"ddpm-eps": "dpm-solver++", "interp-v": "euler-maruyama"}  # U-ViT's, SiT's (SDE)
-DEFAULT_STEPS = {"dpm-solver++": 50, "euler-maruyama": 250}  # U-ViT: 50 DPM-Solver steps; SiT: 250 SDE steps
+DEFAULT_STEPS = {"dpm-solver++": 50, "euler-maruyama": 250,  # U-ViT: 50 DPM-Solver steps; SiT: 250 SDE steps
+                 "dopri5": 1000}  # dopri5: a cap on the adaptive solver's steps, not a step count
 SDE_LAST_STEP = 0.04  # SiT's default last_step_size
+ODE_ATOL, ODE_RTOL = 1e-6, 1e-3  # SiT's sample.py defaults for --sampling-method dopri5
 
 
 def samplers_for(objective: str) -> list[str]:
@@ -66,8 +68,10 @@ def _randn(shape, generator: torch.Generator | None, device) -> torch.Tensor:
 
 def _guided(model, num_classes: int, y: torch.Tensor | None, scale: float):
     """f(x, t) -> model output; classifier-free guidance (Ho & Salimans 2022) when scale != 1:
-    one pass on [x; x] with labels [y; null], out = uncond + scale * (cond - uncond)."""
+    one pass on [x; x] with labels [y; null], out = uncond + scale * (cond - uncond).
+    ``f.nfe`` counts the calls (network function evaluations)."""
     def f(x: torch.Tensor, t) -> torch.Tensor:
+        f.nfe += 1
         tt = torch.as_tensor(t, dtype=torch.float32, device=x.device).expand(x.shape[0]).contiguous()
         if y is None:
             return model(x, tt).to(x.dtype)
@@ -76,6 +80,7 @@ def _guided(model, num_classes: int, y: torch.Tensor | None, scale: float):
         null = torch.full_like(y, num_classes)
         cond, uncond = model(torch.cat([x, x]), torch.cat([tt, tt]), torch.cat([y, null])).to(x.dtype).chunk(2)
         return uncond + scale * (cond - uncond)
+    f.nfe = 0
     return f
 
 
@@ -131,6 +136,22 @@ def _run_ode(sampler, f, x, steps, progress):
     return x
 
 
+def _run_dopri5(f, x, steps, atol, rtol):
+    try:
+        from torchdiffeq import odeint
+    except ImportError as exc:
+        raise UserError(f"the dopri5 sampler needs torchdiffeq ({exc}); pip install torchdiffeq") from None
+    t = torch.tensor([1.0, 0.0], device=x.device)
+    try:
+        return odeint(lambda t, y: f(y, t), x, t, method="dopri5", atol=atol, rtol=rtol,
+                      options={"max_num_steps": steps})[-1]
+    except AssertionError as exc:
+        if "max_num_steps" not in str(exc):
+            raise
+        raise UserError(f"dopri5 needed more than {steps} steps at atol {atol:g}, rtol {rtol:g}; raise --steps "
+                        "(the step cap) or loosen --rtol/--atol") from None
+
+
 def _run_sde(f, x, steps, generator, progress, t_end: float = SDE_LAST_STEP):
     ts = np.linspace(1.0, t_end, steps).tolist() if steps > 1 else [1.0]
     path = LinearInterpolant
@@ -144,7 +165,7 @@ def _run_sde(f, x, steps, generator, progress, t_end: float = SDE_LAST_STEP):
 
 
 # ------------------------------------------------------------------ public entry point
-def _check(cfg, sampler, steps, cfg_scale, labels, n, image_shape, batch_size):
+def _check(cfg, sampler, steps, cfg_scale, labels, n, image_shape, batch_size, atol, rtol):
     if sampler not in SAMPLERS:
         raise ConfigError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
     if SAMPLERS[sampler] != cfg.objective:
@@ -155,6 +176,9 @@ def _check(cfg, sampler, steps, cfg_scale, labels, n, image_shape, batch_size):
     if SAMPLERS[sampler] == "ddpm-eps" and steps > getattr(cfg, "num_timesteps", 1000):
         raise ConfigError(f"{sampler} takes at most {getattr(cfg, 'num_timesteps', 1000)} steps (the training "
                           f"timesteps), got {steps}; lower --steps")
+    for name, tol in (("atol", atol), ("rtol", rtol)):
+        if not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol > 0):
+            raise ConfigError(f"{name} (dopri5's error tolerance) must be a positive number, got {tol!r}")
     if not math.isfinite(cfg_scale):
         raise ConfigError(f"cfg_scale must be a finite number, got {cfg_scale}")
     if cfg.num_classes == 0 and (labels is not None or cfg_scale != 1.0):
@@ -191,7 +215,7 @@ def _labels(cfg, labels, n, generator) -> torch.Tensor | None:
 def sample(model, n: int, *, sampler: str, steps: int, cfg_scale: float = 1.0, labels=None,
            image_shape: tuple[int, int, int], generator: torch.Generator | None = None, device=None,
            batch_size: int | None = None, progress: bool = False, return_labels: bool = False,
-           clip_denoised: bool = False):
+           clip_denoised: bool = False, atol: float = ODE_ATOL, rtol: float = ODE_RTOL, info: dict | None = None):
     """``n`` samples (n, C, H, W) in the model's data range, from noise drawn with ``generator``.
 
     labels: None (conditional models: random labels from the generator), one int, or n ints.
@@ -199,9 +223,11 @@ def sample(model, n: int, *, sampler: str, steps: int, cfg_scale: float = 1.0, l
     The same generator state gives the same samples (for a given batch_size and device).
     With return_labels=True returns (samples, labels or None). clip_denoised: clamp the predicted
     clean image to [-1, 1] at every step of the ddpm / ddim / dpm-solver++ samplers (pixel data).
+    atol, rtol: dopri5's tolerances. ``info``, if a dict, receives "nfe": network evaluations per
+    batch (mean over batches; a guided evaluation runs the network once on a doubled batch).
     """
     cfg = model_config(model)
-    _check(cfg, sampler, steps, cfg_scale, labels, n, image_shape, batch_size)
+    _check(cfg, sampler, steps, cfg_scale, labels, n, image_shape, batch_size, atol, rtol)
     if device is None:
         p = next(iter(model.parameters()), None)
         device = p.device if p is not None else torch.device("cpu")
@@ -211,7 +237,7 @@ def sample(model, n: int, *, sampler: str, steps: int, cfg_scale: float = 1.0, l
     was_training = model.training
     model.eval()
     try:
-        out = []
+        out, nfe = [], []
         for start in range(0, n, bs):
             m = min(bs, n - start)
             y = None if y_all is None else y_all[start:start + m].to(device)
@@ -221,11 +247,16 @@ def sample(model, n: int, *, sampler: str, steps: int, cfg_scale: float = 1.0, l
                 x = _run_ddpm_family(sampler, f, x, steps, objective, generator, progress, clip_denoised)
             elif sampler == "euler-maruyama":
                 x = _run_sde(f, x, steps, generator, progress)
+            elif sampler == "dopri5":
+                x = _run_dopri5(f, x, steps, atol, rtol)
             else:
                 x = _run_ode(sampler, f, x, steps, progress)
             out.append(x)
+            nfe.append(f.nfe)
     finally:
         model.train(was_training)
+    if info is not None:
+        info["nfe"] = float(np.mean(nfe))
     samples = torch.cat(out)
     return (samples, y_all) if return_labels else samples
 
@@ -256,4 +287,4 @@ def save_npz(path, images: np.ndarray, labels=None) -> Path:
     return path
 
 
-__all__ = ["DEFAULT_SAMPLER", "DEFAULT_STEPS", "SAMPLERS", "make_scheduler", "sample", "samplers_for", "save_npz", "to_uint8"]
+__all__ = ["DEFAULT_SAMPLER", "DEFAULT_STEPS", "ODE_ATOL", "ODE_RTOL", "SAMPLERS", "make_scheduler", "sample", "samplers_for", "save_npz", "to_uint8"]
