@@ -6,8 +6,8 @@ residual alpha = 1, no long skips), i.e. what the method costs. A torch.compile 
     python benchmarks/diffusion_throughput.py                          # CPU: uvit-tiny-fmnist, sit-tiny-fmnist
     python benchmarks/diffusion_throughput.py --device cuda --preset sit-xl2 --batch-size 256 --compile
 
-Sampling: the objective's default sampler (dpm-solver++ for DDPM eps models, euler-maruyama for
-velocity models) with --sample-steps steps, no guidance, batch = --sample-n. bf16 autocast on CUDA.
+Sampling: a fixed-step sampler, so rows compare like with like (dpm-solver++ for DDPM eps models,
+euler-maruyama for velocity models; not the adaptive dopri5) with --sample-steps steps, no guidance, batch = --sample-n. bf16 autocast on CUDA.
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ import torch
 
 from resdecay.config import load_config
 from resdecay.diffusion import diffusion_loss
-from resdecay.diffusion.samplers import DEFAULT_SAMPLER, sample
+from resdecay.diffusion.samplers import sample
 from resdecay.models import build_model
 from resdecay.runlog import peak_flops
 from resdecay.train import param_groups
 
 from _measure import MEM_LABEL, mem_peak, mem_start, sync, timed_steps
+
+FIXED_STEP_SAMPLER = {"ddpm-eps": "dpm-solver++", "interp-v": "euler-maruyama"}
 
 
 def train_row(model, cfg, batch: int, args, device) -> dict:
@@ -53,7 +55,7 @@ def train_row(model, cfg, batch: int, args, device) -> dict:
 
 def sample_row(model, cfg, args, device) -> dict:
     m = cfg.model
-    sampler = DEFAULT_SAMPLER[m.objective]
+    sampler = FIXED_STEP_SAMPLER[m.objective]
     g = torch.Generator().manual_seed(0)
     model.eval()
     run = lambda: sample(model, args.sample_n, sampler=sampler, steps=args.sample_steps, image_shape=(m.in_chans, m.img_size, m.img_size),

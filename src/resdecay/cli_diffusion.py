@@ -101,7 +101,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--n", "--num-samples", dest="n", type=int, default=64,
                    help="number of samples, split across ranks (under torchrun spell it --num-samples: torchrun reads --n as its own)")
     s.add_argument("--sampler", default=None, help="ddpm | ddim | dpm-solver++ (eps models; default dpm-solver++) | "
-                                                   "euler | heun | euler-maruyama | dopri5 (velocity models; default euler-maruyama)")
+                                                   "euler | heun | euler-maruyama | dopri5 (velocity models; default dopri5, the paper's)")
     s.add_argument("--steps", type=int, default=None, help="sampling steps (default: 50 for dpm-solver++, 250 for "
                                                            "euler-maruyama); for dopri5 the most steps it may take (default 1000)")
     s.add_argument("--atol", type=float, default=1e-6, help="dopri5's absolute tolerance (SiT's default 1e-6)")
