@@ -108,6 +108,26 @@ def test_proxy_fid_of_samples_and_of_real_images(diffusion_runs, tmp_path, capsy
     assert fid_real < fid_samples
 
 
+def test_online_proxy_fid_and_probe_during_training_and_plot(tmp_path, capsys):
+    """train.online_eval_every on a diffusion model logs proxy FID + best probe cell per epoch from the
+    EMA weights; `resdecay plot` draws both curves; too few samples for a FID is refused up front."""
+    cfg = load_config("uvit-tiny-fmnist", [*DIGITS, "model.depth=3", "train.online_eval_every=1",
+                                           "train.online_eval_size=200", f"train.out_dir={tmp_path / 'run'}"])
+    train(cfg, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    online = [r for r in rows if "online_proxy_fid" in r]
+    assert [r["epoch"] for r in online] == [1.0, 2.0]
+    for r in online:
+        assert 0 < r["online_proxy_fid"] < 1e4 and 0.1 < r["online_probe_best_top1"] <= 1.0
+        assert r["online_probe_best_cell"]["block"] in (0, 1, 2) and r["online_protocol"]["sampler"] == "dpm-solver++"
+    code, out, err = run(capsys, "plot", tmp_path / "run", "--out", tmp_path / "plot")
+    assert code == 0, err
+    assert (tmp_path / "plot" / "fid_and_probe.png").stat().st_size > 0 and "proxy FID" in out
+    code, _, err = run(capsys, "pretrain", "--preset", "uvit-tiny-fmnist", *DIGITS, "train.online_eval_every=1",
+                       "train.online_eval_size=100", f"train.out_dir={tmp_path / 'few'}")
+    assert_one_line_error(code, err, "train.online_eval_size=100 is too few", "at least 129")
+
+
 def test_eval_diffusion_grid(diffusion_runs, tmp_path, capsys):
     code, out, err = run(capsys, "eval-diffusion", diffusion_runs["uvit"], "--noise-levels", "0,0.5", "--max-train", 300,
                          "--max-test", 100, "--out", tmp_path, "--no-progress")

@@ -284,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
     c.set_defaults(func=cmd_compare)
 
-    pl = sub.add_parser("plot", help="Figure 4 and 5c from runs' logged online evaluations (rank, accuracy over epochs)")
+    pl = sub.add_parser("plot", help="Figure 4 and 5c from runs' logged online evaluations (rank, accuracy over epochs); "
+                                          "for diffusion runs, proxy FID and best probe cell over epochs")
     pl.add_argument("runs", nargs="+", help="run folders pretrained with train.online_eval_every=N")
     pl.add_argument("--accuracy", default="probe", choices=["probe", "knn"], help="which logged accuracy to plot")
     pl.add_argument("--out", default="runs/plot", help="output folder (default runs/plot)")

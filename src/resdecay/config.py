@@ -50,8 +50,8 @@ class TrainConfig:
     log_every: int = 10  # optimizer steps between log lines
     out_dir: str | None = None  # default: runs/<preset>
     threads: int | None = None  # torch CPU threads; None = torch's default
-    online_eval_every: int = 0  # epochs between online kNN / probe / effective rank (0 = off)
-    online_eval_size: int = 2000  # fixed labelled subset (first N train and test images) for it
+    online_eval_every: int = 0  # epochs between online kNN / probe / effective rank (diffusion: proxy FID + probe grid; 0 = off)
+    online_eval_size: int = 2000  # fixed labelled subset (first N train and test images) for it; diffusion: also N samples
 
     def validate(self) -> None:
         for name in ("epochs", "batch_size", "accum_steps", "ckpt_every", "keep_last", "log_every"):

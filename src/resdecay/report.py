@@ -13,7 +13,8 @@ from .checkpoint import load_model
 from .config import shortcut_tag
 from .data import DataConfig, build_dataset
 from .errors import UserError
-from .eval.figures import online_rows, plot_correlation, plot_pca_maps, plot_rank_and_accuracy, plot_tsne
+from .eval.figures import (DIFFUSION_KEYS, online_rows, plot_correlation, plot_diffusion_curves, plot_pca_maps,
+                           plot_rank_and_accuracy, plot_tsne)
 from .eval.suite import run_dir_of
 from .plots import plot_reconstructions, reconstruct
 from .runlog import read_log
@@ -28,7 +29,8 @@ def run_label(run: Path) -> str:
 
 
 def run_plot(runs: list[str], out: str, accuracy: str = "probe") -> dict:
-    """Figure 4 (effective rank and accuracy over epochs) and Figure 5c (their correlation)."""
+    """Figure 4 (effective rank and accuracy over epochs) and Figure 5c (their correlation); for
+    diffusion runs, proxy FID and the best probe cell over epochs."""
     logs = {}
     for r in runs:
         path = Path(r)
@@ -36,8 +38,20 @@ def run_plot(runs: list[str], out: str, accuracy: str = "probe") -> dict:
         if not rows:
             raise UserError(f"{path}: log.jsonl has no online evaluations; pretrain with train.online_eval_every=N")
         logs[run_label(path)] = rows
-    acc_key = {"probe": "online_probe_top1", "knn": "online_knn_top1"}[accuracy]
     out_dir = Path(out)
+    if any(DIFFUSION_KEYS[0] in r for rows in logs.values() for r in rows):  # diffusion runs: FID and probe curves
+        curves = plot_diffusion_curves(logs, out_dir / "fid_and_probe.png")
+        report = {"diffusion_curves": curves, "runs": dict(zip(logs, runs))}
+        (out_dir / "plot.json").write_text(json.dumps(report, indent=2, default=str))
+        for label, rows in logs.items():
+            last = [r for r in rows if DIFFUSION_KEYS[0] in r]
+            if last:
+                r = last[-1]
+                print(f"{label}: epoch {r.get('epoch', '?'):g}: proxy FID {r[DIFFUSION_KEYS[0]]:.3f}, "
+                      f"best probe {r.get(DIFFUSION_KEYS[1], float('nan')):.4f}")
+        print(f"wrote {out_dir / 'fid_and_probe.png'}, {out_dir / 'plot.json'}")
+        return report
+    acc_key = {"probe": "online_probe_top1", "knn": "online_knn_top1"}[accuracy]
     fig4 = plot_rank_and_accuracy(logs, out_dir / "rank_and_accuracy.png", accuracy_key=acc_key)
     fig5 = plot_correlation(logs, out_dir / "rank_accuracy_correlation.png", accuracy_key=acc_key)
     report = {"figure4": fig4, "figure5c": fig5, "runs": dict(zip(logs, runs))}

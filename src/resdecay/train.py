@@ -87,7 +87,8 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
     """Train ``cfg`` and return a summary (final loss, steps, time, checkpoint path).
 
     ``resume``: None (fresh run), "auto" (newest checkpoint in the run folder, if any) or a path.
-    ``on_epoch_end(model, epoch, step, log)``: hook for online evaluation.
+    ``on_epoch_end(model, epoch, step, log)``: hook for online evaluation; it gets the EMA weights when
+    the run keeps them (train.ema_decay > 0), else the raw model.
     ``init(model)``: called on fresh starts only, before the optimizer sees the weights.
     """
     t = cfg.train
@@ -183,7 +184,10 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
 
     # ------------------------------------------------------------------ loop
     if on_epoch_end is None and t.online_eval_every > 0:
-        from .eval.online import OnlineEval
+        if cfg.model.family in ("uvit", "sit"):  # samples -> proxy FID, and a probe grid
+            from .eval.online_diffusion import OnlineDiffusionEval as OnlineEval
+        else:  # kNN, probe and effective rank of the encoder (Figure 4)
+            from .eval.online import OnlineEval
 
         on_epoch_end = OnlineEval(cfg, t.online_eval_every, t.online_eval_size, env.device)
     log = RunLog(out, resume_step=step if resumed_from is not None else None, enabled=env.is_main)
@@ -245,7 +249,7 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
                     last_ckpt = save(cfg, env, raw_model, optimizer, scaler, step, steps_per_epoch, ckpt_dir, ema)
             if on_epoch_end is not None:  # on forked RNG, so evaluation never shifts the training stream
                 with torch.random.fork_rng(devices=[env.device] if env.device.type == "cuda" else []):
-                    on_epoch_end(raw_model, epoch, step, log)
+                    on_epoch_end(ema.module if ema is not None else raw_model, epoch, step, log)  # the weights one samples with
             epoch, in_epoch = epoch + 1, 0
     except TrainingDiverged:
         good = ckpt.list_checkpoints(ckpt_dir)

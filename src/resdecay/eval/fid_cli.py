@@ -46,15 +46,7 @@ def run_fid(samples: str, ref: str, data_path: str | None = None, inception_weig
         ref_path, built = Path(ref), False
     elif ref in PROXY_DATASETS or ref == "imagefolder":
         extractor = _extractor(proxy, inception_weights, ref, data_path, dev)
-        ref_path = Path(ref_out or f"runs/fid_refs/{ref}-train-{extractor.name if hasattr(extractor, 'name') else 'inception'}.pt")
-        stats = load_stats(ref_path) if ref_path.is_file() else None
-        built = stats is None or stats.get("extractor_id") != feature_stats_id(extractor)
-        if built:
-            images = (imagefolder_images(data_path, img_size, batch_size) if ref == "imagefolder"
-                      else reference_images(ref, split="train", data_path=data_path))
-            stats = feature_stats(images, extractor, batch_size, dev, progress=progress)
-            stats["dataset"] = ref
-            save_stats(ref_path, stats)
+        stats, ref_path, built = dataset_reference(ref, extractor, data_path, batch_size, dev, ref_out, img_size, progress)
     else:
         raise UserError(f"--ref {ref!r} is neither a statistics file nor a dataset; pass a .pt file from an earlier run "
                         f"or one of {', '.join(PROXY_DATASETS)}")
@@ -62,6 +54,23 @@ def run_fid(samples: str, ref: str, data_path: str | None = None, inception_weig
     result["protocol"].update({"samples": str(samples), "reference": str(ref_path),
                                "reference_split": "train" if stats.get("dataset") else "as built", "reference_built_now": built})
     return result
+
+
+def dataset_reference(dataset: str, extractor, data_path=None, batch_size: int = 200, device="cpu",
+                      ref_out: str | None = None, img_size: int = 256, progress: bool = True) -> tuple[dict, Path, bool]:
+    """Reference statistics of ``dataset``'s training split under ``extractor``: loaded from ``ref_out``
+    (default ``runs/fid_refs/<data>-train-<extractor>.pt``) when they were built with this very
+    extractor, else built now and saved there. Returns (stats, path, built_now)."""
+    ref_path = Path(ref_out or f"runs/fid_refs/{dataset}-train-{getattr(extractor, 'name', 'inception')}.pt")
+    stats = load_stats(ref_path) if ref_path.is_file() else None
+    built = stats is None or stats.get("extractor_id") != feature_stats_id(extractor)
+    if built:
+        images = (imagefolder_images(data_path, img_size, batch_size) if dataset == "imagefolder"
+                  else reference_images(dataset, split="train", data_path=data_path))
+        stats = feature_stats(images, extractor, batch_size, device, progress=progress)
+        stats["dataset"] = dataset
+        save_stats(ref_path, stats)
+    return stats, ref_path, built
 
 
 def feature_stats_id(extractor) -> str:

@@ -28,7 +28,10 @@ KEY_LABELS = {
     "online_knn_top1": "kNN top-1 (k=20, T=0.07)",
     "online_rank_cls": "effective rank (paper eq. 6, cls tokens)",
     "online_rank_mean": "effective rank (paper eq. 6, mean-pooled tokens)",
+    "online_proxy_fid": "proxy FID of EMA samples (lower is better)",
+    "online_probe_best_top1": "best probe cell top-1 (block x noise level)",
 }
+DIFFUSION_KEYS = ("online_proxy_fid", "online_probe_best_top1")
 POOL_WORDS = {"mean": "mean of cls+patch tokens", "cls": "cls token", "patch_mean": "mean of patch tokens"}
 
 
@@ -320,3 +323,28 @@ def plot_correlation(runs: dict[str, list[dict]], path: Path, accuracy_key: str 
     fig.tight_layout(rect=(0, 0.04 if _fallback_note(fig, accuracy_key, used) else 0, 1, 1))
     _save(fig, path)
     return out
+
+
+def plot_diffusion_curves(runs: dict[str, list[dict]], path: Path) -> dict:
+    """Diffusion runs (train.online_eval_every on a U-ViT / SiT): proxy FID of freshly drawn samples
+    (left) and the best cell of the probe grid (right) against the epoch, one line per run: Table 4's
+    two columns followed through training. The protocol (sampler, extractor, probe sets) is the
+    run's logged ``online_protocol``."""
+    points = {label: len(_series(rows, DIFFUSION_KEYS[0])[1]) for label, rows in runs.items()}
+    if not any(points.values()):
+        raise ValueError("no run logged online_proxy_fid; train the diffusion model with train.online_eval_every=N")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    protocol = next((r["online_protocol"] for rows in runs.values() for r in online_rows(rows) if "online_protocol" in r), {})
+    for label, rows in runs.items():
+        line, = axes[0].plot(*_series(rows, DIFFUSION_KEYS[0]), "o-", ms=3, label=label)
+        axes[1].plot(*_series(rows, DIFFUSION_KEYS[1]), "o-", ms=3, color=line.get_color(), label=label)
+    for ax, key, title in zip(axes, DIFFUSION_KEYS, ("sample quality during training", "probe during training")):
+        ax.set(xlabel="epoch", ylabel=_label(key), title=title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    note = f"{protocol.get('samples', '')}; sampler {protocol.get('sampler', '?')} ({protocol.get('steps', '?')} steps)"
+    fig.text(0.01, 0.01, note, fontsize=7)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    _save(fig, path)
+    return {"figure": "proxy FID and best probe cell vs epoch", "keys": list(DIFFUSION_KEYS), "points": points,
+            "protocol": protocol, "path": str(path)}
