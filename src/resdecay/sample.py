@@ -32,13 +32,14 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
     from .checkpoint import load_model
     from .diffusion.samplers import DEFAULT_SAMPLER, DEFAULT_STEPS, ODE_ATOL, ODE_RTOL, sample, save_npz, to_uint8
     from .eval.suite import run_dir_of
+    from .models import is_diffusion
 
     if n < 1:
         raise UserError(f"--n must be a positive number of samples, got {n}")
     env = D.setup(device)
     model, cfg = load_model(checkpoint, env.device, ema=use_ema)
     m = cfg.model
-    if m.family not in ("uvit", "sit"):
+    if not is_diffusion(m.family):
         raise UserError(f"{checkpoint} is a {m.family} model; `resdecay sample` needs a diffusion checkpoint (uvit, sit)")
     latent = cfg.data.name == "latents"
     if latent and not vae:

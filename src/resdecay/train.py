@@ -25,7 +25,7 @@ from . import distributed as D
 from .config import RunConfig
 from .data import ResumableSampler, SeededSamples, build_dataset, check_first_sample
 from .errors import CheckpointError, ConfigError, DataError, TrainingDiverged, UserError, one_line
-from .models import build_model, get_family
+from .models import build_model, get_family, is_diffusion
 from .runlog import RunLog, peak_flops, peak_memory_mb
 from .schedule import effective_decay
 
@@ -184,7 +184,7 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
 
     # ------------------------------------------------------------------ loop
     if on_epoch_end is None and t.online_eval_every > 0:
-        if cfg.model.family in ("uvit", "sit"):  # samples -> proxy FID, and a probe grid
+        if is_diffusion(cfg.model.family):  # samples -> proxy FID, and a probe grid
             from .eval.online_diffusion import OnlineDiffusionEval as OnlineEval
         else:  # kNN, probe and effective rank of the encoder (Figure 4)
             from .eval.online import OnlineEval

@@ -106,11 +106,12 @@ def run_eval_diffusion(checkpoint: str, data=None, out: str | None = None, layer
     from ..checkpoint import load_checkpoint, load_model
     from ..data import build_dataset
     from ..distributed import resolve_device
+    from ..models import is_diffusion
     from .suite import run_dir_of
 
     dev = resolve_device(device, "--device")
     model, cfg = load_model(checkpoint, dev, ema=True)
-    if cfg.model.family not in ("uvit", "sit"):
+    if not is_diffusion(cfg.model.family):
         raise UserError(f"{checkpoint} is a {cfg.model.family} model; eval-diffusion probes diffusion models "
                         "(uvit, sit); use `resdecay eval` for encoders")
     data_cfg = replace(data or cfg.data, train_subset=None)

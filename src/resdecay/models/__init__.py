@@ -53,6 +53,11 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+def is_diffusion(family: str) -> bool:
+    """Whether a family trains with the diffusion objective (U-ViT, SiT): it samples, and is scored by FID."""
+    return family in FAMILIES and FAMILIES[family].objective is diffusion_objective
+
+
 def get_family(name: str) -> Family:
     if name not in FAMILIES:
         raise KeyError(f"unknown model family {name!r}; known: {', '.join(sorted(FAMILIES))}")
@@ -69,4 +74,4 @@ def build_model(cfg: Any) -> nn.Module:
 
 
 __all__ = ["FAMILIES", "ClassifierConfig", "EncoderClassifier", "Family", "MAEConfig", "MaskedAutoencoder", "ResNetConfig",
-           "SiT", "SiTConfig", "SupervisedResNet", "UViT", "UViTConfig", "build_model", "get_family", "model_config_class"]
+           "SiT", "SiTConfig", "SupervisedResNet", "UViT", "UViTConfig", "build_model", "get_family", "is_diffusion", "model_config_class"]
