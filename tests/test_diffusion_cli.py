@@ -108,6 +108,14 @@ def test_proxy_fid_of_samples_and_of_real_images(diffusion_runs, tmp_path, capsy
     assert fid_real < fid_samples
 
 
+def test_online_evaluation_needs_a_proxy_dataset(tmp_path, capsys, fake_imagefolder):
+    code, _, err = run(capsys, "pretrain", "--preset", "uvit-tiny-fmnist", *DIGITS, "data.name=imagefolder",
+                       f"data.path={fake_imagefolder}", "model.in_chans=3", "train.batch_size=4", "train.online_eval_every=1",
+                       f"train.out_dir={tmp_path / 'run'}")
+    assert_one_line_error(code, err, "proxy FID, which needs one of", "train.online_eval_every=0")
+    assert not list((tmp_path / "run").glob("checkpoints/*.pt"))  # refused before any training
+
+
 def test_online_proxy_fid_and_probe_during_training_and_plot(tmp_path, capsys):
     """train.online_eval_every on a diffusion model logs proxy FID + best probe cell per epoch from the
     EMA weights; `resdecay plot` draws both curves; too few samples for a FID is refused up front."""
@@ -159,6 +167,8 @@ def test_bad_inputs_one_line_each(diffusion_runs, tmp_path, capsys):
     assert_one_line_error(code, err, "steps")
     code, _, err = run(capsys, "sample", diffusion_runs["sit"], "--n", 2, "--sampler", "dopri5", "--rtol", 0, "--out", tmp_path)
     assert_one_line_error(code, err, "rtol (dopri5's error tolerance) must be a positive number")
+    code, _, err = run(capsys, "sample", diffusion_runs["uvit"], "--n", 2, "--atol", "1e-5", "--out", tmp_path)
+    assert_one_line_error(code, err, "--atol/--rtol set the dopri5 sampler's tolerances", "dpm-solver++")
     code, _, err = run(capsys, "fid", tmp_path / "missing.npz", "--ref", "digits", "--proxy")
     assert_one_line_error(code, err, "no samples file")
     np.savez(tmp_path / "ok.npz", arr_0=np.zeros((300, 8, 8, 1), np.uint8))

@@ -104,8 +104,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                                    "euler | heun | euler-maruyama | dopri5 (velocity models; default dopri5, the paper's)")
     s.add_argument("--steps", type=int, default=None, help="sampling steps (default: 50 for dpm-solver++, 250 for "
                                                            "euler-maruyama); for dopri5 the most steps it may take (default 1000)")
-    s.add_argument("--atol", type=float, default=1e-6, help="dopri5's absolute tolerance (SiT's default 1e-6)")
-    s.add_argument("--rtol", type=float, default=1e-3, help="dopri5's relative tolerance (SiT's default 1e-3)")
+    s.add_argument("--atol", type=float, default=None, help="dopri5's absolute tolerance (default 1e-6, SiT's)")
+    s.add_argument("--rtol", type=float, default=None, help="dopri5's relative tolerance (default 1e-3, SiT's)")
     s.add_argument("--cfg", type=float, default=1.0, help="classifier-free guidance scale (1 = none)")
     s.add_argument("--labels", default=None, help="comma list of class indices, cycled (default: random)")
     s.add_argument("--seed", type=int, default=0)

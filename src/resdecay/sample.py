@@ -46,6 +46,9 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
         raise UserError(f"{checkpoint} was trained on VAE latents: pass --vae PATH (the VAE used by `resdecay latents`) to decode")
     sampler = sampler or DEFAULT_SAMPLER[m.objective]
     steps = steps if steps is not None else DEFAULT_STEPS.get(sampler, 50)
+    if sampler != "dopri5" and (atol is not None or rtol is not None):  # silently unused otherwise
+        raise UserError(f"--atol/--rtol set the dopri5 sampler's tolerances; sampler {sampler} takes a fixed --steps "
+                        "instead: drop them or pass --sampler dopri5")
     atol = ODE_ATOL if atol is None else atol
     rtol = ODE_RTOL if rtol is None else rtol
     info: dict = {"nfe": 0.0}
