@@ -3,6 +3,8 @@
 Supported (``data.name``):
     digits         scikit-learn's embedded 8x8 digits (1,797 images; stratified 80/20 split)
     fashion-mnist  IDX files (.gz or raw) in ``data.path`` (default: Debian's dataset-fashion-mnist)
+    fashion-mnist-m  the same garments composited onto photographic backgrounds (fashion_mnist_m.py):
+                   RGB, ``data.canvas`` pixels, nuisances chosen by ``data.nuisances``
     cifar10/100    torchvision's on-disk format (``cifar-10-batches-py`` / ``cifar-100-python``)
     imagefolder    ImageNet / ImageNet-100 layout: ``path/train/<class>/*`` and ``path/val/<class>/*``
     synthetic      random images (benchmarks); size from the model
@@ -18,7 +20,8 @@ from __future__ import annotations
 import gzip
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +29,9 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from .errors import ConfigError, DataError
+from .fashion_mnist_m import NUISANCES, composite, validate_knobs
 
-DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "synthetic", "latents")
+DATASETS = ("digits", "fashion-mnist", "fashion-mnist-m", "cifar10", "cifar100", "imagefolder", "synthetic", "latents")
 NORMALIZE = ("dataset", "symmetric")
 FASHION_MNIST_DEBIAN = "/usr/share/datasets/fashion-mnist"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -44,6 +48,9 @@ class DataConfig:
     train_subset: int | None = None  # use only the first N training images (quick runs)
     resize: bool = False  # resize fixed-size datasets to model.img_size instead of refusing
     normalize: str = "dataset"  # dataset (per-channel mean/std) | symmetric (pixels to [-1, 1], diffusion)
+    canvas: int = 32  # fashion-mnist-m: image side in pixels
+    nuisances: list[str] = field(default_factory=lambda: list(NUISANCES))  # fashion-mnist-m: which nuisances are on
+    dataset_seed: int = 0  # fashion-mnist-m: image i of a split is drawn from a generator seeded by (dataset_seed, split, i)
 
     def validate(self) -> None:
         if self.name not in DATASETS:
@@ -54,6 +61,9 @@ class DataConfig:
             raise ConfigError(f"data.normalize {self.normalize!r} is unknown; choose one of {', '.join(NORMALIZE)}")
         if self.num_workers < 0:
             raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}")
+        problem = validate_knobs(self.canvas, self.nuisances)
+        if problem:
+            raise ConfigError(problem)
         if self.train_subset is not None and self.train_subset < 1:
             raise ConfigError(f"data.train_subset must be a positive number of images, got {self.train_subset}")
 
@@ -114,6 +124,23 @@ def _load_fashion_mnist(path: str | None, train: bool):
     if images.ndim != 3 or len(images) != len(labels):
         raise DataError(f"{files[0]} and {files[1]} do not hold matching images and labels")
     return torch.from_numpy(images.copy()).unsqueeze(1), torch.from_numpy(labels.astype(np.int64))
+
+
+@lru_cache(maxsize=4)
+def _fashion_mnist_m_stats(path: str | None, canvas: int, nuisances: tuple, seed: int):
+    """Per-channel mean/std of the first 2,000 composited training images (train statistics
+    normalise both splits)."""
+    garments, _ = _load_fashion_mnist(path, True)
+    x = composite(garments[:2000], "train", canvas, nuisances, seed).float().div_(255.0)
+    return tuple(x.mean((0, 2, 3)).tolist()), tuple(x.std((0, 2, 3)).tolist())
+
+
+def _load_fashion_mnist_m(cfg: DataConfig, train: bool, limit: int | None):
+    garments, labels = _load_fashion_mnist(cfg.path, train)
+    if limit:  # composite only what is used; image i is the same either way
+        garments, labels = garments[:limit], labels[:limit]
+    images = composite(garments, "train" if train else "test", cfg.canvas, cfg.nuisances, cfg.dataset_seed)
+    return images, labels, _fashion_mnist_m_stats(cfg.path, cfg.canvas, tuple(cfg.nuisances), cfg.dataset_seed)
 
 
 def _load_digits(train: bool):
@@ -265,6 +292,8 @@ def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | No
     elif cfg.name == "fashion-mnist":
         images, labels = _load_fashion_mnist(cfg.path, train)
         stats = ((0.2860,), (0.3530,))
+    elif cfg.name == "fashion-mnist-m":
+        images, labels, stats = _load_fashion_mnist_m(cfg, train, cfg.train_subset if train else None)
     elif cfg.name in ("cifar10", "cifar100"):
         images, labels = _load_cifar(cfg.path, cfg.name, train)
         stats = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
