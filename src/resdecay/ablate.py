@@ -101,11 +101,14 @@ def shared_init(reference: dict):
     return init
 
 
-def _measure(report: dict) -> dict:
+def _measure(report: dict, source: str | None = None) -> dict:
+    """The grid's measures from a report: the model's (source None) or a baseline's
+    ("pixels", "random-init"; pixels have no cls token, so their rank is of the pixel vector)."""
     out = {}
+    rows = report["results"] if source is None else [r for r in report.get("baselines", []) if r["source"] == source]
     for key, (metric, value, feature) in MEASURES.items():
-        for r in report["results"]:
-            if r["metric"] == metric and r["feature"] == feature and value in r["values"]:
+        for r in rows:
+            if r["metric"] == metric and r["feature"] in (feature, "pixels") and value in r["values"]:
                 out[key] = r["values"][value]
     return out
 
@@ -150,7 +153,8 @@ def run_grid(grid: str, out: str | None = None, only: list[str] | None = None, e
             done.write_text(json.dumps({**report, "label": name}, indent=2))
         report = json.loads(done.read_text())
         model = report.get("model", {})
-        rows[name] = {"measures": _measure(report), "paper": v.get("paper"), "run_dir": str(run_dir),
+        rows[name] = {"measures": _measure(report), "random_init": _measure(report, "random-init"),
+                      "pixels": _measure(report, "pixels"), "paper": v.get("paper"), "run_dir": str(run_dir),
                       "overrides": v.get("overrides", []), "alphas": report.get("alphas"), "family": model.get("family"),
                       "alpha_min": model.get("alpha_min"), "depth": sum(model["layers"]) if "layers" in model else model.get("depth")}
     if not is_main_process():
@@ -181,14 +185,15 @@ def summarize(g: dict, rows: dict) -> dict:
             ours = r["delta"].get(key)
             if name != g["baseline"] and ours is not None and r["paper_delta"] != 0:
                 r["direction"] = "same" if (ours > 0) == (r["paper_delta"] > 0) else "opposite"
-    return {"grid": g["name"], "description": g.get("description", ""), "baseline": g["baseline"],
+    pixels = next((r["pixels"] for r in rows.values() if r.get("pixels")), {})
+    return {"grid": g["name"], "description": g.get("description", ""), "baseline": g["baseline"], "pixels": pixels,
             "protocol": {"eval": g.get("eval", {}), "preset": g["preset"], "overrides": g.get("overrides", [])},
             "paper_metric": paper.get("metric"), "compared_to": key, "rows": rows}
 
 
 def format_table(result: dict) -> str:
     head = (f"{'variant':<28} {'kNN':>7} {'d kNN':>7} {'probe':>7} {'d probe':>8} {'rank cls':>8} {'d rank':>7}"
-            f" {'paper':>6} {'d paper':>8} {'direction':>9}")
+            f" {'kNN rand':>8} {'prb rand':>8} {'paper':>6} {'d paper':>8} {'direction':>9}")
     lines = [f"{result['grid']}: deltas against '{result['baseline']}'; paper = {result.get('paper_metric') or '-'}; "
              f"direction compares d {result['compared_to']} with d paper", head, "-" * len(head)]
 
@@ -201,5 +206,11 @@ def format_table(result: dict) -> str:
         pd = f"{r['paper_delta']:>+8.1f}" if "paper_delta" in r else f"{'-':>8}"
         lines.append(f"{name:<28} {f(m.get('knn_top1'), 7)} {f(d.get('knn_top1'), 7, True)} {f(m.get('probe_top1'), 7)} "
                      f"{f(d.get('probe_top1'), 8, True)} {f(m.get('rank_cls'), 8)} {f(d.get('rank_cls'), 7, True)} "
+                     f"{f(r.get('random_init', {}).get('knn_top1'), 8)} {f(r.get('random_init', {}).get('probe_top1'), 8)} "
                      f"{paper} {pd} {r.get('direction', '-'):>9}")
+    px = result.get("pixels") or {}
+    if px:
+        lines.append(f"{'raw pixels (no model)':<28} {f(px.get('knn_top1'), 7)} {'':>7} {f(px.get('probe_top1'), 7)} {'':>8} "
+                     f"{f(px.get('rank_cls'), 8)}")
+    lines.append("kNN rand / prb rand: the same variant's encoder at its random initialisation (before training), same protocol")
     return "\n".join(lines)

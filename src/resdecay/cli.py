@@ -126,7 +126,8 @@ def cmd_eval(args) -> None:
                             feature=args.feature, knn_k=args.k, knn_temperature=args.temperature,
                             probe_epochs=args.probe_epochs, probe_norm=args.probe_norm, rank_exp=args.rank_exp, data=data, max_train=args.max_train,
                             max_test=args.max_test, batch_size=args.batch_size, num_workers=args.num_workers,
-                            device=args.device, cache_dir=args.cache_dir, progress=not args.no_progress)
+                            device=args.device, cache_dir=args.cache_dir, progress=not args.no_progress,
+                            baselines=not args.no_baselines)
     env = D.setup("cpu" if args.device == "cpu" else "auto") if int(__import__("os").environ.get("WORLD_SIZE", "1")) > 1 else None
     profiles = {}
     for ckpt in args.checkpoints:
@@ -276,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--cache-dir", default=None, help="feature cache (default <run>/eval/cache)")
     e.add_argument("--out", default=None, help="output folder (default <run>/eval)")
     e.add_argument("--no-progress", action="store_true")
+    e.add_argument("--no-baselines", action="store_true",
+                   help="skip the raw-pixel and random-init-encoder rows (measured by default with the same protocol)")
     e.set_defaults(func=cmd_eval)
 
     c = sub.add_parser("compare", help="runs side by side (table + bar PNG), refusing unlike protocols")

@@ -22,6 +22,7 @@ from ..data import DataConfig, build_dataset, check_first_sample
 from ..decayify import alphas_of
 from ..distributed import resolve_device
 from ..errors import UserError
+from . import baselines as bl
 from .features import POOLINGS, extract_features
 from .knn import knn_topk
 from .probe import FAST_RECIPE, IN100_RECIPE, linear_probe
@@ -50,6 +51,7 @@ class EvalSettings:
     device: str = "auto"
     cache_dir: str | None = None  # default: <run>/eval/cache
     progress: bool = True
+    baselines: bool = True  # also measure raw pixels and the run's randomly initialised encoder (eval/baselines.py)
 
     def validate(self) -> None:
         bad = [e for e in self.evals if e not in EVALS]
@@ -184,6 +186,8 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
               "step": state["train_state"]["step"], "preset": cfg.preset, "label": _label(cfg),
               "model": dataclasses.asdict(cfg.model), "cache": {"dir": str(cache_dir), "train_hit": hit_tr, "test_hit": hit_te},
               "results": results}
+    if s.baselines:
+        report["baselines"] = baseline_rows(cfg, data, s, layers, pools, recipe, base, cache_dir, device)
     if s.layer == "all":
         test_ds, _ = build_dataset(data, "test", img, augment=False)
         for row, st in zip(profile, block_statistics(model, test_ds, STATS_IMAGES, device)):
@@ -192,6 +196,25 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
         report["profile_protocol"] = {**base, "feature": s.feature, "probe": recipe.card(), "k": s.knn_k,
                                       "temperature": s.knn_temperature, "norm_statistics": f"first {STATS_IMAGES} test images, mean per-token L2 norm"}
     return report
+
+
+def baseline_rows(cfg, data: DataConfig, s: EvalSettings, layers: list[int], pools: set, recipe, base: dict,
+                  cache_dir: Path, device) -> list[dict]:
+    """The same measurements on raw pixels and on the run's randomly initialised encoder."""
+    img = cfg.model.img_size
+    card = {k: v for k, v in base.items() if k != "checkpoint_sha256"}
+    rows = []
+    (tr, tr_y), (te, te_y) = (bl.pixel_features(build_dataset(data, split, img, augment=False)[0], limit)
+                              for split, limit in (("train", s.max_train), ("test", s.max_test)))
+    rows += bl.measure("pixels", None, "pixels", tr, tr_y, te, te_y, None, s.evals, s, recipe, card, device)
+    model = bl.random_init_model(cfg).to(device)
+    key = bl.random_init_key(cfg)
+    train, train_y, _, _ = cached_features(model, key, data, "train", img, layers, pools, s.max_train, s, cache_dir, device)
+    test, test_y, _, _ = cached_features(model, key, data, "test", img, layers, pools, s.max_test, s, cache_dir, device)
+    for layer in layers:
+        rows += bl.measure("random-init", layer, s.feature, train[(layer, s.feature)], train_y, test[(layer, s.feature)], test_y,
+                           test.get((layer, "cls")), s.evals, s, recipe, {**card, "init_seed": cfg.train.seed}, device)
+    return rows
 
 
 def _label(cfg) -> str:
@@ -206,7 +229,7 @@ def format_report(report: dict) -> str:
         lines.append(f"{'layer':>5} " + " ".join(f"{k:>19}" for k in keys))
         for r in report["profile"]:
             lines.append(f"{r['layer']:>5} " + " ".join(f"{r.get(k, float('nan')):>19.4f}" for k in keys))
-        return "\n".join(lines)
+        return "\n".join(lines + _baseline_lines(report))
     lines.append(f"{'metric':<8} {'layer':>5} {'feature':<10} {'value':<32} protocol")
     for r in report["results"]:
         p = r["protocol"]
@@ -217,4 +240,19 @@ def format_report(report: dict) -> str:
                  "rank": lambda: p["form"]}[r["metric"]]()
         split = f"test {p['test']['images']}" if r["metric"] == "rank" else f"train {p['train']['images']} -> test {p['test']['images']}"
         lines.append(f"{r['metric']:<8} {r['layer']:>5} {r['feature']:<10} {vals:<32} {p['train']['data']} {split}; {extra}")
-    return "\n".join(lines)
+    return "\n".join(lines + _baseline_lines(report))
+
+
+def _baseline_lines(report: dict) -> list[str]:
+    """Baselines as a short table: what pixels and an untrained encoder already give."""
+    rows = report.get("baselines", [])
+    if not rows:
+        return []
+    lines = ["baselines (same protocol): raw pixels and the randomly initialised encoder (seed "
+             f"{next((r['protocol'].get('init_seed') for r in rows if 'init_seed' in r['protocol']), '-')})",
+             f"{'source':<12} {'metric':<6} {'layer':>5} {'feature':<8} value"]
+    for r in rows:
+        v = ", ".join(f"{k} {x:.4f}" for k, x in r["values"].items() if k in ("top1", "top5", "effective_rank"))
+        layer = "-" if r["layer"] is None else r["layer"]
+        lines.append(f"{r['source']:<12} {r['metric']:<6} {layer:>5} {r['feature']:<8} {v}")
+    return lines
