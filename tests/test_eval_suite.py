@@ -43,13 +43,14 @@ def test_feature_cache_is_reused_and_invalidated(tiny_checkpoints, tmp_path, mon
         return real(*a, **k)
 
     monkeypatch.setattr(suite, "extract_features", counting)
-    s = EvalSettings(evals=("knn",), cache_dir=str(tmp_path), **FAST)
+    s = EvalSettings(evals=("knn",), cache_dir=str(tmp_path), baselines=False, **FAST)  # baselines: own test
     first = evaluate_checkpoint(tiny_checkpoints["decayed"], s)
     assert calls["n"] == 2 and not first["cache"]["train_hit"]
     again = evaluate_checkpoint(tiny_checkpoints["decayed"], s)
     assert calls["n"] == 2 and again["cache"]["train_hit"] and again["cache"]["test_hit"]
     assert again["results"] == first["results"]
-    evaluate_checkpoint(tiny_checkpoints["decayed"], EvalSettings(evals=("knn",), cache_dir=str(tmp_path), max_train=500, **FAST))
+    evaluate_checkpoint(tiny_checkpoints["decayed"], EvalSettings(evals=("knn",), cache_dir=str(tmp_path), max_train=500,
+                                                                  baselines=False, **FAST))
     assert calls["n"] == 3  # new protocol (bank size): train features again, test features reused
     evaluate_checkpoint(tiny_checkpoints["plain"], s)
     assert calls["n"] == 5  # another checkpoint: both splits again
