@@ -171,3 +171,26 @@ def plot_rank_vs_depth(rows: dict[str, dict], path: Path, title: str = "") -> Pa
     ax.legend(fontsize=8)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def plot_nuisance_samples(garments: torch.Tensor, labels: list[str], configs: dict[str, tuple], path: Path,
+                          canvas: int = 32, seed: int = 0, title: str = "") -> Path:
+    """Fashion-MNIST-M: one row per nuisance setting, the same garments (columns) in every row,
+    so each row shows what one knob adds. ``configs`` maps a row title to the nuisances that are on."""
+    from .fashion_mnist_m import composite
+
+    rows = {name: composite(garments, "train", canvas, on, seed) for name, on in configs.items()}
+    fig, axes = plt.subplots(len(rows), len(garments), figsize=(1.1 * len(garments) + 1.6, 1.15 * len(rows)), squeeze=False)
+    for r, (name, imgs) in enumerate(rows.items()):
+        for c in range(len(garments)):
+            ax = axes[r, c]
+            ax.imshow(imgs[c].permute(1, 2, 0).numpy(), interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(labels[c], fontsize=8)
+        axes[r, 0].set_ylabel(name, fontsize=8, rotation=0, ha="right", va="center")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
