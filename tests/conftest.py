@@ -81,7 +81,7 @@ def fake_imagefolder(tmp_path):
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     """Two short digits runs (decayed and plain) shared by the evaluation tests."""
-    from resdecay.config import load_config
+    from resdecay.train.config import load_config
     from resdecay.train import train
 
     root = tmp_path_factory.mktemp("ckpts")

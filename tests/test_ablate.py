@@ -7,8 +7,8 @@ import pytest
 import torch
 import yaml
 
-from resdecay.ablate import load_grid, list_grids, run_grid, shared_init
-from resdecay.config import load_config
+from resdecay.commands.ablate import load_grid, list_grids, run_grid, shared_init
+from resdecay.train.config import load_config
 from resdecay.models import MAEConfig, MaskedAutoencoder, build_model
 from resdecay.schedule import shortcut_factors
 
@@ -119,7 +119,7 @@ def test_grid_runs_compares_and_resumes(tmp_path, capsys, monkeypatch):
     assert res["rows"]["plain"]["delta"]["knn_top1"] == 0.0
     assert "d kNN" in text and (out / "ablate.png").stat().st_size > 1000
     # resume: the finished variants are read back (no training), the missing one is trained
-    import resdecay.ablate as ab
+    import resdecay.commands.ablate as ab
 
     trained = []
     real = ab.train

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from resdecay import checkpoint as ckpt
+from resdecay.train import checkpoint as ckpt
 from resdecay.cli import main
 
 from conftest import TINY

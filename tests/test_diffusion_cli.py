@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from resdecay import checkpoint as ckpt
+from resdecay.train import checkpoint as ckpt
 from resdecay.cli import main
-from resdecay.config import load_config
-from resdecay.train import train
+from resdecay.train.config import load_config
+from resdecay.commands.pretrain import train
 
 DIGITS = ["data.name=digits", "model.img_size=8", "model.patch_size=2", "model.embed_dim=32", "model.num_heads=2",
           "train.epochs=2", "train.batch_size=64", "train.log_every=5", "train.warmup_epochs=0.2", "train.ema_decay=0.99"]

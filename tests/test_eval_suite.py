@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from resdecay.cli import main
-from resdecay.config import load_config
+from resdecay.train.config import load_config
 from resdecay.eval import suite
 from resdecay.eval.suite import EvalSettings, evaluate_checkpoint
-from resdecay.train import train
+from resdecay.commands.pretrain import train
 
 from conftest import TINY
 from test_cli import assert_one_line_error, run
@@ -66,7 +66,7 @@ def test_per_layer_profile_has_one_row_per_block(tiny_checkpoints, tmp_path):
 
 
 def test_shortcut_ratio_matches_a_hand_computation():
-    from resdecay.blocks import Block
+    from resdecay.nn.blocks import Block
 
     torch.manual_seed(0)
     blk = Block(16, 2, alpha_attn=0.8, alpha_mlp=0.5)

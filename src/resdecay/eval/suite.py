@@ -16,12 +16,14 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import load_checkpoint, load_model
-from ..config import shortcut_tag
 from ..data import DataConfig, build_dataset, check_first_sample
-from ..decayify import alphas_of
-from ..distributed import resolve_device
 from ..errors import UserError
+from ..io import file_sha256, run_dir_of, safe_load
+from ..nn.blocks import block_statistics as record_block_statistics
+from ..nn.decayify import alphas_of
+from ..train.checkpoint import load_checkpoint, load_model
+from ..train.config import shortcut_tag
+from ..train.distributed import resolve_device
 from .features import POOLINGS, extract_features
 from .knn import knn_topk
 from .probe import FAST_RECIPE, IN100_RECIPE, linear_probe
@@ -66,19 +68,6 @@ class EvalSettings:
                 raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
 
 
-def run_dir_of(checkpoint: Path) -> Path:
-    checkpoint = Path(checkpoint)
-    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _data_card(data: DataConfig, split: str, n: int, img_size: int) -> dict:
     path = str(Path(data.path).resolve()) if data.path else None
     return {"data": data.name, "data_path": path, "split": split, "images": n, "img_size": img_size,
@@ -98,7 +87,7 @@ def cached_features(model, ckpt_sha: str, data: DataConfig, split: str, img_size
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     file = cache_dir / f"{split}-{digest}.pt"
     if file.exists():
-        blob = torch.load(file, map_location="cpu", weights_only=True)
+        blob = safe_load(file, UserError, f"feature cache {file} is damaged ({{reason}}); delete it and run again")
         feats = {(int(k.split(":")[0]), k.split(":")[1]): v for k, v in blob["feats"].items()}
         return feats, blob["labels"], card, True
     feats, labels = extract_features(model, dataset, layers, tuple(sorted(pools)), s.batch_size, device,
@@ -116,8 +105,8 @@ def block_statistics(model, dataset, n: int, device) -> list[dict]:
     """Per-block mean token norms on the first ``n`` images: output norm and the shortcut-to-
     branch ratio ||alpha*x|| / ||f(x)|| of the attention and MLP sub-blocks."""
     images = torch.stack([dataset[i][0] for i in range(min(n, len(dataset)))]).to(device)
-    stats: list[dict] = []
-    model.forward_intermediates(images, [len(model.blocks) - 1], stats=stats)
+    with record_block_statistics(model.blocks) as stats:
+        model.forward_intermediates(images, [len(model.blocks) - 1])
     return [{"feature_norm": st["output"],
              "shortcut_ratio_attn": st["shortcut_attn"] / max(st["branch_attn"], 1e-12),
              "shortcut_ratio_mlp": st["shortcut_mlp"] / max(st["branch_mlp"], 1e-12)} for st in stats]
@@ -128,8 +117,8 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
     s.validate()
     checkpoint = Path(checkpoint)
     device = resolve_device(s.device, "--device")
-    model, cfg = load_model(checkpoint, device)
     state = load_checkpoint(checkpoint)
+    model, cfg = load_model(checkpoint, device, state=state)
     depth = len(model.blocks)
     if s.layer == "all":
         layers = list(range(depth))

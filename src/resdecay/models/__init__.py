@@ -2,8 +2,10 @@
 constructor and the training objective.
 
 The diffusion families (U-ViT, SiT) register here too; the trainer, CLI and checkpoints only talk to this
-table and to the model contract: ``forward_intermediates(x, indices)``, ``flops_per_sample()``
-and ``alphas`` (the (depth, 2) shortcut factors in use).
+table and to the model contract (``models.common``): ``forward_intermediates(x, indices)``
+(diffusion: ``(x, t, y, indices)``), ``flops_per_sample()`` and ``alphas`` (the shortcut factors in use).
+
+``TINY`` holds each family's smallest named size, the one the contract tests build.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
+from ..diffusion.objectives import diffusion_loss
 from .classifier import ClassifierConfig, EncoderClassifier, classifier_objective, classifier_param_groups
 from .mae import MAEConfig, MaskedAutoencoder
 from .resnet import ResNetConfig, SupervisedResNet, resnet_objective
@@ -29,8 +32,6 @@ def mae_objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) 
 def diffusion_objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Denoising loss of the model's own objective (``model.cfg.objective``: DDPM eps or SiT velocity);
     the noise and the time live in ``resdecay.diffusion``, not in the backbone (DiT's split)."""
-    from ..diffusion import diffusion_loss
-
     return diffusion_loss(model, images, labels)
 
 

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch.utils.data import Subset
 
-from ..plots import _save  # importing resdecay.plots selects the Agg backend first
+from .plots import _save  # importing resdecay.viz.plots selects the Agg backend first
 import matplotlib.pyplot as plt  # noqa: E402
-from .features import extract_features
+from ..eval.features import extract_features
 
 KNN_KEY = "online_knn_top1"
 # Axis labels per logged key: the online evaluation's protocol (paper eq. 6 for the rank, the

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from . import blocks as rd_blocks
-from .schedule import alpha_schedule
+from ..schedule import alpha_schedule
 
 SUPPORTED = ("resdecay.blocks.Block", "timm VisionTransformer Block", "torchvision BasicBlock", "torchvision Bottleneck")
 
