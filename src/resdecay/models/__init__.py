@@ -10,6 +10,7 @@ table and to the model contract (``models.common``): ``forward_intermediates(x, 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -54,6 +55,23 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+# The smallest size of each family: what the contract tests build (``build_model(tiny_config(name))``).
+_TINY_MAE = dict(img_size=16, in_chans=3, patch_size=4, embed_dim=32, depth=4, num_heads=2, decoder_embed_dim=32,
+                 decoder_depth=2, decoder_num_heads=2)
+TINY: dict[str, dict] = {
+    "mae": _TINY_MAE,
+    "classifier": dict(encoder=_TINY_MAE, num_classes=10),
+    "resnet": dict(img_size=16, width=8, layers=[1, 1, 1, 1], alpha_min=0.7),
+    "uvit": dict(img_size=8, patch_size=2, embed_dim=32, depth=5, num_heads=2, num_classes=10, alpha_min=0.7),
+    "sit": dict(img_size=8, in_chans=4, patch_size=2, embed_dim=32, depth=4, num_heads=2, num_classes=10, alpha_min=0.8),
+}
+
+
+def tiny_config(family: str):
+    """A fresh config of ``family`` at its tiny size."""
+    return get_family(family).config(**copy.deepcopy(TINY[family]))
+
+
 def is_diffusion(family: str) -> bool:
     """Whether a family trains with the diffusion objective (U-ViT, SiT): it samples, and is scored by FID."""
     return family in FAMILIES and FAMILIES[family].objective is diffusion_objective
@@ -75,4 +93,5 @@ def build_model(cfg: Any) -> nn.Module:
 
 
 __all__ = ["FAMILIES", "ClassifierConfig", "EncoderClassifier", "Family", "MAEConfig", "MaskedAutoencoder", "ResNetConfig",
-           "SiT", "SiTConfig", "SupervisedResNet", "UViT", "UViTConfig", "build_model", "get_family", "is_diffusion", "model_config_class"]
+           "SiT", "SiTConfig", "SupervisedResNet", "UViT", "UViTConfig", "TINY", "build_model", "get_family", "is_diffusion",
+           "model_config_class", "tiny_config"]
