@@ -39,7 +39,7 @@ import time
 
 import torch
 
-from resdecay.blocks import Block
+from resdecay.nn.blocks import Block
 
 ALPHA_ATTN, ALPHA_MLP = 0.9, 0.85
 # (batch, tokens, width, heads): CPU = the tiny presets' sizes, CUDA = ViT-B/16 MAE encoder

@@ -55,10 +55,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from resdecay.config import load_config
+from resdecay.train.config import load_config
 from resdecay.models import build_model
 from resdecay.models.mae import choose_skip_sources
-from resdecay.runlog import peak_flops
+from resdecay.train.runlog import peak_flops
 from resdecay.schedule import alpha_schedule
 from resdecay.train import param_groups
 

@@ -20,7 +20,7 @@ from ..commands.finetune import run_finetune
 from ..commands.pretrain import run_pretrain
 from ..commands.report import run_figures, run_plot
 from ..commands.supervised import run_supervised
-from ..data import DATASETS, DataConfig
+from ..data import DataConfig
 from ..errors import TrainingDiverged, UserError, one_line
 from ..eval.suite import EvalSettings
 from ..schedule import SCHEDULES, alpha_schedule, effective_decay, solve_alpha_min

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.utils.data import Subset
 
-from ..data import DataConfig, build_dataset
+from ..data import build_dataset
 from ..errors import UserError
 from ..eval.compare import compare_reports, format_comparison, load_report
 from ..eval.diffusion_probe import FAST_RECIPE, NOISE_LEVELS, probe_grid

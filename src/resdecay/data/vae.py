@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from ..errors import UserError

@@ -10,9 +10,6 @@ Extraction goes through ``extract_features`` (chunked, tqdm, split across ranks 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
 import torch.nn as nn
 

@@ -9,7 +9,11 @@ last) and refuses other indices through ``resolve_blocks``; ``flops_per_sample()
 
 from __future__ import annotations
 
+import torch.nn as nn
+
 from ..errors import ConfigError, check_fields
+from ..nn.blocks import PatchEmbed
+from ..nn.conditioning import LabelEmbedder, TimestepEmbedder
 from ..schedule import check_alpha_min
 
 
@@ -48,3 +52,13 @@ def check_diffusion_config(cfg, family: str) -> None:
         raise ConfigError(f"model.num_classes must be >= 0 (0 = unconditional), got {cfg.num_classes}")
     if not 0.0 <= cfg.class_dropout < 1.0:
         raise ConfigError(f"model.class_dropout must lie in [0, 1), got {cfg.class_dropout}")
+
+
+def diffusion_stem(model: nn.Module, cfg) -> None:
+    """The checked config and the stem SiT and U-ViT share, built in DiT's order: patch embedding,
+    timestep embedder, label embedder (None for an unconditional model)."""
+    cfg.validate()
+    model.cfg = cfg
+    model.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim)
+    model.t_embedder = TimestepEmbedder(cfg.embed_dim)
+    model.y_embedder = LabelEmbedder(cfg.num_classes, cfg.embed_dim, cfg.class_dropout) if cfg.num_classes > 0 else None

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ..errors import ConfigError, check_fields
+from ..errors import check_fields
 from ..nn.blocks import Block, block_flops, init_linear_xavier, init_patch_embed, patchify, sincos_pos_embed_2d, unpatchify
 from ..schedule import Branches, Schedule, Shortcut, alpha_schedule, check_alpha_min
 from .common import check_patch_size

@@ -22,10 +22,10 @@ import torch.nn as nn
 
 from ..diffusion.objectives import NoiseSchedule, Objective
 from ..errors import ConfigError
-from ..nn.blocks import PatchEmbed, block_flops, init_linear_xavier, init_patch_embed, sincos_pos_embed_2d, unpatchify
-from ..nn.conditioning import AdaLNBlock, FinalLayer, LabelEmbedder, TimestepEmbedder, embed_labels
+from ..nn.blocks import block_flops, init_linear_xavier, init_patch_embed, sincos_pos_embed_2d, unpatchify
+from ..nn.conditioning import AdaLNBlock, FinalLayer, embed_labels
 from ..schedule import Schedule, alpha_schedule
-from .common import check_diffusion_config, resolve_blocks
+from .common import check_diffusion_config, diffusion_stem, resolve_blocks
 
 
 @dataclass
@@ -54,20 +54,15 @@ class SiTConfig:
             raise ConfigError(f"model.embed_dim {self.embed_dim} must be divisible by 4 (2-D sin-cos positions)")
         if self.skips and (self.depth < 2 or self.depth % 2):
             raise ConfigError(f"model.depth {self.depth} must be even and >= 2 when model.skips is on "
-                             "(the network splits into two mirrored halves); or set model.skips=false")
+                              "(the network splits into two mirrored halves); or set model.skips=false")
 
 
 class SiT(nn.Module):
     def __init__(self, cfg: SiTConfig):
         super().__init__()
-        cfg.validate()
-        self.cfg = cfg
-        D = cfg.embed_dim
-        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
-        N = self.patch_embed.num_patches
+        diffusion_stem(self, cfg)  # cfg, patch_embed, t_embedder, y_embedder
+        D, N = cfg.embed_dim, self.patch_embed.num_patches
         self.num_prefix_tokens = 0  # SiT has patch tokens only
-        self.t_embedder = TimestepEmbedder(D)
-        self.y_embedder = LabelEmbedder(cfg.num_classes, D, cfg.class_dropout) if cfg.num_classes > 0 else None
         self.pos_embed = nn.Parameter(torch.zeros(1, N, D), requires_grad=False)  # fixed sin-cos (DiT)
         self.alphas = alpha_schedule(cfg.depth, cfg.alpha_min, cfg.schedule)  # (depth, 2) over ALL blocks
         self.num_blocks = cfg.depth

@@ -25,10 +25,10 @@ import torch.nn as nn
 
 from ..diffusion.objectives import NoiseSchedule, Objective
 from ..errors import ConfigError
-from ..nn.blocks import Block, PatchEmbed, block_flops, init_linear_xavier, init_patch_embed, unpatchify
-from ..nn.conditioning import LabelEmbedder, TimestepEmbedder, embed_labels
+from ..nn.blocks import Block, block_flops, init_linear_xavier, init_patch_embed, unpatchify
+from ..nn.conditioning import embed_labels
 from ..schedule import Schedule, alpha_schedule
-from .common import check_diffusion_config, resolve_blocks
+from .common import check_diffusion_config, diffusion_stem, resolve_blocks
 
 
 @dataclass
@@ -55,21 +55,16 @@ class UViTConfig:
         check_diffusion_config(self, "uvit")
         if self.depth < 3 or self.depth % 2 == 0:
             raise ConfigError(f"model.depth {self.depth} must be odd and >= 3 for U-ViT "
-                             "((depth-1)/2 in blocks, 1 mid block, (depth-1)/2 out blocks), e.g. 7, 13, 17")
+                              "((depth-1)/2 in blocks, 1 mid block, (depth-1)/2 out blocks), e.g. 7, 13, 17")
 
 
 class UViT(nn.Module):
     def __init__(self, cfg: UViTConfig):
         super().__init__()
-        cfg.validate()
-        self.cfg = cfg
-        D = cfg.embed_dim
-        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
-        N = self.patch_embed.num_patches
         # Time enters as a token (U-ViT), from DiT's sinusoid -> MLP embedder (U-ViT's
         # mlp_time_embed option) so that DDPM steps and interpolant times in [0, 1] both work.
-        self.t_embedder = TimestepEmbedder(D)
-        self.y_embedder = LabelEmbedder(cfg.num_classes, D, cfg.class_dropout) if cfg.num_classes > 0 else None
+        diffusion_stem(self, cfg)  # cfg, patch_embed, t_embedder, y_embedder
+        D, N = cfg.embed_dim, self.patch_embed.num_patches
         self.num_prefix_tokens = 1 + (self.y_embedder is not None)  # [time, (label)] before the patches
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + N, D))  # learned (U-ViT)
         self.alphas = alpha_schedule(cfg.depth, cfg.alpha_min, cfg.schedule)  # (depth, 2) over ALL blocks

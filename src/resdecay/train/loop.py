@@ -121,22 +121,28 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
                     on_epoch_end(t.ema.module if t.ema is not None else t.raw, epoch, t.step, log)  # the weights one samples with
             epoch, in_epoch = epoch + 1, 0
     except TrainingDiverged:
-        good = ckpt.list_checkpoints(ckpt_dir)
-        keep = f"the last good checkpoint {good[-1]} is kept" if good else "no checkpoint had been written yet"
-        raise TrainingDiverged(
-            f"loss became non-finite by step {t.step}; {keep}. Likely fixes: raise model.alpha_min (e.g. 0.6 -> 0.7), "
-            "keep model.zero_init=true, lower train.base_lr") from None
+        raise TrainingDiverged(diverged_message(t.step, ckpt_dir)) from None
     finally:
         bar.close()
         log.close()
     dist_env.barrier(env)
-    summary = {"preset": cfg.preset, "out_dir": str(out), "steps": t.step, "epochs": tc.epochs, "images": len(data.samples),
-               "effective_batch": data.eff_batch, "lr": data.peak_lr,
-               "final_loss": last_loss, "train_time_s": time.perf_counter() - t_start,
-               "alpha_min": cfg.model.alpha_min, "skips": getattr(cfg.model, "skips", None), "alpha_eff": effective_decay(t.raw.alphas),
-               "checkpoint": str(last_ckpt) if last_ckpt else None, "resumed_from": str(t.resumed_from) if t.resumed_from else None}
+    summary = run_summary(cfg, out, data, t, last_loss, last_ckpt, time.perf_counter() - t_start)
     dist_env.cleanup(env)
     return summary
+
+
+def diverged_message(step: int, ckpt_dir) -> str:
+    good = ckpt.list_checkpoints(ckpt_dir)
+    keep = f"the last good checkpoint {good[-1]} is kept" if good else "no checkpoint had been written yet"
+    return (f"loss became non-finite by step {step}; {keep}. Likely fixes: raise model.alpha_min (e.g. 0.6 -> 0.7), "
+            "keep model.zero_init=true, lower train.base_lr")
+
+
+def run_summary(cfg: RunConfig, out, data, t, last_loss: float, last_ckpt, seconds: float) -> dict:
+    return {"preset": cfg.preset, "out_dir": str(out), "steps": t.step, "epochs": cfg.train.epochs, "images": len(data.samples),
+            "effective_batch": data.eff_batch, "lr": data.peak_lr, "final_loss": last_loss, "train_time_s": seconds,
+            "alpha_min": cfg.model.alpha_min, "skips": getattr(cfg.model, "skips", None), "alpha_eff": effective_decay(t.raw.alphas),
+            "checkpoint": str(last_ckpt) if last_ckpt else None, "resumed_from": str(t.resumed_from) if t.resumed_from else None}
 
 
 def announce(cfg: RunConfig, env, data, t, resume: str | None, say) -> None:
