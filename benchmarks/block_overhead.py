@@ -1,7 +1,7 @@
 """What a decayed shortcut costs: forward+backward time of one transformer block, decayed vs plain.
 
 What is measured
-    One ``resdecay.blocks.Block`` with ``alpha_attn=0.9, alpha_mlp=0.85`` (the decayed block) and
+    One ``resdecay.nn.blocks.Block`` with ``alpha_attn=0.9, alpha_mlp=0.85`` (the decayed block) and
     the same block with both alphas 1.0 (the plain ViT block), with identical weights, on random
     input of shape (batch, tokens, width). One iteration is ``out = block(x); out.backward(g)``
     with ``x.requires_grad`` (inside a network the block's input needs a gradient too, and

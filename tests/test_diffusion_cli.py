@@ -116,6 +116,7 @@ def test_online_evaluation_needs_a_proxy_dataset(tmp_path, capsys, fake_imagefol
     assert not list((tmp_path / "run").glob("checkpoints/*.pt"))  # refused before any training
 
 
+@pytest.mark.slow
 def test_online_proxy_fid_and_probe_during_training_and_plot(tmp_path, capsys):
     """train.online_eval_every on a diffusion model logs proxy FID + best probe cell per epoch from the
     EMA weights; `resdecay plot` draws both curves; too few samples for a FID is refused up front."""

@@ -140,6 +140,7 @@ def test_labels_missing_and_wrong_images_are_one_clear_line(tiny_checkpoints, tm
     assert_one_line_error(code, err, "3 channels but model.in_chans is 1")
 
 
+@pytest.mark.slow
 def test_online_tracking_logs_and_resumes(tmp_path):
     cfg = load_config("mae-tiny-digits", [*TINY, "train.epochs=4", "train.online_eval_every=2", "train.online_eval_size=300",
                                           f"train.out_dir={tmp_path}"])
@@ -157,6 +158,7 @@ def test_online_tracking_logs_and_resumes(tmp_path):
     assert [r["epoch"] for r in rows if "online_knn_top1" in r] == [2.0, 4.0, 6.0]
 
 
+@pytest.mark.slow
 def test_distributed_extraction_equals_single_process(tiny_checkpoints, tmp_path):
     """Under torchrun each rank extracts every world_size-th image; gathered, nothing is lost or doubled."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
