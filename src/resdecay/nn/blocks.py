@@ -129,9 +129,18 @@ class Block(nn.Module):
         if zero_init:
             self.zero_init_branches()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
+    def forward(self, x: torch.Tensor, stats: dict | None = None) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
+        """``stats``: a dict that receives this call's norm statistics (see ``block_statistics``)."""
+        if stats is not None:  # the per-layer profile's side channel, recorded by hooks
+            return self._forward_recording(x, stats)
         x = decayed_add(x, self.drop_path(self.attn(self.norm1(x))), self.alpha_attn, self.beta_attn)
         return decayed_add(x, self.drop_path(self.mlp(self.norm2(x))), self.alpha_mlp, self.beta_mlp)
+
+    def _forward_recording(self, x: torch.Tensor, stats: dict) -> torch.Tensor:
+        with block_statistics([self]) as rows:
+            x = self(x)
+        stats.update(rows[0])
+        return x
 
     def zero_init_branches(self) -> None:
         """Zero each branch's last layer so the block starts as ``x -> alpha_attn*alpha_mlp*x``.
@@ -214,6 +223,10 @@ def block_statistics(blocks) -> Iterator[list[dict]]:
     def norm(t: torch.Tensor) -> float:
         return float(t.detach().float().norm(dim=-1).mean())
 
+    def done(row: dict, out: torch.Tensor) -> None:  # returns None: a forward hook's return value replaces the output
+        row["output"] = norm(out)
+        stats.append(dict(row))
+
     for blk in blocks:
         row: dict = {}
         hooks = (
@@ -221,7 +234,7 @@ def block_statistics(blocks) -> Iterator[list[dict]]:
             (blk.attn, "post", lambda m, a, o, row=row, b=blk: row.update(branch_attn=norm(o) * b.beta_attn)),
             (blk.norm2, "pre", lambda m, a, row=row, b=blk: row.update(shortcut_mlp=norm(a[0]) * scalar(b.alpha_mlp))),
             (blk.mlp, "post", lambda m, a, o, row=row, b=blk: row.update(branch_mlp=norm(o) * b.beta_mlp)),
-            (blk, "post", lambda m, a, o, row=row: (row.update(output=norm(o)), stats.append(dict(row)))),
+            (blk, "post", lambda m, a, o, row=row: done(row, o)),
         )
         for module, kind, fn in hooks:
             register = module.register_forward_pre_hook if kind == "pre" else module.register_forward_hook
