@@ -88,6 +88,7 @@ def test_sample_is_deterministic_given_the_seed(diffusion_runs, tmp_path, capsys
     assert np.array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_proxy_fid_of_samples_and_of_real_images(diffusion_runs, tmp_path, capsys):
     from resdecay.data import DataConfig, build_dataset
 
