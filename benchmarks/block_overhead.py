@@ -1,7 +1,7 @@
 """What a decayed shortcut costs: forward+backward time of one transformer block, decayed vs plain.
 
 What is measured
-    One ``resdecay.blocks.Block`` with ``alpha_attn=0.9, alpha_mlp=0.85`` (the decayed block) and
+    One ``resdecay.nn.blocks.Block`` with ``alpha_attn=0.9, alpha_mlp=0.85`` (the decayed block) and
     the same block with both alphas 1.0 (the plain ViT block), with identical weights, on random
     input of shape (batch, tokens, width). One iteration is ``out = block(x); out.backward(g)``
     with ``x.requires_grad`` (inside a network the block's input needs a gradient too, and
@@ -39,7 +39,7 @@ import time
 
 import torch
 
-from resdecay.blocks import Block
+from resdecay.nn.blocks import Block
 
 ALPHA_ATTN, ALPHA_MLP = 0.9, 0.85
 # (batch, tokens, width, heads): CPU = the tiny presets' sizes, CUDA = ViT-B/16 MAE encoder

@@ -34,7 +34,7 @@ How to read the numbers
     ru_maxrss growth, which under-reports rows after the first) - an approximation that includes
     allocator slack (and, for the torch.compile row, the compiler's own memory).
     MFU (CUDA only) = 3 * model.flops_per_sample() * img/s / peak bf16 FLOP/s of the GPU
-    (resdecay.runlog.peak_flops); the analytic count covers matmuls only. One untimed step runs
+    (resdecay.train.runlog.peak_flops); the analytic count covers matmuls only. One untimed step runs
     before the table so that one-time allocations do not land on the first row.
 
     python benchmarks/mae_throughput.py                                   # mae-tiny-digits, CPU
@@ -55,10 +55,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from resdecay.config import load_config
+from resdecay.train.config import load_config
 from resdecay.models import build_model
 from resdecay.models.mae import choose_skip_sources
-from resdecay.runlog import peak_flops
+from resdecay.train.runlog import peak_flops
 from resdecay.schedule import alpha_schedule
 from resdecay.train import param_groups
 

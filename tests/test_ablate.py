@@ -7,8 +7,8 @@ import pytest
 import torch
 import yaml
 
-from resdecay.ablate import load_grid, list_grids, run_grid, shared_init
-from resdecay.config import load_config
+from resdecay.commands.ablate import load_grid, list_grids, run_grid, shared_init
+from resdecay.train.config import load_config
 from resdecay.models import MAEConfig, MaskedAutoencoder, build_model
 from resdecay.schedule import shortcut_factors
 
@@ -73,6 +73,7 @@ def test_shared_init_copies_matching_weights_but_keeps_zero_init():
     assert torch.all(sd["decoder_pred.weight"] == 0)
 
 
+@pytest.mark.slow
 def test_supervised_resnet_end_to_end(tmp_path, capsys):
     args = ["train-supervised", "--preset", "resnet18-fmnist", "--no-progress", "data.name=digits", "model.img_size=8",
             "model.width=8", "model.layers=[1,1,2,1]", "alpha_min=0.7", "train.epochs=2", "train.batch_size=64",
@@ -107,6 +108,7 @@ def _tiny_grid(tmp_path, **extra):
     return path
 
 
+@pytest.mark.slow
 def test_grid_runs_compares_and_resumes(tmp_path, capsys, monkeypatch):
     path = _tiny_grid(tmp_path)
     out = tmp_path / "out"
@@ -119,7 +121,7 @@ def test_grid_runs_compares_and_resumes(tmp_path, capsys, monkeypatch):
     assert res["rows"]["plain"]["delta"]["knn_top1"] == 0.0
     assert "d kNN" in text and (out / "ablate.png").stat().st_size > 1000
     # resume: the finished variants are read back (no training), the missing one is trained
-    import resdecay.ablate as ab
+    import resdecay.commands.ablate as ab
 
     trained = []
     real = ab.train

@@ -3,7 +3,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from resdecay.blocks import Attention, Block, decayed_add, sincos_pos_embed_2d
+from resdecay.nn.blocks import Attention, Block, decayed_add, sincos_pos_embed_2d
 
 
 def test_zero_init_block_maps_x_to_alpha_product_times_x_exactly():

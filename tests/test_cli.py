@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from resdecay import checkpoint as ckpt
+from resdecay.train import checkpoint as ckpt
 from resdecay.cli import main
 
 from conftest import TINY
@@ -57,6 +57,7 @@ def test_pretrain_smoke_and_print_config(capsys, tmp_path):
     assert summary["steps"] == 22 and os.path.exists(summary["checkpoint"])
 
 
+@pytest.mark.slow
 def test_demo_smoke(capsys, tmp_path):
     code, out, err = run(capsys, "demo", "--data", "digits", "--epochs", "1", "--out", str(tmp_path / "demo"), "--no-progress")
     assert code == 0, err

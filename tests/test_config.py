@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from resdecay.config import list_presets, load_config, parse_overrides
+from resdecay.train.config import list_presets, load_config, parse_overrides
 from resdecay.errors import ConfigError
 
 EXPECTED = {"mae-tiny-digits", "mae-tiny-fmnist", "mae-s16", "mae-b16", "mae-l16"}

@@ -8,8 +8,8 @@ import torch
 import torchvision
 
 from resdecay import alpha_schedule, alphas_of, decayify
-from resdecay.blocks import Block
-from resdecay.decayify import ShortcutScale
+from resdecay.nn.blocks import Block
+from resdecay.nn.decayify import ShortcutScale
 
 
 @pytest.fixture(scope="module")

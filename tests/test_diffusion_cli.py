@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from resdecay import checkpoint as ckpt
+from resdecay.train import checkpoint as ckpt
 from resdecay.cli import main
-from resdecay.config import load_config
-from resdecay.train import train
+from resdecay.train.config import load_config
+from resdecay.commands.pretrain import train
 
 DIGITS = ["data.name=digits", "model.img_size=8", "model.patch_size=2", "model.embed_dim=32", "model.num_heads=2",
           "train.epochs=2", "train.batch_size=64", "train.log_every=5", "train.warmup_epochs=0.2", "train.ema_decay=0.99"]
@@ -88,6 +88,7 @@ def test_sample_is_deterministic_given_the_seed(diffusion_runs, tmp_path, capsys
     assert np.array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_proxy_fid_of_samples_and_of_real_images(diffusion_runs, tmp_path, capsys):
     from resdecay.data import DataConfig, build_dataset
 
@@ -116,6 +117,7 @@ def test_online_evaluation_needs_a_proxy_dataset(tmp_path, capsys, fake_imagefol
     assert not list((tmp_path / "run").glob("checkpoints/*.pt"))  # refused before any training
 
 
+@pytest.mark.slow
 def test_online_proxy_fid_and_probe_during_training_and_plot(tmp_path, capsys):
     """train.online_eval_every on a diffusion model logs proxy FID + best probe cell per epoch from the
     EMA weights; `resdecay plot` draws both curves; too few samples for a FID is refused up front."""

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from resdecay.blocks import Block
+from resdecay.nn.blocks import Block
 from resdecay.models.sit import AdaLNBlock, SiT, SiTConfig
 from resdecay.models.uvit import UViT, UViTConfig
 from resdecay.schedule import alpha_schedule

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from resdecay.cli import main
-from resdecay.config import load_config
+from resdecay.train.config import load_config
 from resdecay.eval import suite
 from resdecay.eval.suite import EvalSettings, evaluate_checkpoint
-from resdecay.train import train
+from resdecay.commands.pretrain import train
 
 from conftest import TINY
 from test_cli import assert_one_line_error, run
@@ -67,7 +67,7 @@ def test_per_layer_profile_has_one_row_per_block(tiny_checkpoints, tmp_path):
 
 
 def test_shortcut_ratio_matches_a_hand_computation():
-    from resdecay.blocks import Block
+    from resdecay.nn.blocks import Block
 
     torch.manual_seed(0)
     blk = Block(16, 2, alpha_attn=0.8, alpha_mlp=0.5)
@@ -141,6 +141,7 @@ def test_labels_missing_and_wrong_images_are_one_clear_line(tiny_checkpoints, tm
     assert_one_line_error(code, err, "3 channels but model.in_chans is 1")
 
 
+@pytest.mark.slow
 def test_online_tracking_logs_and_resumes(tmp_path):
     cfg = load_config("mae-tiny-digits", [*TINY, "train.epochs=4", "train.online_eval_every=2", "train.online_eval_size=300",
                                           f"train.out_dir={tmp_path}"])
@@ -158,6 +159,7 @@ def test_online_tracking_logs_and_resumes(tmp_path):
     assert [r["epoch"] for r in rows if "online_knn_top1" in r] == [2.0, 4.0, 6.0]
 
 
+@pytest.mark.slow
 def test_distributed_extraction_equals_single_process(tiny_checkpoints, tmp_path):
     """Under torchrun each rank extracts every world_size-th image; gathered, nothing is lost or doubled."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

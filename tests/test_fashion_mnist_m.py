@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from resdecay.ablate import load_grid, run_grid
+from resdecay.commands.ablate import load_grid, run_grid
 from resdecay.data import DataConfig, build_dataset
 from resdecay.eval.baselines import baseline_value, random_init_model
 from resdecay.eval.suite import EvalSettings, evaluate_checkpoint
-from resdecay.fashion_mnist_m import NUISANCES, composite
+from resdecay.data.fashion_mnist_m import NUISANCES, composite
 
 from conftest import TINY
 from test_cli import assert_one_line_error, run
@@ -66,7 +66,7 @@ def test_each_nuisance_changes_what_it_should_and_nothing_else():
 
 def test_splits_come_from_their_own_garments(fake_fmnist):
     """Train images are made from the train IDX file's garments and test images from the test file's."""
-    from resdecay.data import _load_fashion_mnist
+    from resdecay.data.datasets import _load_fashion_mnist
 
     cfg = DataConfig(name="fashion-mnist-m", path=str(fake_fmnist), nuisances=[])
     for split, n in (("train", 96), ("test", 32)):
@@ -110,8 +110,8 @@ def test_baselines_in_eval_json_with_protocol_cards(tiny_checkpoints, tmp_path, 
 
 def test_random_init_baseline_is_the_runs_first_weights(tmp_path):
     """The random encoder is seeded as train() seeds it: the weights train() starts from."""
-    from resdecay.config import load_config
     from resdecay.train import train
+    from resdecay.train.config import load_config
 
     cfg = load_config("mae-tiny-digits", [*TINY, "train.epochs=1", "data.train_subset=64", f"train.out_dir={tmp_path / 'r'}"])
     first = {}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from resdecay.data import DataConfig, build_dataset
-from resdecay.eval.figures import (
+from resdecay.viz.figures import (
     balanced_indices,
     online_rows,
     pca_rgb_maps,

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from resdecay import checkpoint as ckpt
-from resdecay.config import load_config
-from resdecay.finetune import build_config, encoder_loader
+from resdecay.train import checkpoint as ckpt
+from resdecay.train.config import load_config
+from resdecay.commands.finetune import build_config, encoder_loader
 from resdecay.models import build_model
 from resdecay.models.classifier import classifier_param_groups
 
@@ -87,7 +87,7 @@ def test_finetune_bad_input(tiny_checkpoints, tmp_path, capsys):
 
 
 def test_plot_and_figures_commands(tiny_checkpoints, tmp_path, capsys):
-    from resdecay.train import train
+    from resdecay.commands.pretrain import train
 
     from conftest import TINY
 
@@ -113,7 +113,7 @@ def test_plot_and_figures_commands(tiny_checkpoints, tmp_path, capsys):
 
 
 def test_figures_refuse_checkpoints_with_different_inputs(tiny_checkpoints, fake_fmnist, tmp_path, capsys):
-    from resdecay.train import train
+    from resdecay.commands.pretrain import train
 
     from conftest import TINY
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from resdecay.config import load_config
+from resdecay.train.config import load_config
 from resdecay.models import MAEConfig, MaskedAutoencoder, build_model
 from resdecay.models.mae import choose_skip_sources, fill_and_unshuffle
 

@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from resdecay import checkpoint as ckpt
-from resdecay.config import load_config
+from resdecay.train import checkpoint as ckpt
+from resdecay.train.config import load_config
 from resdecay.errors import CheckpointError, TrainingDiverged
 from resdecay.models import FAMILIES, Family
 from resdecay.train import lr_at, param_groups, train

@@ -1,8 +1,8 @@
 """resdecay: decayed identity shortcuts, x_{l+1} = alpha_l * x_l + f_l(x_l) (Zhang et al., CVPR 2026)."""
 
 from .schedule import alpha_schedule, effective_decay, solve_alpha_min
-from .blocks import Block, decayed_add
-from .decayify import alphas_of, decayify
+from .nn.blocks import Block, decayed_add
+from .nn.decayify import alphas_of, decayify
 
 __version__ = "0.1.0"
 __all__ = ["alpha_schedule", "effective_decay", "solve_alpha_min", "Block", "decayed_add", "decayify", "alphas_of",

@@ -29,21 +29,26 @@ Schedules
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import torch
 
-SCHEDULES = ("linear", "paper", "cosine", "constant")
-BRANCHES = ("both", "attn", "mlp")
-SHORTCUTS = ("decay", "learnable", "scaled_sum", "scaled_branch")
+Schedule = Literal["linear", "paper", "cosine", "constant"]
+Branches = Literal["both", "attn", "mlp"]
+Shortcut = Literal["decay", "learnable", "scaled_sum", "scaled_branch"]
+SCHEDULES, BRANCHES, SHORTCUTS = get_args(Schedule), get_args(Branches), get_args(Shortcut)
+
+
+def check_alpha_min(alpha_min: float, key: str = "model.alpha_min") -> None:
+    """The one range check of alpha_min, for configs and for the functions below."""
+    if isinstance(alpha_min, bool) or not isinstance(alpha_min, (int, float)) or not (0.0 < float(alpha_min) <= 1.0):
+        raise ValueError(f"{key} must lie in (0, 1] (1 = plain residual), got {alpha_min!r}")
 
 
 def _check(depth: int, alpha_min: float, schedule: str) -> None:
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"depth must be a positive integer, got {depth!r}")
-    if not isinstance(alpha_min, (int, float)) or not (0.0 < float(alpha_min) <= 1.0):
-        raise ValueError(
-            f"alpha_min must lie in (0, 1] (1 is a plain residual network), got {alpha_min!r}"
-        )
+    check_alpha_min(alpha_min, "alpha_min")
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
 

@@ -21,19 +21,24 @@ LabelEmbedder), so the losses here pass labels through unchanged.
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from resdecay.errors import ConfigError, UserError
+from ..errors import ConfigError, UserError, check_choice
 
-OBJECTIVES = ("ddpm-eps", "interp-v")
-NOISE_SCHEDULES = ("linear", "cosine", "scaled-linear")
+# The only lists of objectives and noise schedules: model configs type their fields with these,
+# so the config checker, the CLI and the objectives below agree.
+Objective = Literal["ddpm-eps", "interp-v"]  # epsilon prediction under DDPM | velocity of the linear interpolant
+NoiseSchedule = Literal["linear", "cosine", "scaled-linear"]
+OBJECTIVES, NOISE_SCHEDULES = get_args(Objective), get_args(NoiseSchedule)
+NUM_TIMESTEPS = 1000  # DDPM's T; every shipped model trains with it
 
 
-def beta_schedule(name: str, num_timesteps: int = 1000) -> np.ndarray:
+def beta_schedule(name: str, num_timesteps: int = NUM_TIMESTEPS) -> np.ndarray:
     """DDPM betas as float64, shape (T,).
 
     linear: 1e-4 .. 0.02 (DDPM; ADM / U-ViT pixel default), scaled for T != 1000 as ADM does.
@@ -68,7 +73,7 @@ def _call(model, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None) -> to
 class DDPM(nn.Module):
     """DDPM forward process and the simple epsilon loss (Ho et al. 2020, eq. 14 "L_simple")."""
 
-    def __init__(self, noise_schedule: str = "linear", num_timesteps: int = 1000):
+    def __init__(self, noise_schedule: str = "linear", num_timesteps: int = NUM_TIMESTEPS):
         super().__init__()
         self.noise_schedule, self.num_timesteps = noise_schedule, num_timesteps
         # float64 copies (numpy) for building samplers from exactly the same betas ...
@@ -168,17 +173,15 @@ def model_config(model):
     missing = [k for k in ("objective", "noise_schedule", "num_classes", "class_dropout") if not hasattr(cfg, k)]
     if missing:
         raise UserError(f"model.cfg lacks {', '.join(missing)}; this model is not a diffusion backbone (SiT / U-ViT)")
-    if cfg.objective not in OBJECTIVES:
-        raise ConfigError(f"model.objective {cfg.objective!r} is unknown; choose one of {', '.join(OBJECTIVES)}")
+    check_choice(cfg.objective, OBJECTIVES, "model.objective")
     return cfg
 
 
 def objective_for(cfg, device=None) -> DDPM | LinearInterpolant:
     """The objective object a model config asks for (a new one; see ``cached_objective``)."""
-    if cfg.objective not in OBJECTIVES:
-        raise ConfigError(f"model.objective {cfg.objective!r} is unknown; choose one of {', '.join(OBJECTIVES)}")
+    check_choice(cfg.objective, OBJECTIVES, "model.objective")
     if cfg.objective == "ddpm-eps":
-        obj = DDPM(cfg.noise_schedule, getattr(cfg, "num_timesteps", 1000))
+        obj = DDPM(cfg.noise_schedule)
     else:
         if cfg.noise_schedule != "linear":
             raise ConfigError(f"model.objective=interp-v implements SiT's linear path only, got "
@@ -191,8 +194,8 @@ _CACHE: dict[tuple, nn.Module] = {}
 
 
 def cached_objective(cfg, device) -> DDPM | LinearInterpolant:
-    """``objective_for`` memoised per (objective, noise_schedule, num_timesteps, device)."""
-    key = (cfg.objective, cfg.noise_schedule, getattr(cfg, "num_timesteps", 1000), str(torch.device(device)))
+    """``objective_for`` memoised per (objective, noise_schedule, device)."""
+    key = (cfg.objective, cfg.noise_schedule, str(torch.device(device)))
     if key not in _CACHE:
         _CACHE[key] = objective_for(cfg, device)
     return _CACHE[key]
@@ -212,5 +215,5 @@ def diffusion_loss(model, images: torch.Tensor, labels: torch.Tensor | None = No
     return cached_objective(cfg, images.device).loss(model, images, y)
 
 
-__all__ = ["DDPM", "LinearInterpolant", "NOISE_SCHEDULES", "OBJECTIVES", "beta_schedule", "cached_objective",
+__all__ = ["DDPM", "LinearInterpolant", "NOISE_SCHEDULES", "NUM_TIMESTEPS", "NoiseSchedule", "OBJECTIVES", "Objective", "beta_schedule", "cached_objective",
            "diffusion_loss", "model_config", "objective_for", "unwrap"]

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from resdecay.diffusion.objectives import LinearInterpolant, cached_objective, model_config
-from resdecay.errors import ConfigError, UserError
+from ..errors import ConfigError, UserError
+from .objectives import NUM_TIMESTEPS, LinearInterpolant, cached_objective, model_config
 
 SAMPLERS: dict[str, str] = {  # sampler -> the objective it fits
     "ddpm": "ddpm-eps", "ddim": "ddpm-eps", "dpm-solver++": "ddpm-eps",
@@ -174,8 +174,8 @@ def _check(cfg, sampler, steps, cfg_scale, labels, n, image_shape, batch_size, a
                           f"{', '.join(samplers_for(cfg.objective))}")
     if not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"sampling steps must be an integer >= 1, got {steps!r}")
-    if SAMPLERS[sampler] == "ddpm-eps" and steps > getattr(cfg, "num_timesteps", 1000):
-        raise ConfigError(f"{sampler} takes at most {getattr(cfg, 'num_timesteps', 1000)} steps (the training "
+    if SAMPLERS[sampler] == "ddpm-eps" and steps > NUM_TIMESTEPS:
+        raise ConfigError(f"{sampler} takes at most {NUM_TIMESTEPS} steps (the training "
                           f"timesteps), got {steps}; lower --steps")
     for name, tol in (("atol", atol), ("rtol", rtol)):
         if not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol > 0):

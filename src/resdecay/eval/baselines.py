@@ -18,6 +18,7 @@ import json
 import torch
 from torch.utils.data import DataLoader, Subset
 
+from ..models import build_model
 from .knn import knn_topk
 from .probe import linear_probe
 from .rank import effective_rank
@@ -39,8 +40,6 @@ def pixel_features(dataset, limit: int | None = None, batch_size: int = 1024) ->
 
 def random_init_model(cfg):
     """The run's encoder before its first step: seeded exactly as ``train()`` seeds it."""
-    from ..models import build_model
-
     torch.manual_seed(cfg.train.seed)
     return build_model(cfg.model).eval()
 

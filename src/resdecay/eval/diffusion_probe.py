@@ -10,12 +10,10 @@ Extraction goes through ``extract_features`` (chunked, tqdm, split across ranks 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
 import torch.nn as nn
 
+from ..diffusion.objectives import objective_for
 from ..errors import UserError
 from .features import extract_features
 from .probe import FAST_RECIPE, linear_probe
@@ -29,8 +27,6 @@ class NoisedFeatures(nn.Module):
 
     def __init__(self, model: nn.Module, level: float, seed: int = 0):
         super().__init__()
-        from ..diffusion import objective_for
-
         self.model, self.level, self.seed = model, level, seed
         self.objective = objective_for(model.cfg)
         self.calls = 0
@@ -69,68 +65,3 @@ def probe_grid(model: nn.Module, train_set, test_set, layers: list[int] | None =
     i, j = divmod(int(grid.argmax()), len(levels))
     return {"layers": layers, "levels": list(levels), "top1": grid.tolist(),
             "best": {"layer": layers[i], "level": levels[j], "top1": float(grid[i, j])}}
-
-
-def plot_grid(result: dict, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    grid = torch.tensor(result["top1"])
-    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * grid.shape[1], 1.0 + 0.4 * grid.shape[0]))
-    im = ax.imshow(grid.numpy(), aspect="auto", cmap="viridis", origin="lower")
-    for (i, j), v in zip(((i, j) for i in range(grid.shape[0]) for j in range(grid.shape[1])), grid.flatten().tolist()):
-        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < grid.mean() else "black")
-    ax.set_xticks(range(grid.shape[1]), [f"{lv:g}" for lv in result["levels"]])
-    ax.set_yticks(range(grid.shape[0]), [str(l) for l in result["layers"]])
-    ax.set_xlabel("noise level (0 = clean, 1 = pure noise)")
-    ax.set_ylabel("block")
-    b = result["best"]
-    ax.set_title(f"{title}\nbest: block {b['layer']}, noise {b['level']:g}, top-1 {b['top1']:.3f}", fontsize=9)
-    fig.colorbar(im, ax=ax, label="linear probe top-1 (fast recipe)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-
-
-def run_eval_diffusion(checkpoint: str, data=None, out: str | None = None, layers: list[int] | None = None,
-                       levels: tuple[float, ...] = NOISE_LEVELS, max_train: int | None = None,
-                       max_test: int | None = None, device: str = "auto", batch_size: int = 256,
-                       progress: bool = True) -> dict:
-    """``resdecay eval-diffusion``: the probe grid of one checkpoint (EMA weights where kept)."""
-    from dataclasses import replace
-
-    from torch.utils.data import Subset
-
-    from ..checkpoint import load_checkpoint, load_model
-    from ..data import build_dataset
-    from ..distributed import resolve_device
-    from ..models import is_diffusion
-    from .suite import run_dir_of
-
-    dev = resolve_device(device, "--device")
-    model, cfg = load_model(checkpoint, dev, ema=True)
-    if not is_diffusion(cfg.model.family):
-        raise UserError(f"{checkpoint} is a {cfg.model.family} model; eval-diffusion probes diffusion models "
-                        "(uvit, sit); use `resdecay eval` for encoders")
-    data_cfg = replace(data or cfg.data, train_subset=None)
-    train_set, _ = build_dataset(data_cfg, "train", cfg.model.img_size, augment=False)
-    test_set, _ = build_dataset(data_cfg, "test", cfg.model.img_size, augment=False)
-    if max_train:
-        train_set = Subset(train_set, range(min(max_train, len(train_set))))
-    if max_test:
-        test_set = Subset(test_set, range(min(max_test, len(test_set))))
-    result = probe_grid(model, train_set, test_set, layers, levels, dev, batch_size, progress)
-    step = int(load_checkpoint(checkpoint)["train_state"]["step"])
-    result["protocol"] = {"checkpoint": str(checkpoint), "step": step, "weights": "EMA" if cfg.train.ema_decay > 0 else "raw",
-                          "data": data_cfg.name, "train_images": len(train_set), "test_images": len(test_set),
-                          "feature": "mean of all tokens of the block output", "probe": FAST_RECIPE.card(),
-                          "noise": f"{cfg.model.objective}: level = fraction of the diffusion time (0 clean, 1 pure noise), "
-                                   "one seeded noise draw per image", "labels": "null label (no class leak)"}
-    out_dir = Path(out) if out else run_dir_of(Path(checkpoint)) / "eval_diffusion"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "probe_grid.json").write_text(json.dumps(result, indent=2))
-    plot_grid(result, out_dir / "probe_grid.png", f"{cfg.preset} (alpha_min {cfg.model.alpha_min:g}), step {step}")
-    result["paths"] = {"json": str(out_dir / "probe_grid.json"), "png": str(out_dir / "probe_grid.png")}
-    return result

@@ -13,7 +13,6 @@ Images: float tensors in [0, 1] (B, C, H, W), uint8 NHWC arrays (ADM's .npz ``ar
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import time
@@ -24,8 +23,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checkpoint import atomic_save
+from torch.utils.data import DataLoader
+
+from ..data import DataConfig, build_dataset
 from ..errors import UserError, one_line
+from ..io import atomic_save, file_sha256, safe_load
 
 BATCH_SIZE = 100  # fixed: features (and so FID) must not depend on how the caller chunked the images
 STATS_FORMAT = "resdecay-fid-stats-v1"
@@ -44,11 +46,7 @@ def default_cache_dir() -> Path:
 
 def _digest(path: Path) -> str:
     """Short hash of a weights file: stats record it, so a retrained proxy cannot be mixed with old stats."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:12]
+    return file_sha256(path)[:12]
 
 
 # ----------------------------------------------------------------------------- extractors
@@ -75,10 +73,8 @@ def inception_extractor(weights_path: str | os.PathLike | None) -> InceptionFeat
     path = Path(weights_path).expanduser()
     if not path.is_file():
         raise UserError(f"Inception weights not found at {path}: {WEIGHTS_FIX}")
-    try:
-        torch.load(path, map_location="cpu", weights_only=True)  # safe check first: torch-fidelity unpickles freely
-    except Exception:
-        raise UserError(f"cannot load Inception weights {path} (not a readable weights file): {WEIGHTS_FIX}") from None
+    # safe check first: torch-fidelity unpickles freely
+    safe_load(path, UserError, f"cannot load Inception weights {path} (not a readable weights file): {WEIGHTS_FIX}")
     from torchmetrics.image.fid import NoTrainInceptionV3
 
     try:  # antialias=False: torch-fidelity's TF1-compatible bilinear resize, the one published FIDs use
@@ -115,8 +111,6 @@ class ProxyCNN(nn.Module):
 
 def _load_split(name: str, split: str, data_path, img_size: int | None):
     """uint8 images (N, C, H, W), labels, number of classes; resized (bicubic, antialiased) if asked."""
-    from ..data import DataConfig, build_dataset
-
     native = PROXY_DATASETS[name][1]
     ds, info = build_dataset(DataConfig(name=name, path=data_path), split, native, augment=False)
     images = ds.images  # raw uint8: the dataset's own items are mean/std-normalised, not [0, 1]
@@ -275,7 +269,7 @@ def feature_stats(images, extractor: nn.Module, batch_size: int = BATCH_SIZE, de
     from tqdm.auto import tqdm
 
     name = getattr(extractor, "name", type(extractor).__name__)
-    ext_id = f"{name}@{extractor.fingerprint}" if getattr(extractor, "fingerprint", None) else name
+    ext_id = feature_stats_id(extractor)
     extractor = extractor.eval().to(device)
     shift = total = cross = resolution = None
     n = 0
@@ -326,10 +320,7 @@ def load_stats(path) -> dict:
     path = Path(path).expanduser()
     if not path.is_file():
         raise UserError(f"FID reference stats not found at {path}: build them from the real images first")
-    try:
-        st = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:
-        raise UserError(f"cannot read FID reference stats {path} (not a readable PyTorch file): rebuild them") from None
+    st = safe_load(path, UserError, f"cannot read FID reference stats {path} (not a readable PyTorch file): rebuild them")
     return _checked_stats(st, str(path))
 
 
@@ -365,3 +356,32 @@ def compute_fid(samples, ref, extractor: nn.Module, batch_size: int = BATCH_SIZE
                f"resize {st['resize_filter']}{', gray->RGB' if st['grayscale_to_rgb'] else ''}, "
                f"batch {st['batch_size']}, float64 stats)")
     return {"value": value, "label": st["label"], "protocol": protocol, "summary": summary}
+
+
+def dataset_reference(dataset: str, extractor, data_path=None, batch_size: int = 200, device="cpu",
+                      ref_out: str | None = None, img_size: int = 256, progress: bool = True) -> tuple[dict, Path, bool]:
+    """Reference statistics of ``dataset``'s training split under ``extractor``: loaded from ``ref_out``
+    (default ``runs/fid_refs/<data>-train-<extractor>.pt``) when they were built with this very
+    extractor, else built now and saved there. Returns (stats, path, built_now)."""
+    ref_path = Path(ref_out or f"runs/fid_refs/{dataset}-train-{getattr(extractor, 'name', 'inception')}.pt")
+    stats = load_stats(ref_path) if ref_path.is_file() else None
+    built = stats is None or stats.get("extractor_id") != feature_stats_id(extractor)
+    if built:
+        images = (imagefolder_images(data_path, img_size, batch_size) if dataset == "imagefolder"
+                  else reference_images(dataset, split="train", data_path=data_path))
+        stats = feature_stats(images, extractor, batch_size, device, progress=progress)
+        stats["dataset"] = dataset
+        save_stats(ref_path, stats)
+    return stats, ref_path, built
+
+
+def feature_stats_id(extractor) -> str:
+    """The identity string ``feature_stats`` records for an extractor (its name plus a hash of its weights)."""
+    name = getattr(extractor, "name", type(extractor).__name__)
+    return f"{name}@{extractor.fingerprint}" if getattr(extractor, "fingerprint", None) else name
+
+
+def imagefolder_images(data_path: str | None, img_size: int, batch_size: int):
+    """[0, 1] float batches of an ImageFolder's train split, resized and centre-cropped to ``img_size``."""
+    ds, _ = build_dataset(DataConfig(name="imagefolder", path=data_path, normalize="symmetric"), "train", img_size, augment=False)
+    return ((x + 1) / 2 for x, _ in DataLoader(ds, batch_size=batch_size, num_workers=4))

@@ -16,12 +16,14 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import load_checkpoint, load_model
-from ..config import shortcut_tag
 from ..data import DataConfig, build_dataset, check_first_sample
-from ..decayify import alphas_of
-from ..distributed import resolve_device
 from ..errors import UserError
+from ..io import file_sha256, run_dir_of, safe_load
+from ..nn.blocks import block_statistics as record_block_statistics
+from ..nn.decayify import alphas_of
+from ..train.checkpoint import load_checkpoint, load_model
+from ..train.config import shortcut_tag
+from ..train.distributed import resolve_device
 from . import baselines as bl
 from .features import POOLINGS, extract_features
 from .knn import knn_topk
@@ -68,19 +70,6 @@ class EvalSettings:
                 raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
 
 
-def run_dir_of(checkpoint: Path) -> Path:
-    checkpoint = Path(checkpoint)
-    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _data_card(data: DataConfig, split: str, n: int, img_size: int) -> dict:
     path = str(Path(data.path).resolve()) if data.path else None
     return {"data": data.name, "data_path": path, "split": split, "images": n, "img_size": img_size,
@@ -100,7 +89,7 @@ def cached_features(model, ckpt_sha: str, data: DataConfig, split: str, img_size
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     file = cache_dir / f"{split}-{digest}.pt"
     if file.exists():
-        blob = torch.load(file, map_location="cpu", weights_only=True)
+        blob = safe_load(file, UserError, f"feature cache {file} is damaged ({{reason}}); delete it and run again")
         feats = {(int(k.split(":")[0]), k.split(":")[1]): v for k, v in blob["feats"].items()}
         return feats, blob["labels"], card, True
     feats, labels = extract_features(model, dataset, layers, tuple(sorted(pools)), s.batch_size, device,
@@ -118,8 +107,8 @@ def block_statistics(model, dataset, n: int, device) -> list[dict]:
     """Per-block mean token norms on the first ``n`` images: output norm and the shortcut-to-
     branch ratio ||alpha*x|| / ||f(x)|| of the attention and MLP sub-blocks."""
     images = torch.stack([dataset[i][0] for i in range(min(n, len(dataset)))]).to(device)
-    stats: list[dict] = []
-    model.forward_intermediates(images, [len(model.blocks) - 1], stats=stats)
+    with record_block_statistics(model.blocks) as stats:
+        model.forward_intermediates(images, [len(model.blocks) - 1])
     return [{"feature_norm": st["output"],
              "shortcut_ratio_attn": st["shortcut_attn"] / max(st["branch_attn"], 1e-12),
              "shortcut_ratio_mlp": st["shortcut_mlp"] / max(st["branch_mlp"], 1e-12)} for st in stats]
@@ -130,8 +119,8 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
     s.validate()
     checkpoint = Path(checkpoint)
     device = resolve_device(s.device, "--device")
-    model, cfg = load_model(checkpoint, device)
     state = load_checkpoint(checkpoint)
+    model, cfg = load_model(checkpoint, device, state=state)
     depth = len(model.blocks)
     if s.layer == "all":
         layers = list(range(depth))
@@ -146,6 +135,8 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
     img = cfg.model.img_size
     train, train_y, train_card, hit_tr = cached_features(model, sha, data, "train", img, layers, pools, s.max_train, s, cache_dir, device)
     test, test_y, test_card, hit_te = cached_features(model, sha, data, "test", img, layers, pools, s.max_test, s, cache_dir, device)
+    # every torchrun rank helps extract the random encoder's features too; only rank 0 measures
+    untrained = random_init_features(cfg, data, s, layers, pools, cache_dir, device) if s.baselines else None
     if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
         return None
     if train_y.unique().numel() < 2:
@@ -187,7 +178,7 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
               "model": dataclasses.asdict(cfg.model), "cache": {"dir": str(cache_dir), "train_hit": hit_tr, "test_hit": hit_te},
               "results": results}
     if s.baselines:
-        report["baselines"] = baseline_rows(cfg, data, s, layers, pools, recipe, base, cache_dir, device)
+        report["baselines"] = baseline_rows(cfg, data, s, layers, untrained, recipe, base, device)
     if s.layer == "all":
         test_ds, _ = build_dataset(data, "test", img, augment=False)
         for row, st in zip(profile, block_statistics(model, test_ds, STATS_IMAGES, device)):
@@ -198,19 +189,27 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
     return report
 
 
-def baseline_rows(cfg, data: DataConfig, s: EvalSettings, layers: list[int], pools: set, recipe, base: dict,
-                  cache_dir: Path, device) -> list[dict]:
+def random_init_features(cfg, data: DataConfig, s: EvalSettings, layers: list[int], pools: set, cache_dir: Path,
+                         device) -> tuple:
+    """Features of the run's randomly initialised encoder (cached beside the model's, in random-init/)."""
+    model = bl.random_init_model(cfg).to(device)
+    key, img = bl.random_init_key(cfg), cfg.model.img_size
+    train, train_y, _, _ = cached_features(model, key, data, "train", img, layers, pools, s.max_train, s,
+                                           cache_dir / "random-init", device)
+    test, test_y, _, _ = cached_features(model, key, data, "test", img, layers, pools, s.max_test, s,
+                                         cache_dir / "random-init", device)
+    return train, train_y, test, test_y
+
+
+def baseline_rows(cfg, data: DataConfig, s: EvalSettings, layers: list[int], untrained: tuple, recipe, base: dict,
+                  device) -> list[dict]:
     """The same measurements on raw pixels and on the run's randomly initialised encoder."""
     img = cfg.model.img_size
     card = {k: v for k, v in base.items() if k != "checkpoint_sha256"}
-    rows = []
     (tr, tr_y), (te, te_y) = (bl.pixel_features(build_dataset(data, split, img, augment=False)[0], limit)
                               for split, limit in (("train", s.max_train), ("test", s.max_test)))
-    rows += bl.measure("pixels", None, "pixels", tr, tr_y, te, te_y, None, s.evals, s, recipe, card, device)
-    model = bl.random_init_model(cfg).to(device)
-    key = bl.random_init_key(cfg)
-    train, train_y, _, _ = cached_features(model, key, data, "train", img, layers, pools, s.max_train, s, cache_dir, device)
-    test, test_y, _, _ = cached_features(model, key, data, "test", img, layers, pools, s.max_test, s, cache_dir, device)
+    rows = bl.measure("pixels", None, "pixels", tr, tr_y, te, te_y, None, s.evals, s, recipe, card, device)
+    train, train_y, test, test_y = untrained
     for layer in layers:
         rows += bl.measure("random-init", layer, s.feature, train[(layer, s.feature)], train_y, test[(layer, s.feature)], test_y,
                            test.get((layer, "cls")), s.evals, s, recipe, {**card, "init_seed": cfg.train.seed}, device)

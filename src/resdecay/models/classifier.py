@@ -12,17 +12,19 @@ The encoder is rebuilt from the pretraining config (alpha_min, schedule, depth, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..blocks import init_linear_xavier, init_patch_embed, sincos_pos_embed_2d
+from ..errors import check_fields
+from ..nn.blocks import init_linear_xavier, init_patch_embed, sincos_pos_embed_2d
 from .encoder import ViTEncoder
 from .mae import MAEConfig
 
-HEADS = ("ln_linear", "bn_linear")
-POOLS = ("patch_mean", "cls", "mean")
+Head = Literal["ln_linear", "bn_linear"]
+Pool = Literal["patch_mean", "cls", "mean"]
 
 
 @dataclass
@@ -30,8 +32,8 @@ class ClassifierConfig:
     family: str = "classifier"
     encoder: dict = field(default_factory=dict)  # the pretrained MAE's model config
     num_classes: int = 10
-    head: str = "ln_linear"  # ln_linear (fine-tuning) | bn_linear (MAE's linear probe)
-    pool: str = "patch_mean"  # patch_mean (MAE fine-tuning's global pool) | cls | mean (all tokens)
+    head: Head = "ln_linear"  # ln_linear (fine-tuning) | bn_linear (MAE's linear probe)
+    pool: Pool = "patch_mean"  # patch_mean (MAE fine-tuning's global pool) | cls | mean (all tokens)
     freeze_encoder: bool = False  # linear probing: only the head trains
     drop_path: float = 0.0  # stochastic depth rate of the last block (linear in depth)
     layer_decay: float = 1.0  # lr of block i scaled by layer_decay^(depth + 1 - (i + 1))
@@ -68,10 +70,7 @@ class ClassifierConfig:
         if not self.encoder:
             raise ValueError("model.encoder is empty: build classifiers with `resdecay finetune CHECKPOINT`")
         self.encoder_config().validate()
-        if self.head not in HEADS:
-            raise ValueError(f"model.head {self.head!r} is unknown; choose one of {', '.join(HEADS)}")
-        if self.pool not in POOLS:
-            raise ValueError(f"model.pool {self.pool!r} is unknown; choose one of {', '.join(POOLS)}")
+        check_fields(self, "model")
         if self.num_classes < 2:
             raise ValueError(f"model.num_classes must be >= 2, got {self.num_classes}")
         if not 0 < self.layer_decay <= 1 or not 0 <= self.drop_path < 1:

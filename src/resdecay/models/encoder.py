@@ -8,8 +8,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..blocks import Block, PatchEmbed
+from ..nn.blocks import Block, PatchEmbed, block_flops
 from ..schedule import effective_decay, shortcut_factors
+from .common import resolve_blocks
 
 
 class ViTEncoder(nn.Module):
@@ -26,9 +27,8 @@ class ViTEncoder(nn.Module):
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, D), requires_grad=False)
-        shortcut = getattr(cfg, "shortcut", "decay")
-        self.alphas, betas = shortcut_factors(cfg.depth, cfg.alpha_min, cfg.schedule,
-                                              getattr(cfg, "decay_branches", "both"), shortcut)  # (depth, 2) each
+        shortcut = cfg.shortcut
+        self.alphas, betas = shortcut_factors(cfg.depth, cfg.alpha_min, cfg.schedule, cfg.decay_branches, shortcut)  # (depth, 2) each
         rates = [drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # stochastic depth grows with depth (timm)
         self.blocks = nn.ModuleList(
             Block(D, cfg.num_heads, cfg.mlp_ratio, alpha_attn=a, alpha_mlp=m, drop_path=r,
@@ -50,23 +50,14 @@ class ViTEncoder(nn.Module):
         x = self.patch_embed(imgs) + self.pos_embed[:, 1:]
         return torch.cat([self.cls_with_pos(x.shape[0]), x], dim=1)
 
-    def forward_intermediates(self, imgs: torch.Tensor, indices: list[int] | None = None,
-                              stats: list[dict] | None = None) -> list[torch.Tensor]:
+    def forward_intermediates(self, imgs: torch.Tensor, indices: list[int] | None = None) -> list[torch.Tensor]:
         """Unmasked encoder block outputs (B, 1+N, D) in image order, raw (no norm), for the
-        requested 0-indexed blocks (negative counts from the end; default: the last).
-        ``stats``: an empty list receives one norm-statistics dict per block run (see Block)."""
-        depth = len(self.blocks)
-        wanted = [depth - 1] if indices is None else [i % depth if -depth <= i < depth else None for i in indices]
-        if any(i is None for i in wanted):
-            raise IndexError(f"layer indices {indices} out of range for an encoder of {depth} blocks")
+        requested 0-indexed blocks (negative counts from the end; default: the last)."""
+        wanted = resolve_blocks(indices, len(self.blocks))
         x = self.embed(imgs)
         out = {}
         for i, blk in enumerate(self.blocks[: max(wanted) + 1]):
-            if stats is not None:
-                stats.append({})
-            x = blk(x, stats[-1] if stats is not None else None)
-            if i in wanted:
-                out[i] = x
+            x = out[i] = blk(x)
         return [out[i] for i in wanted]
 
     def forward_features(self, imgs: torch.Tensor, layer: int = -1) -> torch.Tensor:
@@ -74,5 +65,4 @@ class ViTEncoder(nn.Module):
 
     def encoder_flops(self, tokens: int) -> float:
         """Forward matmul FLOPs of the blocks on ``tokens`` tokens (2 per multiply-add)."""
-        d, r = self.cfg.embed_dim, self.cfg.mlp_ratio
-        return self.cfg.depth * (2 * tokens * (4 * d * d + 2 * r * d * d) + 4 * tokens * tokens * d)
+        return self.cfg.depth * block_flops(tokens, self.cfg.embed_dim, self.cfg.mlp_ratio)

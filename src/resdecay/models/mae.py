@@ -17,8 +17,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ..blocks import Block, init_linear_xavier, init_patch_embed, sincos_pos_embed_2d
-from ..schedule import BRANCHES, SCHEDULES, SHORTCUTS, alpha_schedule
+from ..errors import check_fields
+from ..nn.blocks import Block, block_flops, init_linear_xavier, init_patch_embed, patchify, sincos_pos_embed_2d, unpatchify
+from ..schedule import Branches, Schedule, Shortcut, alpha_schedule, check_alpha_min
+from .common import check_patch_size
 from .encoder import ViTEncoder
 
 
@@ -36,9 +38,9 @@ class MAEConfig:
     decoder_depth: int = 8
     decoder_num_heads: int = 16
     alpha_min: float = 0.6  # shortcut factor of the last encoder sub-block; 1 = plain residual
-    schedule: str = "linear"  # see resdecay.schedule: linear | paper | cosine | constant
-    shortcut: str = "decay"  # decay | learnable | scaled_sum (sqrt(.5)(x+f)) | scaled_branch (x+sqrt(.5)f)
-    decay_branches: str = "both"  # both | attn | mlp: which sub-blocks the schedule decays (Table 3b)
+    schedule: Schedule = "linear"  # see resdecay.schedule: linear | paper | cosine | constant
+    shortcut: Shortcut = "decay"  # decay | learnable | scaled_sum (sqrt(.5)(x+f)) | scaled_branch (x+sqrt(.5)f)
+    decay_branches: Branches = "both"  # both | attn | mlp: which sub-blocks the schedule decays (Table 3b)
     decoder_decay: bool = False  # also decay the decoder's shortcuts (its own schedule to alpha_min)
     skips: bool = True  # encoder->decoder long skips (U-Net MAE); False = standard MAE decoder
     skip_sources: list[int] | None = None  # explicit encoder blocks for the skips (0-indexed)
@@ -48,25 +50,11 @@ class MAEConfig:
     norm_pix_loss: bool = True  # per-patch normalised pixel targets (MAE's best setting)
 
     def validate(self) -> None:
-        if not 0.0 < self.alpha_min <= 1.0:
-            raise ValueError(f"model.alpha_min must lie in (0, 1] (1 = plain residual), got {self.alpha_min}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"model.schedule {self.schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}")
-        if self.shortcut not in SHORTCUTS:
-            raise ValueError(f"model.shortcut {self.shortcut!r} is unknown; choose one of {', '.join(SHORTCUTS)}")
-        if self.decay_branches not in BRANCHES:
-            raise ValueError(f"model.decay_branches {self.decay_branches!r} is unknown; choose one of {', '.join(BRANCHES)}")
-        if self.img_size % self.patch_size:
-            good = [p for p in range(1, self.img_size + 1) if self.img_size % p == 0]
-            raise ValueError(
-                f"image size {self.img_size} is not divisible by patch size {self.patch_size}; "
-                f"use model.patch_size in {good} or resize the images"
-            )
+        check_fields(self, "model", positive=("depth", "decoder_depth", "embed_dim", "decoder_embed_dim", "patch_size", "img_size"))
+        check_alpha_min(self.alpha_min)
+        check_patch_size(self.img_size, self.patch_size, " or resize the images")
         if not 0.0 <= self.mask_ratio < 1.0:
             raise ValueError(f"model.mask_ratio must lie in [0, 1), got {self.mask_ratio}")
-        for name in ("depth", "decoder_depth", "embed_dim", "decoder_embed_dim", "patch_size", "img_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"model.{name} must be a positive integer, got {getattr(self, name)}")
         for dim, heads, what in ((self.embed_dim, self.num_heads, ""), (self.decoder_embed_dim, self.decoder_num_heads, "decoder_")):
             if dim % heads or dim % 4:
                 raise ValueError(f"model.{what}embed_dim {dim} must be divisible by 4 and by model.{what}num_heads {heads}")
@@ -178,15 +166,11 @@ class MaskedAutoencoder(ViTEncoder):
     # ------------------------------------------------------------------ helpers
     def patchify(self, imgs: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, N, p*p*C), patches in row-major order, pixels (p, q, c)."""
-        p, g, C = self.cfg.patch_size, self.patch_embed.grid, self.cfg.in_chans
-        x = imgs.reshape(imgs.shape[0], C, g, p, g, p)
-        return torch.einsum("nchpwq->nhwpqc", x).reshape(imgs.shape[0], g * g, p * p * C)
+        return patchify(imgs, self.cfg.patch_size)
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, p*p*C) -> (B, C, H, W)."""
-        p, g, C = self.cfg.patch_size, self.patch_embed.grid, self.cfg.in_chans
-        x = torch.einsum("nhwpqc->nchpwq", x.reshape(x.shape[0], g, g, p, p, C))
-        return x.reshape(x.shape[0], C, g * p, g * p)
+        return unpatchify(x, self.cfg.patch_size, self.cfg.in_chans)
 
     def random_masking(self, x: torch.Tensor, mask_ratio: float):
         """Keep a random subset of int(N*(1-mask_ratio)) patches per sample (argsort of noise).
@@ -257,11 +241,8 @@ class MaskedAutoencoder(ViTEncoder):
         Te = 1 + int(N * (1 - cfg.mask_ratio))
         Td = 1 + N
 
-        def block(T: int, d: int) -> float:
-            return 2 * T * (4 * d * d + 2 * r * d * d) + 4 * T * T * d  # qkv+proj+mlp, QK^T and AV
-
         f = 2 * N * cfg.in_chans * cfg.patch_size**2 * D  # patch embedding (all patches)
-        f += self.encoder_flops(Te) + cfg.decoder_depth * block(Td, Dd)
+        f += self.encoder_flops(Te) + cfg.decoder_depth * block_flops(Td, Dd, r)
         if not cfg.skips:  # U-Net: decoder_embed runs once per batch on the content-free start
             f += 2 * Te * D * Dd
         f += len(self.skip_sources) * 2 * Td * ((D + Dd) * Dd + Dd * Dd)

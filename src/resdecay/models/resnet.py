@@ -9,14 +9,17 @@ stage 3: ``layers=[2, 2, N, 2]`` with N from 2 (ResNet-18) to 16.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
-from ..decayify import alphas_of, decayify
-from ..schedule import SCHEDULES
+from ..errors import ConfigError, check_fields
+from ..nn.decayify import alphas_of, decayify
+from ..schedule import Schedule, check_alpha_min
+from .common import resolve_blocks
 
 
 @dataclass
@@ -25,24 +28,22 @@ class ResNetConfig:
     img_size: int = 32
     in_chans: int = 3
     num_classes: int = 10
-    block: str = "basic"  # basic (ResNet-18/34) | bottleneck (ResNet-50 style)
+    block: Literal["basic", "bottleneck"] = "basic"  # basic (ResNet-18/34) | bottleneck (ResNet-50 style)
     layers: list[int] = field(default_factory=lambda: [2, 2, 2, 2])  # blocks per stage
     width: int = 64  # channels of the first stage (x2 per stage)
     small_input: bool = True  # CIFAR stem: 3x3 conv, stride 1, no max-pool
     alpha_min: float = 1.0
-    schedule: str = "linear"
+    schedule: Schedule = "linear"
     zero_init: bool = False  # zero the last BatchNorm scale of every block
     label_smoothing: float = 0.0
 
     def validate(self) -> None:
-        if not 0.0 < self.alpha_min <= 1.0:
-            raise ValueError(f"model.alpha_min must lie in (0, 1] (1 = plain residual), got {self.alpha_min}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"model.schedule {self.schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}")
-        if self.block not in ("basic", "bottleneck") or len(self.layers) != 4 or min(self.layers) < 1:
-            raise ValueError("model.block must be basic or bottleneck and model.layers four positive block counts")
-        if self.width < 1 or self.num_classes < 2:
-            raise ValueError("model.width must be positive and model.num_classes >= 2")
+        check_fields(self, "model", positive=("width",))
+        check_alpha_min(self.alpha_min)
+        if len(self.layers) != 4 or min(self.layers) < 1:
+            raise ConfigError("model.layers must be four positive block counts, e.g. [2, 2, 2, 2]")
+        if self.num_classes < 2:
+            raise ConfigError(f"model.num_classes must be >= 2, got {self.num_classes}")
 
     @property
     def depth(self) -> int:
@@ -77,13 +78,13 @@ class SupervisedResNet(nn.Module):
             return logits
         return F.cross_entropy(logits.float(), labels, label_smoothing=self.cfg.label_smoothing if self.training else 0.0), logits
 
-    def forward_intermediates(self, imgs: torch.Tensor, indices: list[int] | None = None, stats=None) -> list[torch.Tensor]:
+    def forward_intermediates(self, imgs: torch.Tensor, indices: list[int] | None = None) -> list[torch.Tensor]:
         """Global-average-pooled outputs of the requested residual blocks, as (B, 1, C) "tokens"
         so the evaluation suite treats them like a transformer's (the last one is the feature
         the classifier sees)."""
         blocks = self.blocks
         depth = len(blocks)
-        wanted = [depth - 1] if indices is None else [i % depth for i in indices]
+        wanted = resolve_blocks(indices, depth)
         n = self.net
         x = n.maxpool(n.relu(n.bn1(n.conv1(imgs))))
         out = {}

@@ -23,9 +23,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ..blocks import Block, PatchEmbed, init_linear_xavier, init_patch_embed
-from ..schedule import alpha_schedule
-from .sit import LabelEmbedder, TimestepEmbedder, embed_labels, resolve_blocks, unpatchify, validate_diffusion_config
+from ..diffusion.objectives import NoiseSchedule, Objective
+from ..errors import ConfigError
+from ..nn.blocks import Block, block_flops, init_linear_xavier, init_patch_embed, unpatchify
+from ..nn.conditioning import embed_labels
+from ..schedule import Schedule, alpha_schedule
+from .common import check_diffusion_config, diffusion_stem, resolve_blocks
 
 
 @dataclass
@@ -42,31 +45,26 @@ class UViTConfig:
     num_classes: int = 0  # 0 = unconditional; otherwise label num_classes is the null label (CFG)
     class_dropout: float = 0.1  # training-time probability of replacing a label with the null label
     alpha_min: float = 1.0  # shortcut factor of the last sub-block; 1 = plain residual
-    schedule: str = "linear"  # see resdecay.schedule
+    schedule: Schedule = "linear"  # see resdecay.schedule
     skips: bool = True  # U-ViT's concatenating long skips
     zero_init: bool = True  # zero each block's branch output layer (attn proj, MLP fc2)
-    objective: str = "ddpm-eps"  # stored for the loss/sampler module: ddpm-eps (U-ViT's) | interp-v
-    noise_schedule: str = "linear"  # stored only: linear | cosine
+    objective: Objective = "ddpm-eps"  # stored for the loss/sampler module: ddpm-eps (U-ViT's) | interp-v
+    noise_schedule: NoiseSchedule = "linear"  # stored only: linear | cosine
 
     def validate(self) -> None:
-        validate_diffusion_config(self, "uvit")
+        check_diffusion_config(self, "uvit")
         if self.depth < 3 or self.depth % 2 == 0:
-            raise ValueError(f"model.depth {self.depth} must be odd and >= 3 for U-ViT "
-                             "((depth-1)/2 in blocks, 1 mid block, (depth-1)/2 out blocks), e.g. 7, 13, 17")
+            raise ConfigError(f"model.depth {self.depth} must be odd and >= 3 for U-ViT "
+                              "((depth-1)/2 in blocks, 1 mid block, (depth-1)/2 out blocks), e.g. 7, 13, 17")
 
 
 class UViT(nn.Module):
     def __init__(self, cfg: UViTConfig):
         super().__init__()
-        cfg.validate()
-        self.cfg = cfg
-        D = cfg.embed_dim
-        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
-        N = self.patch_embed.num_patches
         # Time enters as a token (U-ViT), from DiT's sinusoid -> MLP embedder (U-ViT's
         # mlp_time_embed option) so that DDPM steps and interpolant times in [0, 1] both work.
-        self.t_embedder = TimestepEmbedder(D)
-        self.y_embedder = LabelEmbedder(cfg.num_classes, D, cfg.class_dropout) if cfg.num_classes > 0 else None
+        diffusion_stem(self, cfg)  # cfg, patch_embed, t_embedder, y_embedder
+        D, N = cfg.embed_dim, self.patch_embed.num_patches
         self.num_prefix_tokens = 1 + (self.y_embedder is not None)  # [time, (label)] before the patches
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + N, D))  # learned (U-ViT)
         self.alphas = alpha_schedule(cfg.depth, cfg.alpha_min, cfg.schedule)  # (depth, 2) over ALL blocks
@@ -107,32 +105,35 @@ class UViT(nn.Module):
             prefix.append(label.unsqueeze(1))
         return torch.cat([*prefix, patches], dim=1) + self.pos_embed
 
-    def _run(self, x: torch.Tensor, keep=(), upto: int | None = None):
-        """Blocks [0, upto) on tokens x; -> (last tokens, {block: output})."""
-        skips, out = [], {}
-        for i, blk in enumerate(self.blocks[:upto]):
-            if self.cfg.skips and i > self.num_in:  # out block j = i - num_in - 1 <- in block num_in-1-j
-                x = self.skip_linears[i - self.num_in - 1](torch.cat([x, skips.pop()], dim=-1))
-            x = blk(x)
-            if self.cfg.skips and i < self.num_in:
-                skips.append(x)
-            if i in keep:
-                out[i] = x
-        return x, out
-
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None,
                 force_drop_ids: torch.Tensor | None = None) -> torch.Tensor:
         """(B, C, H, W) noisy input, (B,) timesteps, (B,) labels -> (B, C, H, W) prediction."""
-        tokens, _ = self._run(self.embed(x, t, y, force_drop_ids))
-        pred = self.decoder_pred(self.norm(tokens)[:, self.num_prefix_tokens:])  # (B, N, p*p*C); prefix dropped
+        x = self.embed(x, t, y, force_drop_ids)  # (B, E+N, D)
+        skips = []
+        for i, blk in enumerate(self.blocks):
+            x = self.block(i, blk, x, skips)
+        pred = self.decoder_pred(self.norm(x)[:, self.num_prefix_tokens:])  # (B, N, p*p*C); prefix dropped
         return self.final_layer(unpatchify(pred, self.cfg.patch_size, self.cfg.in_chans))
+
+    def block(self, i: int, blk: Block, x: torch.Tensor, skips: list) -> torch.Tensor:
+        """Run block i with U-ViT's long skip: out block j = i - num_in - 1 first concatenates the
+        output of in block num_in-1-j and maps it back with Linear(2D -> D); in blocks push theirs."""
+        if self.cfg.skips and i > self.num_in:
+            x = self.skip_linears[i - self.num_in - 1](torch.cat([x, skips.pop()], dim=-1))
+        x = blk(x)
+        if self.cfg.skips and i < self.num_in:
+            skips.append(x)
+        return x
 
     def forward_intermediates(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None,
                               indices: list[int] | None = None) -> list[torch.Tensor]:
         """Outputs (B, E+N, D) of the requested blocks (0-indexed in network order: in, mid, out),
         prefix tokens included (``num_prefix_tokens`` of them, first)."""
         wanted = resolve_blocks(indices, self.num_blocks)
-        _, out = self._run(self.embed(x, t, y), keep=set(wanted), upto=max(wanted) + 1)
+        x = self.embed(x, t, y)
+        skips, out = [], {}
+        for i, blk in enumerate(self.blocks[: max(wanted) + 1]):
+            x = out[i] = self.block(i, blk, x, skips)
         return [out[i] for i in wanted]
 
     def flops_per_sample(self) -> float:
@@ -142,7 +143,7 @@ class UViT(nn.Module):
         T = self.num_prefix_tokens + N
         f = 2 * N * C * p * p * D  # patch embedding
         f += 2 * (self.t_embedder.freq_dim * D + D * D)  # timestep MLP (one token)
-        f += cfg.depth * (2 * T * (4 * D * D + 2 * r * D * D) + 4 * T * T * D)  # qkv+proj+mlp, QK^T and AV
+        f += cfg.depth * block_flops(T, D, r)
         f += len(self.skip_linears) * 2 * T * 2 * D * D
         f += 2 * N * D * p * p * C  # decoder_pred on the patch tokens
         f += 2 * cfg.img_size**2 * C * C * 9  # final 3x3 conv

@@ -4,19 +4,22 @@
 loaded from a local folder (``from_pretrained(PATH, local_files_only=True)``; nothing is
 downloaded) and stores ``latent_dist.mean * scaling_factor`` (DiT / SiT / U-ViT feed the model
 latents of roughly unit variance) with the labels in ``<out>/{train,test}.pt``. Training with
-``data.name=latents data.path=<out>`` then reads these tensors; sampling decodes with the same VAE.
+``data.name=latents data.path=<out>`` then reads these tensors (``datasets.latent_dataset``); sampling
+decodes with the same VAE.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from .checkpoint import atomic_save
-from .errors import DataError, UserError
+from ..errors import UserError
+from ..io import atomic_save
+from .datasets import build_dataset
 
 SPLITS = ("train", "test")
 
@@ -45,10 +48,6 @@ def load_vae(path: str | None, device: str | torch.device = "cpu"):
 def encode_dataset(data_cfg, vae_path: str, out: str | Path, img_size: int, batch_size: int = 64,
                    device: str | torch.device = "cpu", progress: bool = True) -> dict:
     """Encode the train and test splits of ``data_cfg`` (pixels in [-1, 1]) to ``out/{split}.pt``."""
-    from dataclasses import replace
-
-    from .data import build_dataset
-
     vae = load_vae(vae_path, device)
     scale = float(getattr(vae.config, "scaling_factor", 0.18215))
     out = Path(out)
@@ -69,36 +68,6 @@ def encode_dataset(data_cfg, vae_path: str, out: str | Path, img_size: int, batc
         atomic_save({"latents": z, "labels": torch.cat(labels), "meta": meta}, out / f"{split}.pt")
         written[split] = {"path": str(out / f"{split}.pt"), "n": len(z), **meta}
     return written
-
-
-class LatentDataset(Dataset):
-    def __init__(self, latents: torch.Tensor, labels: torch.Tensor):
-        self.latents, self.labels = latents, labels
-
-    def __len__(self) -> int:
-        return len(self.latents)
-
-    def __getitem__(self, i: int):
-        return self.latents[i].float(), int(self.labels[i])
-
-
-def latent_dataset(cfg, split: str):
-    """(LatentDataset, DataInfo) for ``data.name=latents``; ``data.path`` is a ``resdecay latents`` folder."""
-    from .data import DataInfo
-
-    f = Path(cfg.path or "") / f"{'train' if split == 'train' else 'test'}.pt"
-    if not cfg.path or not f.is_file():
-        raise DataError(f"no cached latents at {f}; run `resdecay latents --vae PATH --data ... --out DIR` "
-                        "and pass data.path=DIR")
-    try:
-        blob = torch.load(f, map_location="cpu", weights_only=True)
-        z, y, meta = blob["latents"], blob["labels"], blob["meta"]
-    except Exception as e:
-        raise DataError(f"{f} is not a resdecay latents file ({type(e).__name__}); rebuild it with `resdecay latents`") from None
-    if cfg.train_subset and split == "train":
-        z, y = z[: cfg.train_subset], y[: cfg.train_subset]
-    info = DataInfo("latents", int(meta["num_classes"]), int(z.shape[1]), int(z.shape[-1]), (0.0,), (1.0,))
-    return LatentDataset(z, y), info
 
 
 @torch.no_grad()

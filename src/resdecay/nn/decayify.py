@@ -1,7 +1,7 @@
 """``decayify``: put decayed identity shortcuts into models people already have, by composition.
 
 Supported residual blocks (found in ``model.modules()`` order, i.e. depth order):
-    resdecay.blocks.Block                 its alpha_attn / alpha_mlp are set
+    resdecay.nn.blocks.Block               its alpha_attn / alpha_mlp are set
     timm VisionTransformer ``Block``      x + drop_path(ls(f(norm(x)))) per sub-block: a forward
                                           pre-hook on ``norm1``/``norm2`` keeps the sub-block input x
                                           and a forward hook on ``drop_path1``/``drop_path2`` returns
@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from . import blocks as rd_blocks
-from .schedule import alpha_schedule
+from ..schedule import alpha_schedule
 
 SUPPORTED = ("resdecay.blocks.Block", "timm VisionTransformer Block", "torchvision BasicBlock", "torchvision Bottleneck")
 

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import load_model
-from .config import load_config
-from .data import build_dataset, fashion_mnist_available
-from .errors import UserError
-from .eval import effective_rank, extract_features, knn_accuracy
-from .plots import plot_alpha_schedules, plot_loss_curves, plot_reconstructions, reconstruct
-from .runlog import read_log
-from .train import train
+from ..train.checkpoint import load_model
+from ..train.config import load_config
+from ..data import build_dataset, fashion_mnist_available
+from ..errors import UserError
+from ..eval import effective_rank, extract_features, knn_accuracy
+from ..viz.plots import plot_alpha_schedules, plot_loss_curves, plot_reconstructions, reconstruct
+from ..train.runlog import read_log
+from .pretrain import train
 
 # Settings sized so that both models together train in a few minutes on a 2-core CPU.
 DEMO_DATA = {

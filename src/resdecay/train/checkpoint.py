@@ -8,7 +8,6 @@ and schedule included, so the network can be rebuilt without the preset).
 
 from __future__ import annotations
 
-import os
 import random
 import re
 from pathlib import Path
@@ -16,7 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
+from ..io import atomic_save, safe_load
+from ..models import build_model
+from .config import from_dict
 
 FORMAT = "resdecay-checkpoint-v1"
 _STEP_FILE = re.compile(r"^step_(\d{8,})\.pt$")
@@ -46,22 +48,6 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def atomic_save(obj, path: Path) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename over ``path``: a run
-    killed mid-write leaves the previous checkpoint intact, never a truncated one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def checkpoint_path(ckpt_dir: Path, step: int) -> Path:
     return Path(ckpt_dir) / f"step_{step:08d}.pt"
 
@@ -89,11 +75,7 @@ def load_checkpoint(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        reason = " ".join(str(e).split())[:160]
-        raise CheckpointError(f"{path} is not a readable resdecay checkpoint ({reason})") from None
+    ckpt = safe_load(path, CheckpointError, f"{path} is not a readable resdecay checkpoint ({{reason}})")
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a resdecay checkpoint (no '{FORMAT}' marker); "
                               "pass a file from <run>/checkpoints/")
@@ -124,14 +106,12 @@ def model_differences(saved: dict, current: dict) -> list[str]:
     return [f"model.{k}: checkpoint {saved.get(k)!r} vs run {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu", ema: bool = False):
+def load_model(path: str | Path, device: str | torch.device = "cpu", ema: bool = False, state: dict | None = None):
     """Rebuild the network a checkpoint describes (alpha_min and schedule from its config) and
     load its weights (``ema=True``: the EMA weights where the run kept them, as sampling wants).
+    ``state``: the checkpoint already loaded with ``load_checkpoint`` (saves reading it twice).
     Returns (model in eval mode, RunConfig)."""
-    from .config import from_dict
-    from .models import build_model
-
-    state = load_checkpoint(path)
+    state = load_checkpoint(path) if state is None else state
     cfg = from_dict(state["config"])
     model = build_model(cfg.model)
     try:

@@ -7,10 +7,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.image as mpimg  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from .schedule import effective_decay  # noqa: E402
+from ..data.fashion_mnist_m import composite  # noqa: E402
+from ..schedule import effective_decay  # noqa: E402
 
 
 def plot_alpha_schedules(schedules: dict[str, torch.Tensor], path: Path, title: str = "") -> Path:
@@ -173,12 +175,44 @@ def plot_rank_vs_depth(rows: dict[str, dict], path: Path, title: str = "") -> Pa
     return _save(fig, path)
 
 
+def plot_grid(result: dict, path: Path, title: str) -> None:
+    """Heat map of a diffusion probe grid (block x noise level), best cell in the title."""
+    grid = torch.tensor(result["top1"])
+    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * grid.shape[1], 1.0 + 0.4 * grid.shape[0]))
+    im = ax.imshow(grid.numpy(), aspect="auto", cmap="viridis", origin="lower")
+    for (i, j), v in zip(((i, j) for i in range(grid.shape[0]) for j in range(grid.shape[1])), grid.flatten().tolist()):
+        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < grid.mean() else "black")
+    ax.set_xticks(range(grid.shape[1]), [f"{lv:g}" for lv in result["levels"]])
+    ax.set_yticks(range(grid.shape[0]), [str(l) for l in result["layers"]])
+    ax.set_xlabel("noise level (0 = clean, 1 = pure noise)")
+    ax.set_ylabel("block")
+    b = result["best"]
+    ax.set_title(f"{title}\nbest: block {b['layer']}, noise {b['level']:g}, top-1 {b['top1']:.3f}", fontsize=9)
+    fig.colorbar(im, ax=ax, label="linear probe top-1 (fast recipe)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def plot_sample_grids(results: dict, path: Path, title: str) -> Path:
+    """The sample PNGs of several runs side by side, each titled with its FID."""
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 5.4))
+    for ax, (label, r) in zip(axes, results.items()):
+        ax.imshow(mpimg.imread(r["samples"]["png"]), cmap="gray")
+        ax.set_title(f"{label}\n{r['fid']['label']} {r['fid']['value']:.2f}", fontsize=9)
+        ax.axis("off")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))  # leave the top strip to the suptitle
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_nuisance_samples(garments: torch.Tensor, labels: list[str], configs: dict[str, tuple], path: Path,
                           canvas: int = 32, seed: int = 0, title: str = "") -> Path:
     """Fashion-MNIST-M: one row per nuisance setting, the same garments (columns) in every row,
     so each row shows what one knob adds. ``configs`` maps a row title to the nuisances that are on."""
-    from .fashion_mnist_m import composite
-
     rows = {name: composite(garments, "train", canvas, on, seed) for name, on in configs.items()}
     fig, axes = plt.subplots(len(rows), len(garments), figsize=(1.1 * len(garments) + 1.6, 1.15 * len(rows)), squeeze=False)
     for r, (name, imgs) in enumerate(rows.items()):

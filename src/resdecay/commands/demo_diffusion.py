@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from .config import load_config
+from ..train.config import load_config
 from .demo import pick_data
-from .eval.diffusion_probe import run_eval_diffusion
-from .eval.fid_cli import run_fid
+from .evaluate import run_eval_diffusion
+from .fid import run_fid
 from .sample import run_sample
-from .train import train
+from .pretrain import train
 
 # Sized so both models train, sample and get probed in about 15 minutes on a 2-core CPU.
 DEMO_DATA = {
@@ -55,7 +55,7 @@ def run_diffusion_demo(data: str = "auto", out_dir: str = "runs/demo_diffusion",
         results[label] = {"preset": preset, "run_dir": str(out / slug), "alpha_min": cfg.model.alpha_min, "skips": cfg.model.skips,
                           "alpha_eff": summary["alpha_eff"], "final_loss": summary["final_loss"], "steps": summary["steps"],
                           "train_time_s": summary["train_time_s"], "samples": s, "fid": f, "probe_grid": g}
-    grid_png = plot_sample_grids(results, out / "samples_side_by_side.png", name)
+    grid_png = plot_sample_grids(results, out / "samples_side_by_side.png", f"samples on {name}: {SAMPLER}, {STEPS} steps, EMA weights")
     report = {"demo": {"data": name, "seed": seed, "total_time_s": time.time() - t0, "host": platform.node(),
                        "torch": torch.__version__, "threads": torch.get_num_threads(), "sampler": SAMPLER, "steps": STEPS},
               "results": results, "figures": [str(grid_png)] + [r["probe_grid"]["paths"]["png"] for r in results.values()]}
@@ -63,25 +63,6 @@ def run_diffusion_demo(data: str = "auto", out_dir: str = "runs/demo_diffusion",
     print("\n" + format_table(results, name))
     print(f"\nwrote {out / 'results.json'}, {grid_png.name} and the probe heat maps in {out}/")
     return report
-
-
-def plot_sample_grids(results: dict, path: Path, data_name: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.image as mpimg
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 5.4))
-    for ax, (label, r) in zip(axes, results.items()):
-        ax.imshow(mpimg.imread(r["samples"]["png"]), cmap="gray")
-        ax.set_title(f"{label}\n{r['fid']['label']} {r['fid']['value']:.2f}", fontsize=9)
-        ax.axis("off")
-    fig.suptitle(f"samples on {data_name}: {SAMPLER}, {STEPS} steps, EMA weights", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))  # leave the top strip to the suptitle
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def format_table(results: dict, data_name: str) -> str:

@@ -32,13 +32,13 @@ from pathlib import Path
 import torch
 import yaml
 
-from .config import load_config
-from .errors import UserError
-from .eval.suite import EvalSettings, evaluate_checkpoint
-from .models import build_model
-from .plots import plot_bars, plot_rank_vs_depth
-from .distributed import is_main_process
-from .train import train
+from ..train.config import load_config
+from ..errors import UserError
+from ..eval.suite import EvalSettings, evaluate_checkpoint
+from ..models import build_model
+from ..viz.plots import plot_bars, plot_rank_vs_depth
+from ..train.distributed import is_main_process
+from .pretrain import train
 
 GRID_KEYS = ("name", "description", "preset", "overrides", "baseline", "eval", "paper", "variants")
 VARIANT_KEYS = ("name", "preset", "overrides", "paper")

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UserError
-from .fid import (PROXY_DATASETS, compute_fid, feature_stats, inception_extractor, load_stats, proxy_extractor,
-                  reference_images, save_stats)
+from ..eval.fid import PROXY_DATASETS, compute_fid, dataset_reference, inception_extractor, load_stats, proxy_extractor
+from ..train.distributed import resolve_device
 
 
 def _extractor(proxy: bool, inception_weights: str | None, dataset: str | None, data_path, device):
@@ -33,8 +33,6 @@ def _extractor(proxy: bool, inception_weights: str | None, dataset: str | None, 
 def run_fid(samples: str, ref: str, data_path: str | None = None, inception_weights: str | None = None,
             proxy: bool = False, batch_size: int = 200, device: str = "auto", ref_out: str | None = None,
             allow_few: bool = False, progress: bool = True, img_size: int = 256) -> dict:
-    from ..distributed import resolve_device
-
     if batch_size < 1:
         raise UserError(f"--batch-size must be a positive integer, got {batch_size}")
     dev = resolve_device(device, "--device")
@@ -54,36 +52,3 @@ def run_fid(samples: str, ref: str, data_path: str | None = None, inception_weig
     result["protocol"].update({"samples": str(samples), "reference": str(ref_path),
                                "reference_split": "train" if stats.get("dataset") else "as built", "reference_built_now": built})
     return result
-
-
-def dataset_reference(dataset: str, extractor, data_path=None, batch_size: int = 200, device="cpu",
-                      ref_out: str | None = None, img_size: int = 256, progress: bool = True) -> tuple[dict, Path, bool]:
-    """Reference statistics of ``dataset``'s training split under ``extractor``: loaded from ``ref_out``
-    (default ``runs/fid_refs/<data>-train-<extractor>.pt``) when they were built with this very
-    extractor, else built now and saved there. Returns (stats, path, built_now)."""
-    ref_path = Path(ref_out or f"runs/fid_refs/{dataset}-train-{getattr(extractor, 'name', 'inception')}.pt")
-    stats = load_stats(ref_path) if ref_path.is_file() else None
-    built = stats is None or stats.get("extractor_id") != feature_stats_id(extractor)
-    if built:
-        images = (imagefolder_images(data_path, img_size, batch_size) if dataset == "imagefolder"
-                  else reference_images(dataset, split="train", data_path=data_path))
-        stats = feature_stats(images, extractor, batch_size, device, progress=progress)
-        stats["dataset"] = dataset
-        save_stats(ref_path, stats)
-    return stats, ref_path, built
-
-
-def feature_stats_id(extractor) -> str:
-    """The identity string ``feature_stats`` records for an extractor (its name plus a hash of its weights)."""
-    name = getattr(extractor, "name", type(extractor).__name__)
-    return f"{name}@{extractor.fingerprint}" if getattr(extractor, "fingerprint", None) else name
-
-
-def imagefolder_images(data_path: str | None, img_size: int, batch_size: int):
-    """[0, 1] float batches of an ImageFolder's train split, resized and centre-cropped to ``img_size``."""
-    from torch.utils.data import DataLoader
-
-    from ..data import DataConfig, build_dataset
-
-    ds, _ = build_dataset(DataConfig(name="imagefolder", path=data_path, normalize="symmetric"), "train", img_size, augment=False)
-    return ((x + 1) / 2 for x, _ in DataLoader(ds, batch_size=batch_size, num_workers=4))

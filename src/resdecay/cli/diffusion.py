@@ -5,12 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 
-from .errors import UserError
+from ..commands.evaluate import format_grid, run_eval_diffusion
+from ..commands.fid import run_fid
+from ..commands.sample import run_sample
+from ..data import DataConfig
+from ..data.vae import encode_dataset
+from ..diffusion.samplers import SAMPLERS
+from ..errors import UserError
+from ..train.distributed import resolve_device
+from .parents import data_options, device_option, progress_option
 
 
 def _data_cfg(name: str | None, path: str | None, normalize: str = "dataset"):
-    from .data import DataConfig
-
     if name is None:
         if path:
             raise UserError("--data-path needs --data (digits, fashion-mnist, cifar10, cifar100, imagefolder, latents)")
@@ -28,8 +34,6 @@ def _levels(text: str) -> tuple[float, ...]:
 
 
 def cmd_sample(args) -> None:
-    from .sample import run_sample
-
     labels = None
     if args.labels:
         try:
@@ -47,10 +51,6 @@ def cmd_sample(args) -> None:
 
 
 def cmd_latents(args) -> None:
-    from .latents import encode_dataset
-
-    from .distributed import resolve_device
-
     device = resolve_device(args.device, "--device")
     written = encode_dataset(_data_cfg(args.data, args.data_path), args.vae, args.out, args.img_size, args.batch_size,
                              device, progress=not args.no_progress)
@@ -60,8 +60,6 @@ def cmd_latents(args) -> None:
 
 
 def cmd_eval_diffusion(args) -> None:
-    from .eval.diffusion_probe import run_eval_diffusion
-
     try:
         layers = None if args.layers == "all" else [int(v) for v in args.layers.split(",")]
     except ValueError:
@@ -73,21 +71,7 @@ def cmd_eval_diffusion(args) -> None:
     print(f"wrote {r['paths']['json']} and {r['paths']['png']}")
 
 
-def format_grid(r: dict) -> str:
-    p = r["protocol"]
-    head = (f"diffusion probe grid | {p['checkpoint']} (step {p['step']}, {p['weights']} weights) | {p['data']} "
-            f"train {p['train_images']} -> test {p['test_images']} | fast probe, mean tokens, null label")
-    lines = [head, "block  " + "".join(f"{f'noise {lv:g}':>12}" for lv in r["levels"])]
-    for layer, row in zip(r["layers"], r["top1"]):
-        lines.append(f"{layer:>5}  " + "".join(f"{v:>12.4f}" for v in row))
-    b = r["best"]
-    lines.append(f"best cell: block {b['layer']}, noise level {b['level']:g}, top-1 {b['top1']:.4f}")
-    return "\n".join(lines)
-
-
 def cmd_fid(args) -> None:
-    from .eval.fid_cli import run_fid
-
     r = run_fid(args.samples, ref=args.ref, data_path=args.data_path, inception_weights=args.inception_weights,
                 proxy=args.proxy, batch_size=args.batch_size, device=args.device, ref_out=args.ref_out,
                 allow_few=args.allow_few, progress=not args.no_progress, img_size=args.img_size)
@@ -96,11 +80,11 @@ def cmd_fid(args) -> None:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    s = sub.add_parser("sample", help="sample a diffusion checkpoint: PNG grid + ADM-format .npz (torchrun splits N)")
+    s = sub.add_parser("sample", parents=[device_option(), progress_option()], help="sample a diffusion checkpoint: PNG grid + ADM-format .npz (torchrun splits N)")
     s.add_argument("checkpoint")
     s.add_argument("--n", "--num-samples", dest="n", type=int, default=64,
                    help="number of samples, split across ranks (under torchrun spell it --num-samples: torchrun reads --n as its own)")
-    s.add_argument("--sampler", default=None, help="ddpm | ddim | dpm-solver++ (eps models; default dpm-solver++) | "
+    s.add_argument("--sampler", default=None, choices=list(SAMPLERS), help="ddpm | ddim | dpm-solver++ (eps models; default dpm-solver++) | "
                                                    "euler | heun | euler-maruyama | dopri5 (velocity models; default dopri5, the paper's)")
     s.add_argument("--steps", type=int, default=None, help="sampling steps (default: 50 for dpm-solver++, 250 for "
                                                            "euler-maruyama); for dopri5 the most steps it may take (default 1000)")
@@ -112,12 +96,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--batch-size", type=int, default=256)
     s.add_argument("--vae", default=None, help="VAE folder to decode latent models (diffusers AutoencoderKL)")
     s.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA")
-    s.add_argument("--device", default="auto")
     s.add_argument("--out", default=None, help="output folder (default <run>/samples)")
-    s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=cmd_sample)
 
-    f = sub.add_parser("fid", help="FID (Inception weights from a local file) or proxy FID of samples against a reference")
+    f = sub.add_parser("fid", parents=[device_option(), progress_option()], help="FID (Inception weights from a local file) or proxy FID of samples against a reference")
     f.add_argument("samples", help="an ADM-format .npz (arr_0: uint8 NHWC), e.g. from `resdecay sample`")
     f.add_argument("--ref", required=True, help="reference statistics file (.pt) or a dataset name to build them from")
     f.add_argument("--data-path", default=None, help="dataset folder when --ref is a dataset name")
@@ -127,31 +109,23 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--batch-size", type=int, default=200, help="extraction batch size (fixed; recorded)")
     f.add_argument("--allow-few", action="store_true", help="allow fewer samples than feature dimensions")
     f.add_argument("--img-size", type=int, default=256, help="reference resolution for --ref imagefolder (resize + centre crop)")
-    f.add_argument("--device", default="auto")
-    f.add_argument("--no-progress", action="store_true")
     f.set_defaults(func=cmd_fid)
 
-    la = sub.add_parser("latents", help="encode a dataset once with a local VAE for latent diffusion")
+    la = sub.add_parser("latents", parents=[device_option(), progress_option()], help="encode a dataset once with a local VAE for latent diffusion")
     la.add_argument("--vae", default=None, help="a local diffusers AutoencoderKL folder (required)")
     la.add_argument("--data", required=True, help="digits, fashion-mnist, cifar10, cifar100, imagefolder")
     la.add_argument("--data-path", default=None)
     la.add_argument("--img-size", type=int, default=256, help="pixel side fed to the VAE (latents are 1/8 of it)")
     la.add_argument("--batch-size", type=int, default=64)
-    la.add_argument("--device", default="auto")
     la.add_argument("--out", required=True, help="output folder for train.pt / test.pt")
-    la.add_argument("--no-progress", action="store_true")
     la.set_defaults(func=cmd_latents)
 
-    e = sub.add_parser("eval-diffusion", help="linear probe per (block, noise level) of a diffusion model: heat map + best cell")
+    e = sub.add_parser("eval-diffusion", parents=[data_options(), device_option(), progress_option()], help="linear probe per (block, noise level) of a diffusion model: heat map + best cell")
     e.add_argument("checkpoint")
-    e.add_argument("--data", default=None, help="dataset (default: the checkpoint's)")
-    e.add_argument("--data-path", default=None)
     e.add_argument("--layers", default="all", help="'all' or a comma list of block indices")
     e.add_argument("--noise-levels", default="0,0.1,0.25,0.5,0.75", help="fractions of the diffusion time, 0 = clean")
     e.add_argument("--max-train", type=int, default=None)
     e.add_argument("--max-test", type=int, default=None)
     e.add_argument("--batch-size", type=int, default=256)
-    e.add_argument("--device", default="auto")
     e.add_argument("--out", default=None, help="output folder (default <run>/eval_diffusion)")
-    e.add_argument("--no-progress", action="store_true")
     e.set_defaults(func=cmd_eval_diffusion)

@@ -17,15 +17,15 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from .checkpoint import load_checkpoint, load_model
-from .config import _read_preset, from_dict, parse_overrides
-from .data import build_dataset
-from .distributed import resolve_device
-from .errors import CheckpointError, ConfigError
-from .eval.knn import topk_accuracy
-from .eval.suite import file_sha256, run_dir_of
-from .distributed import is_main_process
-from .train import train
+from ..train.checkpoint import load_checkpoint, load_model
+from ..train.config import _read_preset, from_dict, parse_overrides
+from ..data import build_dataset
+from ..train.distributed import resolve_device
+from ..errors import CheckpointError, ConfigError
+from ..eval.knn import topk_accuracy
+from ..io import file_sha256, run_dir_of
+from ..train.distributed import is_main_process
+from .pretrain import train
 
 
 def build_config(checkpoint: Path, preset: str, overrides: list[str]):

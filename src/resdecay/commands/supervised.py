@@ -14,18 +14,18 @@ import json
 from pathlib import Path
 
 
-from .checkpoint import load_model
-from .config import load_config
-from .data import build_dataset
-from .distributed import resolve_device
-from .decayify import alphas_of
-from .errors import ConfigError
-from .eval.features import extract_features
-from .eval.rank import effective_rank
-from .eval.suite import file_sha256
+from ..train.checkpoint import load_model
+from ..train.config import load_config
+from ..data import build_dataset
+from ..train.distributed import resolve_device
+from ..nn.decayify import alphas_of
+from ..errors import ConfigError
+from ..eval.features import extract_features
+from ..eval.rank import effective_rank
+from ..io import file_sha256
 from .finetune import test_accuracy
-from .distributed import is_main_process
-from .train import train
+from ..train.distributed import is_main_process
+from .pretrain import train
 
 
 def run_supervised(preset: str, overrides: list[str] | None = None, resume: str | None = None, progress: bool = True) -> dict:

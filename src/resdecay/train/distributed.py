@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .errors import ConfigError
+from ..errors import ConfigError, check_choice
 
 
 @dataclass
@@ -35,8 +35,7 @@ class DistEnv:
 
 def resolve_device(device: str = "auto", option: str = "train.device") -> torch.device:
     """auto -> cuda when a GPU is visible, else cpu; an explicit cuda without a GPU is one clear error."""
-    if device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"{option} {device!r} is unknown; choose auto, cpu or cuda")
+    check_choice(device, ("auto", "cpu", "cuda"), option)
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"{option}=cuda but no CUDA GPU is visible; use cpu or auto")
     return torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
@@ -69,14 +68,6 @@ def gather_objects(env: DistEnv, obj) -> list:
     out = [None] * env.world_size
     dist.all_gather_object(out, obj)
     return out
-
-
-def broadcast_object(env: DistEnv, obj):
-    if not env.distributed:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def barrier(env: DistEnv) -> None:

@@ -12,7 +12,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import UserError
+from ..data.vae import decode
+from ..diffusion.samplers import DEFAULT_SAMPLER, DEFAULT_STEPS, ODE_ATOL, ODE_RTOL, sample, save_npz, to_uint8
+from ..errors import UserError
+from ..io import run_dir_of
+from ..models import is_diffusion
+from ..train import distributed as D
+from ..train.checkpoint import load_model
 
 
 def save_grid(images_uint8: np.ndarray, path: Path, max_images: int = 64) -> None:
@@ -28,12 +34,6 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
                labels: list[int] | None = None, seed: int = 0, batch_size: int = 256, vae: str | None = None,
                out: str | None = None, device: str = "auto", use_ema: bool = True, progress: bool = True,
                atol: float | None = None, rtol: float | None = None) -> dict:
-    from . import distributed as D
-    from .checkpoint import load_model
-    from .diffusion.samplers import DEFAULT_SAMPLER, DEFAULT_STEPS, ODE_ATOL, ODE_RTOL, sample, save_npz, to_uint8
-    from .eval.suite import run_dir_of
-    from .models import is_diffusion
-
     if n < 1:
         raise UserError(f"--n must be a positive number of samples, got {n}")
     env = D.setup(device)
@@ -61,8 +61,6 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
                    batch_size=batch_size, progress=progress and env.is_main, clip_denoised=not latent,
                    atol=atol, rtol=rtol, info=info)
         if latent:
-            from .latents import decode
-
             x = decode(x, vae, env.device)
         imgs = to_uint8(x.cpu())  # (n_rank, H, W, C)
     else:  # more ranks than samples

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import load_model
-from .config import shortcut_tag
-from .data import DataConfig, build_dataset
-from .errors import UserError
-from .eval.figures import (DIFFUSION_KEYS, online_rows, plot_correlation, plot_diffusion_curves, plot_pca_maps,
+from ..train.checkpoint import load_model
+from ..train.config import shortcut_tag
+from ..data import DataConfig, build_dataset
+from ..errors import UserError
+from ..viz.figures import (DIFFUSION_KEYS, online_rows, plot_correlation, plot_diffusion_curves, plot_pca_maps,
                            plot_rank_and_accuracy, plot_tsne)
-from .eval.suite import run_dir_of
-from .plots import plot_reconstructions, reconstruct
-from .runlog import read_log
+from ..io import run_dir_of
+from ..viz.plots import plot_reconstructions, reconstruct
+from ..train.runlog import read_log
 
 
 def run_label(run: Path) -> str:

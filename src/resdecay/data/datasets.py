@@ -19,46 +19,43 @@ from __future__ import annotations
 
 import gzip
 import math
-import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal, get_args
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
-from .errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, check_fields
+from ..io import safe_load
 from .fashion_mnist_m import NUISANCES, composite, validate_knobs
 
-DATASETS = ("digits", "fashion-mnist", "fashion-mnist-m", "cifar10", "cifar100", "imagefolder", "synthetic", "latents")
-NORMALIZE = ("dataset", "symmetric")
+DatasetName = Literal["digits", "fashion-mnist", "fashion-mnist-m", "cifar10", "cifar100", "imagefolder", "synthetic", "latents"]
+Normalize = Literal["dataset", "symmetric"]
+Augment = Literal["none", "flip", "mae", "randaug", "cifar"]
+DATASETS, NORMALIZE, AUGMENTS = get_args(DatasetName), get_args(Normalize), get_args(Augment)
 FASHION_MNIST_DEBIAN = "/usr/share/datasets/fashion-mnist"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-AUGMENTS = ("none", "flip", "mae", "randaug", "cifar")
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 @dataclass
 class DataConfig:
-    name: str = "digits"  # one of DATASETS
+    name: DatasetName = "digits"
     path: str | None = None  # dataset folder; fashion-mnist defaults to the Debian path
-    augment: str = "none"  # none | flip | mae (RandomResizedCrop 0.2-1 + flip) | randaug (fine-tuning) | cifar (pad-4 crop + flip)
+    augment: Augment = "none"  # none | flip | mae (RandomResizedCrop 0.2-1 + flip) | randaug (fine-tuning) | cifar (pad-4 crop + flip)
     num_workers: int = 0  # DataLoader worker processes (0 = load in the main process)
     train_subset: int | None = None  # use only the first N training images (quick runs)
     resize: bool = False  # resize fixed-size datasets to model.img_size instead of refusing
-    normalize: str = "dataset"  # dataset (per-channel mean/std) | symmetric (pixels to [-1, 1], diffusion)
+    normalize: Normalize = "dataset"  # dataset (per-channel mean/std) | symmetric (pixels to [-1, 1], diffusion)
     canvas: int = 32  # fashion-mnist-m: image side in pixels
     nuisances: list[str] = field(default_factory=lambda: list(NUISANCES))  # fashion-mnist-m: which nuisances are on
     dataset_seed: int = 0  # fashion-mnist-m: image i of a split is drawn from a generator seeded by (dataset_seed, split, i)
 
     def validate(self) -> None:
-        if self.name not in DATASETS:
-            raise ConfigError(f"data.name {self.name!r} is unknown; choose one of {', '.join(DATASETS)}")
-        if self.augment not in AUGMENTS:
-            raise ConfigError(f"data.augment {self.augment!r} is unknown; choose one of {', '.join(AUGMENTS)}")
-        if self.normalize not in NORMALIZE:
-            raise ConfigError(f"data.normalize {self.normalize!r} is unknown; choose one of {', '.join(NORMALIZE)}")
+        check_fields(self, "data")
         if self.num_workers < 0:
             raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}")
         problem = validate_knobs(self.canvas, self.nuisances)
@@ -268,8 +265,6 @@ def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | No
     train = split == "train"
     aug = cfg.augment if (augment is None and train) or augment else "none"
     if cfg.name == "latents":
-        from .latents import latent_dataset
-
         return latent_dataset(cfg, split)
     symmetric = cfg.normalize == "symmetric"  # diffusion models see pixels in [-1, 1]
     if cfg.name == "imagefolder":
@@ -320,65 +315,31 @@ def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | No
     return TensorImages(images, labels, info, _tensor_transform(aug, img_size, native, cfg.resize)), info
 
 
-class SeededSamples(Dataset):
-    """Makes each sample's augmentation a function of (seed, epoch, index) alone.
+class LatentDataset(Dataset):
+    """VAE latents cached by ``resdecay latents`` (see ``data.vae``), with their labels."""
 
-    Keys are ``(index, epoch)`` from ``ResumableSampler`` (or plain indices). The global torch
-    RNG is forked around the transform, so augmentation never disturbs the RNG that draws masks
-    and noise in the training process.
-    """
-
-    def __init__(self, dataset: Dataset, seed: int):
-        self.dataset, self.seed = dataset, seed
-        self.stochastic = getattr(dataset, "transform", None) is not None or not isinstance(dataset, TensorImages)
+    def __init__(self, latents: torch.Tensor, labels: torch.Tensor):
+        self.latents, self.labels = latents, labels
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.latents)
 
-    def __getitem__(self, key):
-        index, epoch = key if isinstance(key, tuple) else (key, 0)
-        if not self.stochastic:
-            return self.dataset[index]
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed((self.seed * 1_000_003 + epoch) * 10_000_019 + index)
-            return self.dataset[index]
+    def __getitem__(self, i: int):
+        return self.latents[i].float(), int(self.labels[i])
 
 
-class ResumableSampler(Sampler):
-    """Per-epoch permutation seeded by (seed, epoch), split across ranks like DistributedSampler
-    (padded to a multiple of the world size), that can start mid-epoch at ``start`` samples."""
-
-    def __init__(self, n: int, rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True):
-        self.n, self.rank, self.world, self.seed, self.shuffle = n, rank, world_size, seed, shuffle
-        self.per_rank = math.ceil(n / world_size)
-        self.epoch, self.start = 0, 0
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.epoch, self.start = epoch, start
-
-    def __len__(self) -> int:
-        return self.per_rank - self.start
-
-    def __iter__(self):
-        if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
-            order = torch.randperm(self.n, generator=g).tolist()
-        else:
-            order = list(range(self.n))
-        order += order[: self.per_rank * self.world - self.n]  # pad so every rank gets per_rank
-        mine = order[self.rank:: self.world]
-        return iter([(i, self.epoch) for i in mine[self.start:]])
-
-
-def check_first_sample(dataset: Dataset, expected_chans: int, img_size: int, what: str) -> None:
-    """Load one sample up front so shape problems surface as one clear line before training."""
-    x, _ = dataset[(0, 0)] if isinstance(dataset, SeededSamples) else dataset[0]
-    if x.shape[0] != expected_chans:
-        raise DataError(f"{what} images have {x.shape[0]} channels but model.in_chans is {expected_chans}; "
-                        f"set model.in_chans={x.shape[0]}")
-    if tuple(x.shape[-2:]) != (img_size, img_size):
-        raise DataError(f"{what} images come out {tuple(x.shape[-2:])} but model.img_size is {img_size}")
-
-
-def num_cpu_workers() -> int:
-    return max(1, (os.cpu_count() or 2) - 1)
+def latent_dataset(cfg: DataConfig, split: str):
+    """(LatentDataset, DataInfo) for ``data.name=latents``; ``data.path`` is a ``resdecay latents`` folder."""
+    f = Path(cfg.path or "") / f"{'train' if split == 'train' else 'test'}.pt"
+    if not cfg.path or not f.is_file():
+        raise DataError(f"no cached latents at {f}; run `resdecay latents --vae PATH --data ... --out DIR` "
+                        "and pass data.path=DIR")
+    blob = safe_load(f, DataError, f"{f} is not a resdecay latents file ({{kind}}); rebuild it with `resdecay latents`")
+    try:
+        z, y, meta = blob["latents"], blob["labels"], blob["meta"]
+    except (KeyError, TypeError) as e:
+        raise DataError(f"{f} is not a resdecay latents file ({type(e).__name__}); rebuild it with `resdecay latents`") from None
+    if cfg.train_subset and split == "train":
+        z, y = z[: cfg.train_subset], y[: cfg.train_subset]
+    info = DataInfo("latents", int(meta["num_classes"]), int(z.shape[1]), int(z.shape[-1]), (0.0,), (1.0,))
+    return LatentDataset(z, y), info

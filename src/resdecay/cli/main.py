@@ -12,13 +12,25 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import TrainingDiverged, UserError, one_line
+from ..commands.ablate import list_grids, run_grid
+from ..commands.demo import run_demo
+from ..commands.demo_diffusion import run_diffusion_demo
+from ..commands.evaluate import run_compare, run_eval
+from ..commands.finetune import run_finetune
+from ..commands.pretrain import run_pretrain
+from ..commands.report import run_figures, run_plot
+from ..commands.supervised import run_supervised
+from ..data import DataConfig
+from ..errors import TrainingDiverged, UserError, one_line
+from ..eval.suite import EvalSettings
+from ..schedule import SCHEDULES, alpha_schedule, effective_decay, solve_alpha_min
+from ..train.config import list_presets, preset_text
+from ..viz.plots import plot_alpha_schedules
+from .diffusion import add_commands as add_diffusion_commands
+from .parents import data_options, device_option, progress_option
 
 
 def cmd_alpha(args) -> None:
-    from .plots import plot_alpha_schedules
-    from .schedule import alpha_schedule, effective_decay, solve_alpha_min
-
     if (args.alpha_min is None) == (args.target_eff is None):
         raise UserError("give exactly one of --alpha-min (to see its schedule) or --target-eff (to solve for alpha_min)")
     try:
@@ -49,37 +61,19 @@ def cmd_alpha(args) -> None:
 
 
 def cmd_pretrain(args) -> None:
-    from .config import load_config
-    from .train import train
-
-    cfg = load_config(args.preset, args.overrides)
-    if args.print_config:
-        import yaml
-
-        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        return
-    summary = train(cfg, resume=args.resume, progress=not args.no_progress)
-    if summary.get("checkpoint"):
-        print(f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
-              f"{summary['train_time_s']:.0f}s; checkpoint {summary['checkpoint']}")
-        (Path(summary["out_dir"]) / "summary.json").write_text(json.dumps(summary, indent=2))
+    run_pretrain(args.preset, args.overrides, resume=args.resume, print_config=args.print_config,
+                 progress=not args.no_progress)
 
 
 def cmd_finetune(args) -> None:
-    from .finetune import run_finetune
-
     run_finetune(args.checkpoint, args.preset, args.overrides, resume=args.resume, progress=not args.no_progress)
 
 
 def cmd_supervised(args) -> None:
-    from .supervised import run_supervised
-
     run_supervised(args.preset, args.overrides, resume=args.resume, progress=not args.no_progress)
 
 
 def cmd_ablate(args) -> None:
-    from .ablate import list_grids, run_grid
-
     if args.list:
         for g in list_grids():
             print(g)
@@ -97,25 +91,14 @@ def cmd_demo(args) -> None:
     if not 0 < alpha_min <= 1:
         raise UserError(f"--alpha-min must lie in (0, 1], got {alpha_min}")
     if args.diffusion:
-        from .demo_diffusion import run_diffusion_demo
-
         run_diffusion_demo(data=args.data, out_dir=args.out or "runs/demo_diffusion", epochs=args.epochs, alpha_min=alpha_min,
                            seed=args.seed, progress=not args.no_progress)
         return
-    from .demo import run_demo
-
     run_demo(data=args.data, out_dir=args.out or "runs/demo", epochs=args.epochs, alpha_min=alpha_min, seed=args.seed,
              progress=not args.no_progress)
 
 
 def cmd_eval(args) -> None:
-    import torch.distributed as dist
-
-    from . import distributed as D
-    from .data import DataConfig
-    from .eval.suite import EvalSettings, evaluate_checkpoint, format_report, run_dir_of
-    from .plots import plot_profile
-
     layer = "all" if args.layer == "all" else _int_arg(args.layer, "--layer")
     data = None
     if args.data or args.data_path:
@@ -128,60 +111,18 @@ def cmd_eval(args) -> None:
                             max_test=args.max_test, batch_size=args.batch_size, num_workers=args.num_workers,
                             device=args.device, cache_dir=args.cache_dir, progress=not args.no_progress,
                             baselines=not args.no_baselines)
-    env = D.setup("cpu" if args.device == "cpu" else "auto") if int(__import__("os").environ.get("WORLD_SIZE", "1")) > 1 else None
-    profiles = {}
-    for ckpt in args.checkpoints:
-        report = evaluate_checkpoint(ckpt, settings)
-        if report is None:  # a non-zero torchrun rank: it only helped extract features
-            continue
-        out = Path(args.out) / run_dir_of(Path(ckpt)).name if args.out else run_dir_of(Path(ckpt)) / "eval"
-        out.mkdir(parents=True, exist_ok=True)
-        name = "profile" if layer == "all" else "eval"
-        (out / f"{name}.json").write_text(json.dumps(report, indent=2))
-        print(format_report(report))
-        if layer == "all":
-            profiles[report["label"]] = report["profile"]
-            plot_profile({report["label"]: report["profile"]}, out / "profile.png")
-        hits = report["cache"]
-        print(f"wrote {out / (name + '.json')} (feature cache: train {'hit' if hits['train_hit'] else 'new'}, "
-              f"test {'hit' if hits['test_hit'] else 'new'}, in {hits['dir']})\n")
-    if len(profiles) > 1:
-        path = plot_profile(profiles, Path(args.out or "runs/eval") / "profile_overlay.png",
-                            note=f"feature {args.feature}; kNN k={args.k}, T={args.temperature}; fast probe; ranks on test split")
-        print(f"overlay: {path}")
-    if env is not None and dist.is_initialized():
-        D.cleanup(env)
+    run_eval(args.checkpoints, settings, args.out)
 
 
 def cmd_compare(args) -> None:
-    from .eval.compare import compare_reports, format_comparison, load_report
-    from .plots import plot_bars
-
-    if len(args.runs) < 2:
-        raise UserError("compare needs at least two runs or eval.json files")
-    reports = [load_report(r) for r in args.runs]
-    labels = [rep.get("label", Path(r).name) for rep, r in zip(reports, args.runs)]
-    if len(set(labels)) < len(labels):
-        labels = [f"{lab} [{i}]" for i, lab in enumerate(labels)]
-    result = compare_reports(reports, labels, force=args.force)
-    print(format_comparison(result, labels))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps({"runs": dict(zip(labels, [r["_source"] for r in reports])), **result}, indent=2))
-    png = plot_bars(result["rows"], out / "compare.png", "resdecay compare (* = protocols differ)" if result["differences"] else "resdecay compare")
-    print(f"wrote {out / 'compare.json'} and {png}")
+    run_compare(args.runs, args.out, force=args.force)
 
 
 def cmd_plot(args) -> None:
-    from .report import run_plot
-
     run_plot(args.runs, args.out, args.accuracy)
 
 
 def cmd_figures(args) -> None:
-    from .data import DataConfig
-    from .report import run_figures
-
     data = DataConfig(name=args.data, path=args.data_path) if args.data else None
     run_figures(args.checkpoints, args.out, data, per_class=args.per_class, images=args.images,
                 layer=_int_arg(args.layer, "--layer"), seed=args.seed)
@@ -195,10 +136,8 @@ def _int_arg(value: str, name: str) -> int:
 
 
 def cmd_presets(args) -> None:
-    from .config import _preset_dir, list_presets
-
     for name in list_presets():
-        first = (_preset_dir() / f"{name}.yaml").read_text().splitlines()[0].lstrip("# ")
+        first = preset_text(name).splitlines()[0].lstrip("# ")
         print(f"{name:<24} {first}")
 
 
@@ -206,61 +145,54 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="resdecay", description="Decayed identity shortcuts: x <- alpha*x + f(x), alpha falling with depth.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="pretrain a plain and a decayed U-Net MAE (or, --diffusion, U-ViT) on small data and compare them")
+    d = sub.add_parser("demo", parents=[progress_option()], help="pretrain a plain and a decayed U-Net MAE (or, --diffusion, U-ViT) on small data and compare them")
     d.add_argument("--diffusion", action="store_true", help="train tiny U-ViTs instead; report proxy FID and the probe grid")
     d.add_argument("--data", default="auto", help="auto (Fashion-MNIST if its IDX files are installed, else digits), digits, fashion-mnist")
     d.add_argument("--out", default=None, help="output folder (default runs/demo, runs/demo_diffusion with --diffusion)")
     d.add_argument("--epochs", type=int, default=None, help="override the demo's epochs for both models")
     d.add_argument("--alpha-min", type=float, default=None, help="alpha_min of the decayed model (default 0.6; 0.7 with --diffusion)")
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--no-progress", action="store_true", help="no progress bars")
     d.set_defaults(func=cmd_demo)
 
     a = sub.add_parser("alpha", help="print and plot an alpha schedule, or solve alpha_min for a target alpha_eff")
     a.add_argument("--depth", type=int, required=True, help="number of transformer blocks")
     a.add_argument("--alpha-min", type=float, default=None, help="alpha of the last sub-block")
     a.add_argument("--target-eff", type=float, default=None, help="solve for the alpha_min giving this alpha_eff")
-    a.add_argument("--schedule", default="linear", help="linear (authors' code) | paper (eq. 5) | cosine | constant")
+    a.add_argument("--schedule", default="linear", choices=SCHEDULES, help="linear (authors' code) | paper (eq. 5) | cosine | constant")
     a.add_argument("--out", default=None, help="PNG path (default runs/alpha/alpha_d<depth>_<alpha_min>_<schedule>.png)")
     a.add_argument("--json", action="store_true", help="print JSON instead of the table")
     a.set_defaults(func=cmd_alpha)
 
-    t = sub.add_parser("pretrain", help="pretrain a preset on CPU, one GPU or many (torchrun)")
+    t = sub.add_parser("pretrain", parents=[progress_option()], help="pretrain a preset on CPU, one GPU or many (torchrun)")
     t.add_argument("--preset", required=True, help="preset name (resdecay presets) or a YAML file")
     t.add_argument("--resume", default=None, help="auto (newest checkpoint in the run folder) or a checkpoint path")
     t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. alpha_min=0.7 train.epochs=100 data.path=/data/in100")
     t.set_defaults(func=cmd_pretrain)
 
-    f = sub.add_parser("finetune", help="MAE fine-tuning or linear probing (LARS) of a pretrained checkpoint")
+    f = sub.add_parser("finetune", parents=[progress_option()], help="MAE fine-tuning or linear probing (LARS) of a pretrained checkpoint")
     f.add_argument("checkpoint", help="MAE pretraining checkpoint")
     f.add_argument("--preset", default="finetune-mae", help="finetune-mae (default) or linprobe-mae")
     f.add_argument("--resume", default=None, help="auto or a checkpoint path of this fine-tuning run")
-    f.add_argument("--no-progress", action="store_true")
     f.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.epochs=10 drop_path=0.2")
     f.set_defaults(func=cmd_finetune)
 
-    sv = sub.add_parser("train-supervised", help="supervised ResNet with decayed shortcuts (appendix B.2, Figure 7)")
+    sv = sub.add_parser("train-supervised", parents=[progress_option()], help="supervised ResNet with decayed shortcuts (appendix B.2, Figure 7)")
     sv.add_argument("--preset", required=True, help="resnet18-cifar10 | resnet18-cifar100 | resnet18-fmnist | a YAML file")
     sv.add_argument("--resume", default=None, help="auto or a checkpoint path")
-    sv.add_argument("--no-progress", action="store_true")
     sv.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. alpha_min=0.7 model.layers=[2,2,16,2] data.path=/data")
     sv.set_defaults(func=cmd_supervised)
 
-    ab = sub.add_parser("ablate", help="run a grid of variants fairly (same seed, init, data order, budget) and compare")
+    ab = sub.add_parser("ablate", parents=[progress_option()], help="run a grid of variants fairly (same seed, init, data order, budget) and compare")
     ab.add_argument("--grid", default=None, help="shipped grid name (--list) or a YAML file")
     ab.add_argument("--list", action="store_true", help="list the shipped grids")
     ab.add_argument("--only", default=None, help="comma list of variant names to run now")
     ab.add_argument("--out", default=None, help="output folder (default runs/ablate/<grid>)")
-    ab.add_argument("--no-progress", action="store_true")
     ab.add_argument("overrides", nargs="*", metavar="key=value", help="added to every variant, e.g. data.path=/data/in100")
     ab.set_defaults(func=cmd_ablate)
 
-    e = sub.add_parser("eval", help="kNN, linear probe and effective rank of checkpoints (features cached)")
+    e = sub.add_parser("eval", parents=[data_options("dataset (default: the checkpoint's training data)"), device_option(), progress_option()], help="kNN, linear probe and effective rank of checkpoints (features cached)")
     e.add_argument("checkpoints", nargs="+", help="checkpoint files (<run>/checkpoints/step_*.pt)")
-    e.add_argument("--data", default=None, help="dataset (default: the checkpoint's training data)")
-    e.add_argument("--data-path", default=None, help="dataset folder")
     e.add_argument("--layer", default="-1", help="encoder block index (-1 = last) or 'all' for the per-layer profile")
     e.add_argument("--feature", default="mean", help="pooling: mean (all tokens incl. cls; default) | cls | patch_mean")
     e.add_argument("--evals", default="knn,probe,rank", help="comma list of knn, probe, rank")
@@ -273,10 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-test", type=int, default=None, help="use the first N test images")
     e.add_argument("--batch-size", type=int, default=256)
     e.add_argument("--num-workers", type=int, default=0)
-    e.add_argument("--device", default="auto", help="auto | cpu | cuda")
     e.add_argument("--cache-dir", default=None, help="feature cache (default <run>/eval/cache)")
     e.add_argument("--out", default=None, help="output folder (default <run>/eval)")
-    e.add_argument("--no-progress", action="store_true")
     e.add_argument("--no-baselines", action="store_true",
                    help="skip the raw-pixel and random-init-encoder rows (measured by default with the same protocol)")
     e.set_defaults(func=cmd_eval)
@@ -294,18 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", default="runs/plot", help="output folder (default runs/plot)")
     pl.set_defaults(func=cmd_plot)
 
-    fg = sub.add_parser("figures", help="t-SNE, PCA feature maps and reconstructions of checkpoints side by side")
+    fg = sub.add_parser("figures", parents=[data_options("dataset (default: the first checkpoint's)")], help="t-SNE, PCA feature maps and reconstructions of checkpoints side by side")
     fg.add_argument("checkpoints", nargs="+", help="checkpoints to show side by side (e.g. plain and decayed)")
-    fg.add_argument("--data", default=None, help="dataset (default: the first checkpoint's)")
-    fg.add_argument("--data-path", default=None)
     fg.add_argument("--layer", default="-1", help="encoder block for t-SNE and PCA maps (default -1, the last)")
     fg.add_argument("--per-class", type=int, default=30, help="t-SNE images per class (first 10 classes)")
     fg.add_argument("--images", type=int, default=8, help="images in the PCA and reconstruction grids")
     fg.add_argument("--seed", type=int, default=0)
     fg.add_argument("--out", default="runs/figures", help="output folder (default runs/figures)")
     fg.set_defaults(func=cmd_figures)
-
-    from .cli_diffusion import add_commands as add_diffusion_commands
 
     add_diffusion_commands(sub)
 

@@ -1,5 +1,5 @@
 """Paper figures as PNGs: feature t-SNE and PCA patch maps from models, and rank / accuracy
-curves from logged online-evaluation rows (``<run>/log.jsonl``, see ``resdecay.runlog.read_log``).
+curves from logged online-evaluation rows (``<run>/log.jsonl``, see ``resdecay.train.runlog.read_log``).
 
 Every figure states its protocol on the figure itself (layer, pooling, recipe, fitting set), and
 every function returns a protocol card (a JSON-able dict), because numbers from two figures are
@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch.utils.data import Subset
 
-from ..plots import _save  # importing resdecay.plots selects the Agg backend first
+from .plots import _save  # importing resdecay.viz.plots selects the Agg backend first
 import matplotlib.pyplot as plt  # noqa: E402
-from .features import extract_features
+from ..eval.features import extract_features
 
 KNN_KEY = "online_knn_top1"
 # Axis labels per logged key: the online evaluation's protocol (paper eq. 6 for the rank, the

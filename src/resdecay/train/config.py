@@ -11,17 +11,20 @@ Overrides name a field as ``section.field=value`` or, where the field name is un
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
-from .data import DataConfig
-from .errors import ConfigError, UserError
-from .models import FAMILIES, model_config_class
+from ..data import DataConfig
+from ..errors import ConfigError, UserError, check_choice, check_fields
+from ..models import FAMILIES, model_config_class
+
+Device = Literal["auto", "cpu", "cuda"]
 
 
 @dataclass
@@ -33,17 +36,17 @@ class TrainConfig:
     base_lr: float = 1.5e-4  # lr = base_lr * effective_batch / 256 (MAE's rule)
     lr: float | None = None  # absolute lr; overrides the base_lr rule when set
     min_lr: float = 0.0
-    lr_schedule: str = "cosine"  # cosine (half-cycle to min_lr after warmup, MAE) | constant (DiT, SiT, U-ViT)
+    lr_schedule: Literal["cosine", "constant"] = "cosine"  # cosine (half-cycle to min_lr after warmup, MAE) | constant (DiT, SiT, U-ViT)
     ema_decay: float = 0.0  # EMA of the weights kept in checkpoints and used for sampling (0 = off; DiT 0.9999)
     ema_warmup: bool = False  # timm's EMA warmup (decay grows with the step): for short runs
     weight_decay: float = 0.05  # not applied to biases and 1-D parameters (norms, tokens' scales)
     beta1: float = 0.9
     beta2: float = 0.95
-    optimizer: str = "adamw"  # adamw | lars (timm's LARS, for MAE's linear probe) | sgd (momentum 0.9, ResNets)
+    optimizer: Literal["adamw", "lars", "sgd"] = "adamw"  # adamw | lars (timm's LARS, for MAE's linear probe) | sgd (momentum 0.9, ResNets)
     grad_clip: float | None = None  # max global grad norm; None = off (MAE pretraining)
     seed: int = 0
-    device: str = "auto"  # auto | cpu | cuda
-    precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp16 | fp32
+    device: Device = "auto"  # auto | cpu | cuda
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp16 | fp32
     compile: bool = False  # torch.compile the model
     ckpt_every: int = 500  # optimizer steps between checkpoints (and one at the end)
     keep_last: int = 2  # checkpoints kept on disk
@@ -54,25 +57,15 @@ class TrainConfig:
     online_eval_size: int = 2000  # fixed labelled subset (first N train and test images) for it; diffusion: also N samples
 
     def validate(self) -> None:
-        for name in ("epochs", "batch_size", "accum_steps", "ckpt_every", "keep_last", "log_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"train.{name} must be a positive integer, got {getattr(self, name)}")
+        check_fields(self, "train", positive=("epochs", "batch_size", "accum_steps", "ckpt_every", "keep_last", "log_every"))
         if self.online_eval_every < 0 or self.online_eval_size < 2:
             raise ConfigError("train.online_eval_every must be >= 0 and train.online_eval_size >= 2")
         if self.warmup_epochs < 0:
             raise ConfigError(f"train.warmup_epochs must be >= 0, got {self.warmup_epochs}")
         if self.base_lr <= 0 or (self.lr is not None and self.lr <= 0):
             raise ConfigError("train.base_lr (and train.lr when set) must be positive")
-        if self.lr_schedule not in ("cosine", "constant"):
-            raise ConfigError(f"train.lr_schedule {self.lr_schedule!r} is unknown; choose cosine or constant")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError(f"train.ema_decay must lie in [0, 1) (0 = no EMA), got {self.ema_decay}")
-        if self.optimizer not in ("adamw", "lars", "sgd"):
-            raise ConfigError(f"train.optimizer {self.optimizer!r} is unknown; choose adamw, lars or sgd")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"train.device {self.device!r} is unknown; choose auto, cpu or cuda")
-        if self.precision not in ("auto", "bf16", "fp16", "fp32"):
-            raise ConfigError(f"train.precision {self.precision!r} is unknown; choose auto, bf16, fp16 or fp32")
 
 
 @dataclass
@@ -111,6 +104,11 @@ def _preset_dir():
     return resources.files("resdecay") / "presets"
 
 
+def preset_text(name: str) -> str:
+    """The YAML text of a shipped preset."""
+    return (_preset_dir() / f"{name}.yaml").read_text()
+
+
 def list_presets() -> list[str]:
     return sorted(p.name[:-5] for p in _preset_dir().iterdir() if p.name.endswith(".yaml"))
 
@@ -142,9 +140,12 @@ def _section_classes(family: str) -> dict[str, type]:
 
 
 def _check_type(value: Any, hint: Any, key: str) -> Any:
-    """Coerce ``value`` to the dataclass field type ``hint`` or raise a one-line ConfigError."""
+    """Coerce ``value`` to the dataclass field type ``hint`` or raise a one-line ConfigError;
+    ``Literal`` fields name every valid choice."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin is Literal:
+        return check_choice(value, args, key)
+    if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         errors = []
@@ -223,7 +224,7 @@ def from_dict(d: dict, preset: str = "custom") -> RunConfig:
     model = dict(d.get("model") or {})
     family = model.get("family", "mae")
     if family not in FAMILIES:
-        raise ConfigError(f"model.family {family!r} is unknown; known families: {', '.join(sorted(FAMILIES))}")
+        raise ConfigError(f"model.family {family!r} is unknown; choose one of {', '.join(sorted(FAMILIES))}")
     unknown = set(d) - {"model", "data", "train", "preset"}
     if unknown:
         raise ConfigError(f"config section {sorted(unknown)[0]!r} does not exist; use model, data and train")

@@ -8,6 +8,10 @@ ours key for key.
 
 from __future__ import annotations
 
+import math
+from contextlib import contextmanager
+from typing import Iterator
+
 import numpy as np
 import torch
 import torch.nn as nn
@@ -37,11 +41,6 @@ def decayed_add(x: torch.Tensor, branch: torch.Tensor, alpha: float | torch.Tens
 def scalar(a: float | torch.Tensor) -> float:
     """A shortcut factor as a Python float, fixed or learnable."""
     return float(a.detach()) if isinstance(a, torch.Tensor) else float(a)
-
-
-def _token_norm(x: torch.Tensor) -> float:
-    """Mean L2 norm of the token vectors of a (B, T, D) tensor."""
-    return float(x.detach().float().norm(dim=-1).mean())
 
 
 class Attention(nn.Module):
@@ -77,12 +76,25 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """Pre-LN transformer block with decayed identity shortcuts::
 
-        x = alpha_attn * x + Attn(LN(x))
-        x = alpha_mlp  * x + MLP(LN(x))
+        x = alpha_attn * x + beta_attn * DropPath(Attn(LN(x)))
+        x = alpha_mlp  * x + beta_mlp  * DropPath(MLP(LN(x)))
 
-    With ``alpha_attn = alpha_mlp = 1`` this is the standard ViT block. The alphas are plain
-    Python floats (fixed numbers, not parameters, as in the paper); the model's config
-    records them so a checkpoint rebuilds the same network.
+    With ``alpha_attn = alpha_mlp = 1`` this is the standard ViT block (timm's ``Block``).
+
+    Args:
+        dim: token width D.
+        num_heads: attention heads; must divide ``dim``.
+        mlp_ratio: MLP hidden width as a multiple of ``dim``.
+        qkv_bias: bias on the qkv projection.
+        alpha_attn: shortcut factor of the attention sub-block (1 = plain residual).
+        alpha_mlp: shortcut factor of the MLP sub-block.
+        norm_eps: LayerNorm epsilon (1e-6 as MAE).
+        zero_init: zero the last layer of both branches (paper §3, ``zero_init_branches``).
+        drop_path: stochastic-depth rate of the branches; the decayed shortcut is never dropped.
+        learnable_alpha: make the two alphas trained scalars (Table 3a); otherwise they are plain
+            Python floats recorded by the model's config, so a checkpoint rebuilds the same network.
+        beta_attn: branch factor of the attention sub-block (Table 3b's sqrt(0.5) variants).
+        beta_mlp: branch factor of the MLP sub-block.
     """
 
     def __init__(
@@ -118,18 +130,16 @@ class Block(nn.Module):
             self.zero_init_branches()
 
     def forward(self, x: torch.Tensor, stats: dict | None = None) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
-        """``stats``, when given a dict, receives the mean per-token L2 norms of the scaled
-        shortcut and of each branch (the per-layer profile's shortcut-to-branch ratio)."""
-        f = self.drop_path(self.attn(self.norm1(x)))
-        if stats is not None:
-            stats["shortcut_attn"], stats["branch_attn"] = _token_norm(x) * scalar(self.alpha_attn), _token_norm(f) * self.beta_attn
-        x = decayed_add(x, f, self.alpha_attn, self.beta_attn)
-        f = self.drop_path(self.mlp(self.norm2(x)))
-        if stats is not None:
-            stats["shortcut_mlp"], stats["branch_mlp"] = _token_norm(x) * scalar(self.alpha_mlp), _token_norm(f) * self.beta_mlp
-        x = decayed_add(x, f, self.alpha_mlp, self.beta_mlp)
-        if stats is not None:
-            stats["output"] = _token_norm(x)
+        """``stats``: a dict that receives this call's norm statistics (see ``block_statistics``)."""
+        if stats is not None:  # the per-layer profile's side channel, recorded by hooks
+            return self._forward_recording(x, stats)
+        x = decayed_add(x, self.drop_path(self.attn(self.norm1(x))), self.alpha_attn, self.beta_attn)
+        return decayed_add(x, self.drop_path(self.mlp(self.norm2(x))), self.alpha_mlp, self.beta_mlp)
+
+    def _forward_recording(self, x: torch.Tensor, stats: dict) -> torch.Tensor:
+        with block_statistics([self]) as rows:
+            x = self(x)
+        stats.update(rows[0])
         return x
 
     def zero_init_branches(self) -> None:
@@ -198,3 +208,63 @@ def init_patch_embed(patch_embed: PatchEmbed) -> None:
     nn.init.xavier_uniform_(w.view(w.shape[0], -1))
     nn.init.zeros_(patch_embed.proj.bias)
 
+
+
+@contextmanager
+def block_statistics(blocks) -> Iterator[list[dict]]:
+    """Record, per block run inside the ``with``, the mean per-token L2 norms of the scaled
+    shortcut and of each branch (``shortcut_attn``, ``branch_attn``, ``shortcut_mlp``,
+    ``branch_mlp``) and of the block's output (``output``): the per-layer profile's
+    shortcut-to-branch ratio. Forward hooks keep this side channel out of ``Block.forward``;
+    the branch norms are read before DropPath, which is the identity in eval mode."""
+    stats: list[dict] = []
+    handles = []
+
+    def norm(t: torch.Tensor) -> float:
+        return float(t.detach().float().norm(dim=-1).mean())
+
+    def done(row: dict, out: torch.Tensor) -> None:  # returns None: a forward hook's return value replaces the output
+        row["output"] = norm(out)
+        stats.append(dict(row))
+
+    for blk in blocks:
+        row: dict = {}
+        hooks = (
+            (blk.norm1, "pre", lambda m, a, row=row, b=blk: row.update(shortcut_attn=norm(a[0]) * scalar(b.alpha_attn))),
+            (blk.attn, "post", lambda m, a, o, row=row, b=blk: row.update(branch_attn=norm(o) * b.beta_attn)),
+            (blk.norm2, "pre", lambda m, a, row=row, b=blk: row.update(shortcut_mlp=norm(a[0]) * scalar(b.alpha_mlp))),
+            (blk.mlp, "post", lambda m, a, o, row=row, b=blk: row.update(branch_mlp=norm(o) * b.beta_mlp)),
+            (blk, "post", lambda m, a, o, row=row: done(row, o)),
+        )
+        for module, kind, fn in hooks:
+            register = module.register_forward_pre_hook if kind == "pre" else module.register_forward_hook
+            handles.append(register(fn))
+    try:
+        yield stats
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def patchify(imgs: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """(B, C, H, W) -> (B, N, p*p*C), patches in row-major order, pixels (p, q, c) as MAE / DiT."""
+    B, C, H, _ = imgs.shape
+    p = patch_size
+    g = H // p
+    x = imgs.reshape(B, C, g, p, g, p)
+    return torch.einsum("nchpwq->nhwpqc", x).reshape(B, g * g, p * p * C)
+
+
+def unpatchify(x: torch.Tensor, patch_size: int, chans: int) -> torch.Tensor:
+    """(B, N, p*p*C) -> (B, C, H, W); the inverse of ``patchify``."""
+    B, N, _ = x.shape
+    g, p = math.isqrt(N), patch_size
+    x = torch.einsum("nhwpqc->nchpwq", x.reshape(B, g, g, p, p, chans))
+    return x.reshape(B, chans, g * p, g * p)
+
+
+def block_flops(tokens: int, dim: int, mlp_ratio: float) -> float:
+    """Forward matmul FLOPs of one pre-LN transformer block on ``tokens`` tokens (2 per
+    multiply-add): qkv + proj + MLP, then QK^T and AV. Used for MFU by every family."""
+    d, r = dim, mlp_ratio
+    return 2 * tokens * (4 * d * d + 2 * r * d * d) + 4 * tokens * tokens * d

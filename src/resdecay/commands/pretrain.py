@@ -1,0 +1,33 @@
+"""``resdecay pretrain``: train a preset; and ``train``, the training loop with the online
+evaluators attached, which every command that trains goes through."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from ..eval.online import online_evaluator
+from ..train import loop  # noqa: F401  (the module: the loop function is called as loop.train)
+from ..train.config import RunConfig, load_config
+
+
+def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_epoch_end=None, init=None) -> dict:
+    """``resdecay.train.train`` with ``train.online_eval_every`` served by ``eval.online``."""
+    return loop.train(cfg, resume=resume, progress=progress, on_epoch_end=on_epoch_end, init=init,
+                      online_eval=online_evaluator)
+
+
+def run_pretrain(preset: str, overrides: list[str], resume: str | None = None, print_config: bool = False,
+                 progress: bool = True) -> dict | None:
+    cfg = load_config(preset, overrides)
+    if print_config:
+        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        return None
+    summary = train(cfg, resume=resume, progress=progress)
+    if summary.get("checkpoint"):
+        print(f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
+              f"{summary['train_time_s']:.0f}s; checkpoint {summary['checkpoint']}")
+        (Path(summary["out_dir"]) / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,64 @@
+"""What every model family shares: the block-index rule of ``forward_intermediates`` and the
+config checks more than one family needs.
+
+The model contract (timm's, kept by MAE, classifier, ResNet, U-ViT and SiT):
+``forward_intermediates(x, indices=None)`` (diffusion families: ``(x, t, y=None, indices=None)``)
+returns the outputs of the requested 0-indexed blocks (negative counts from the end, None = the
+last) and refuses other indices through ``resolve_blocks``; ``flops_per_sample()``; ``alphas``.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from ..errors import ConfigError, check_fields
+from ..nn.blocks import PatchEmbed
+from ..nn.conditioning import LabelEmbedder, TimestepEmbedder
+from ..schedule import check_alpha_min
+
+
+class BlockIndexError(IndexError, ValueError):
+    """A block index outside the network; both an IndexError (timm's) and a ValueError."""
+
+
+def resolve_blocks(indices: list[int] | None, depth: int) -> list[int]:
+    """0-indexed block indices (negative counts from the end; None = the last) -> non-negative,
+    or one BlockIndexError naming the valid range."""
+    if indices is None:
+        return [depth - 1]
+    bad = [i for i in indices if not -depth <= int(i) < depth]
+    if bad:
+        raise BlockIndexError(f"block indices {bad} out of range: valid are 0..{depth - 1} (or -{depth}..-1)")
+    return [int(i) % depth for i in indices]
+
+
+def check_patch_size(img_size: int, patch_size: int, hint: str = "") -> None:
+    if img_size % patch_size:
+        good = [p for p in range(1, img_size + 1) if img_size % p == 0]
+        raise ConfigError(f"image size {img_size} is not divisible by patch size {patch_size}; "
+                          f"use model.patch_size in {good}{hint}")
+
+
+def check_diffusion_config(cfg, family: str) -> None:
+    """The checks U-ViT and SiT configs share (the depth rule stays with each family)."""
+    if cfg.family != family:
+        raise ConfigError(f"model.family must be {family!r} for this config, got {cfg.family!r}")
+    check_fields(cfg, "model", positive=("img_size", "in_chans", "patch_size", "embed_dim", "depth", "num_heads"))
+    check_alpha_min(cfg.alpha_min)
+    check_patch_size(cfg.img_size, cfg.patch_size)
+    if cfg.embed_dim % cfg.num_heads:
+        raise ConfigError(f"model.embed_dim {cfg.embed_dim} must be divisible by model.num_heads {cfg.num_heads}")
+    if cfg.num_classes < 0:
+        raise ConfigError(f"model.num_classes must be >= 0 (0 = unconditional), got {cfg.num_classes}")
+    if not 0.0 <= cfg.class_dropout < 1.0:
+        raise ConfigError(f"model.class_dropout must lie in [0, 1), got {cfg.class_dropout}")
+
+
+def diffusion_stem(model: nn.Module, cfg) -> None:
+    """The checked config and the stem SiT and U-ViT share, built in DiT's order: patch embedding,
+    timestep embedder, label embedder (None for an unconditional model)."""
+    cfg.validate()
+    model.cfg = cfg
+    model.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim)
+    model.t_embedder = TimestepEmbedder(cfg.embed_dim)
+    model.y_embedder = LabelEmbedder(cfg.num_classes, cfg.embed_dim, cfg.class_dropout) if cfg.num_classes > 0 else None

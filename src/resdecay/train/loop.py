@@ -1,0 +1,161 @@
+"""The training loop: one for every model family, on CPU, one GPU or many (torchrun).
+
+Read it top to bottom: setup (``setup.py``: data, model and optimizer, resume) -> loop (lr
+schedule, accumulated micro-batches, optimizer step, log, checkpoint, the epoch-end hook) ->
+summary. The model family supplies the objective (``models.FAMILIES``); online evaluation comes
+in as a hook, so this folder never imports ``eval/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from ..errors import ConfigError, DataError, TrainingDiverged, one_line
+from ..schedule import effective_decay
+from . import checkpoint as ckpt
+from . import distributed as dist_env
+from .config import RunConfig
+from .runlog import RunLog, peak_flops, peak_memory_mb
+from .setup import build_data, build_trainee, lr_at, prepare_out_dir, save
+
+
+def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_epoch_end=None, init=None,
+          online_eval=None) -> dict:
+    """Train ``cfg`` and return a summary (final loss, steps, time, checkpoint path).
+
+    Args:
+        resume: None (fresh run), "auto" (newest checkpoint in the run folder, if any) or a path.
+        on_epoch_end: ``hook(model, epoch, step, log)`` after every epoch; it gets the EMA weights
+            when the run keeps them (train.ema_decay > 0), else the raw model.
+        init: ``init(model)``, called on fresh starts only, before the optimizer sees the weights.
+        online_eval: ``factory(cfg, device) -> hook``, used for ``train.online_eval_every > 0`` when
+            no ``on_epoch_end`` is given (``resdecay.commands.pretrain.train`` passes the evaluators).
+    """
+    tc = cfg.train
+    env = dist_env.setup(tc.device)
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    out = prepare_out_dir(cfg.out_dir)
+    ckpt_dir = out / "checkpoints"
+    say = print if env.is_main else (lambda *a, **k: None)
+    data = build_data(cfg, env)
+    t = build_trainee(cfg, env, data.peak_lr, ckpt.resolve_resume(resume, ckpt_dir), init, say)
+    announce(cfg, env, data, t, resume, say)
+    if on_epoch_end is None and tc.online_eval_every > 0:
+        if online_eval is None:
+            raise ConfigError("train.online_eval_every needs an online evaluator: train with "
+                              "resdecay.commands.pretrain.train (as `resdecay pretrain` does) or pass on_epoch_end=")
+        on_epoch_end = online_eval(cfg, env.device)  # built here: it may draw from the seeded RNG, as it always did
+
+    log = RunLog(out, resume_step=t.step if t.resumed_from is not None else None, enabled=env.is_main)
+    flops_per_img, gpu_peak = 3 * t.raw.flops_per_sample(), peak_flops(env.device)  # forward + backward
+    bar = tqdm(total=data.total_steps, initial=t.step, disable=not (progress and env.is_main), unit="step", dynamic_ncols=True)
+    # Loss and the divergence flag stay on the device: reading them every micro-batch would make
+    # the host wait for the GPU; they are read only when a log line is written.
+    loss_sum = torch.zeros((), device=env.device)
+    nonfinite = torch.zeros((), dtype=torch.bool, device=env.device)
+    window_steps, window_t0, t_start = 0, time.perf_counter(), time.perf_counter()
+    last_ckpt, last_loss = t.resumed_from, float("nan")  # a finished run resumed again reports its checkpoint
+    autocast = dict(device_type=env.device.type, dtype=t.amp_dtype or torch.float32, enabled=t.amp_dtype is not None)
+    t.model.train()
+    epoch, in_epoch = divmod(t.step, data.steps_per_epoch)
+    try:
+        while t.step < data.total_steps:
+            # The sampler restarts mid-epoch after a resume: skip the micro-batches already seen.
+            data.sampler.set_epoch(epoch, start=in_epoch * tc.accum_steps * tc.batch_size)
+            batches = iter(data.loader)
+            for _ in range(in_epoch, data.steps_per_epoch):
+                lr = lr_at(t.step, data.total_steps, data.warmup_steps, data.peak_lr, tc.min_lr, tc.lr_schedule)
+                for group in t.optimizer.param_groups:
+                    group["lr"] = lr * group.get("lr_scale", 1.0)  # layer-wise lr decay when fine-tuning
+                for micro in range(tc.accum_steps):
+                    try:
+                        images, labels = next(batches)
+                    except DataError as e:  # re-raised from a worker with its traceback inside
+                        raise DataError(one_line(e)) from None
+                    images = images.to(env.device, non_blocking=True)
+                    # DDP all-reduces gradients on every backward; during accumulation only the last
+                    # micro-batch needs it, so the others run under no_sync.
+                    last = micro == tc.accum_steps - 1
+                    sync = contextlib.nullcontext() if last or not env.distributed else t.model.no_sync()
+                    with sync, torch.autocast(**autocast):
+                        # divided so the accumulated gradient is the mean over the effective batch
+                        loss = t.family.objective(t.model, images, labels.to(env.device, non_blocking=True)) / tc.accum_steps
+                    # the scaler multiplies fp16 losses so small gradients do not underflow (no-op otherwise)
+                    t.scaler.scale(loss).backward()
+                    loss_sum += loss.detach()
+                    nonfinite |= ~torch.isfinite(loss.detach())
+                if tc.grad_clip:
+                    t.scaler.unscale_(t.optimizer)  # clip the true gradients, not the scaled ones
+                    torch.nn.utils.clip_grad_norm_(t.raw.parameters(), tc.grad_clip)
+                t.scaler.step(t.optimizer)  # skips the step if fp16 gradients overflowed
+                t.scaler.update()
+                t.optimizer.zero_grad(set_to_none=True)  # set_to_none frees the memory until the next backward
+                t.step, window_steps = t.step + 1, window_steps + 1
+                if t.ema is not None:
+                    t.ema.update(t.raw, step=t.step)
+                bar.update(1)
+
+                if t.step % tc.log_every == 0 or t.step == data.total_steps or t.step % tc.ckpt_every == 0:
+                    if bool(nonfinite):  # the one host-device sync per log window; never checkpoint a diverged model
+                        raise TrainingDiverged(t.step)
+                    now = time.perf_counter()
+                    img_s = window_steps * data.eff_batch / max(now - window_t0, 1e-9)
+                    last_loss = float(loss_sum) / window_steps
+                    row = {"step": t.step, "epoch": t.step / data.steps_per_epoch, "loss": last_loss, "lr": lr,
+                           "img_per_s": img_s, "peak_mem_mb": peak_memory_mb(env.device), "time_s": now - t_start}
+                    if gpu_peak:
+                        row["mfu"] = flops_per_img * img_s / env.world_size / gpu_peak
+                    log.write(row)
+                    bar.set_postfix(loss=f"{last_loss:.4f}", lr=f"{lr:.2e}", img_s=f"{img_s:.0f}")
+                    loss_sum.zero_()
+                    window_steps, window_t0 = 0, now
+                if t.step % tc.ckpt_every == 0 or t.step == data.total_steps:
+                    last_ckpt = save(cfg, env, t, data, ckpt_dir)
+            if on_epoch_end is not None:  # on forked RNG, so evaluation never shifts the training stream
+                with torch.random.fork_rng(devices=[env.device] if env.device.type == "cuda" else []):
+                    on_epoch_end(t.ema.module if t.ema is not None else t.raw, epoch, t.step, log)  # the weights one samples with
+            epoch, in_epoch = epoch + 1, 0
+    except TrainingDiverged:
+        raise TrainingDiverged(diverged_message(t.step, ckpt_dir)) from None
+    finally:
+        bar.close()
+        log.close()
+    dist_env.barrier(env)
+    summary = run_summary(cfg, out, data, t, last_loss, last_ckpt, time.perf_counter() - t_start)
+    dist_env.cleanup(env)
+    return summary
+
+
+def diverged_message(step: int, ckpt_dir) -> str:
+    good = ckpt.list_checkpoints(ckpt_dir)
+    keep = f"the last good checkpoint {good[-1]} is kept" if good else "no checkpoint had been written yet"
+    return (f"loss became non-finite by step {step}; {keep}. Likely fixes: raise model.alpha_min (e.g. 0.6 -> 0.7), "
+            "keep model.zero_init=true, lower train.base_lr")
+
+
+def run_summary(cfg: RunConfig, out, data, t, last_loss: float, last_ckpt, seconds: float) -> dict:
+    return {"preset": cfg.preset, "out_dir": str(out), "steps": t.step, "epochs": cfg.train.epochs, "images": len(data.samples),
+            "effective_batch": data.eff_batch, "lr": data.peak_lr, "final_loss": last_loss, "train_time_s": seconds,
+            "alpha_min": cfg.model.alpha_min, "skips": getattr(cfg.model, "skips", None), "alpha_eff": effective_decay(t.raw.alphas),
+            "checkpoint": str(last_ckpt) if last_ckpt else None, "resumed_from": str(t.resumed_from) if t.resumed_from else None}
+
+
+def announce(cfg: RunConfig, env, data, t, resume: str | None, say) -> None:
+    """The run's header: model, data, device, batch and lr arithmetic, resume point."""
+    tc = cfg.train
+    say(f"resdecay train | preset {cfg.preset} | {cfg.model.family} depth {getattr(cfg.model, 'depth', '?')} "
+        f"| alpha_min {cfg.model.alpha_min} ({cfg.model.schedule}) alpha_eff {effective_decay(t.raw.alphas):.3g}")
+    say(f"data {cfg.data.name}: {len(data.samples)} images | device {env.device} x {env.world_size} | "
+        f"precision {t.amp_dtype or torch.float32} | params {sum(p.numel() for p in t.raw.parameters()) / 1e6:.2f} M")
+    say(f"base lr {tc.base_lr:.2e} | effective batch {data.eff_batch} = {tc.batch_size} per device x {tc.accum_steps} accum "
+        f"x {env.world_size} devices | lr {data.peak_lr:.2e}{' (set directly)' if tc.lr is not None else ''} | "
+        f"{data.steps_per_epoch} steps/epoch x {tc.epochs} epochs = {data.total_steps} steps, {data.warmup_steps} warmup")
+    if t.resumed_from is not None:
+        say(f"resumed from {t.resumed_from} at step {t.step}")
+    elif resume == "auto":
+        say("no checkpoint to resume from yet; starting fresh")

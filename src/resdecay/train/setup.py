@@ -1,0 +1,197 @@
+"""Everything the training loop needs before its first step: the process environment, the data
+pipeline, the model with its optimizer, and the state of a resumed run. ``loop.train`` reads these
+top to bottom; the helpers are here so that the loop itself is only the loop."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+
+from ..data import ResumableSampler, SeededSamples, build_dataset, check_first_sample
+from ..errors import CheckpointError, ConfigError, UserError
+from ..models import Family, build_model, get_family
+from . import checkpoint as ckpt
+from . import distributed as dist_env
+from .config import RunConfig, TrainConfig
+
+
+def lr_at(step: int, total: int, warmup: int, peak: float, floor: float, schedule: str = "cosine") -> float:
+    """Per-iteration linear warmup, then half-cycle cosine from ``peak`` to ``floor`` (MAE) or a
+    constant ``peak`` (DiT / SiT / U-ViT)."""
+    if step < warmup:
+        return peak * step / warmup
+    if schedule == "constant":
+        return peak
+    progress = (step - warmup) / max(1, total - warmup)
+    return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only: biases and 1-D parameters (norms) get none."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim <= 1 or name.endswith(".bias") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def prepare_out_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"output folder {path} is not writable ({e.strerror or e}); "
+                        "pass train.out_dir=<a folder you can write>") from None
+    return path
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    if precision == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
+
+
+def make_optimizer(groups: list[dict], tc: TrainConfig, lr: float, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW (fused on GPU); timm's LARS with MAE's rule (trust-ratio adaptation for weight
+    matrices only, momentum 0.9); or SGD with Nesterov momentum 0.9 (supervised ResNets)."""
+    if tc.optimizer == "lars":
+        from timm.optim import Lars
+
+        for g in groups:
+            g["always_adapt"] = any(p.ndim > 1 for p in g["params"])
+        return Lars(groups, lr=lr, momentum=0.9)
+    if tc.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=0.9, nesterov=True)
+    return torch.optim.AdamW(groups, lr=lr, betas=(tc.beta1, tc.beta2), fused=device.type == "cuda")
+
+
+@dataclass
+class Data:
+    """The training split, its resumable sampler and loader, and the step counts they imply."""
+    samples: SeededSamples
+    sampler: ResumableSampler
+    loader: DataLoader
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+    eff_batch: int
+    peak_lr: float
+
+
+def build_data(cfg: RunConfig, env: dist_env.DistEnv) -> Data:
+    tc = cfg.train
+    dataset, _ = build_dataset(cfg.data, "train", cfg.model.img_size)
+    samples = SeededSamples(dataset, tc.seed)
+    check_first_sample(samples, cfg.model.in_chans, cfg.model.img_size, cfg.data.name)
+    sampler = ResumableSampler(len(samples), env.rank, env.world_size, seed=tc.seed, shuffle=True)
+    workers = cfg.data.num_workers
+    loader = DataLoader(samples, batch_size=tc.batch_size, sampler=sampler, num_workers=workers, drop_last=True,
+                        pin_memory=env.device.type == "cuda", persistent_workers=workers > 0,
+                        generator=torch.Generator())  # own generator: never draws from the global RNG
+    steps_per_epoch = sampler.per_rank // tc.batch_size // tc.accum_steps
+    if steps_per_epoch < 1:
+        raise ConfigError(f"{cfg.data.name} has {len(samples)} training images, fewer than one optimizer step "
+                          f"needs ({tc.batch_size} x {tc.accum_steps} accum x {env.world_size} ranks); lower train.batch_size")
+    eff_batch = tc.batch_size * tc.accum_steps * env.world_size
+    return Data(samples, sampler, loader, steps_per_epoch, tc.epochs * steps_per_epoch,
+                int(round(tc.warmup_epochs * steps_per_epoch)), eff_batch,
+                tc.lr if tc.lr is not None else tc.base_lr * eff_batch / 256)
+
+
+@dataclass
+class Trainee:
+    """The network in its wrappers, with everything that steps it and is saved with it."""
+    raw: torch.nn.Module  # the bare network: state_dict, EMA and FLOPs read this one
+    model: torch.nn.Module  # raw, compiled and/or DDP-wrapped: the forward pass calls this one
+    family: Family
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    amp_dtype: torch.dtype | None
+    ema: object | None  # timm ModelEmaV3 when train.ema_decay > 0
+    step: int  # optimizer steps done (the resumed step, or 0)
+    resumed_from: Path | None
+
+
+def build_trainee(cfg: RunConfig, env: dist_env.DistEnv, peak_lr: float, resumed_from: Path | None, init, say) -> Trainee:
+    """Seed, build the model (``init`` on fresh starts), its optimizer and scaler, restore a resumed
+    run's state and wrap the model for compilation and DDP."""
+    tc = cfg.train
+    random.seed(tc.seed + env.rank)
+    np.random.seed(tc.seed + env.rank)
+    torch.manual_seed(tc.seed + env.rank)
+    raw = build_model(cfg.model).to(env.device)
+    family = get_family(cfg.model.family)
+    if init is not None and resumed_from is None:
+        init(raw)  # e.g. pretrained encoder weights for fine-tuning; a resumed run has its own
+    optimizer = make_optimizer((family.param_groups or param_groups)(raw, tc.weight_decay), tc, peak_lr, env.device)
+    amp_dtype = autocast_dtype(tc.precision, env.device)
+    scaler = torch.amp.GradScaler(env.device.type, enabled=amp_dtype == torch.float16)
+    step, ema_state = 0, None
+    if resumed_from is not None:
+        step, ema_state = restore(cfg, env, resumed_from, raw, optimizer, scaler, say)
+    ema = None
+    if tc.ema_decay > 0:  # an exponential moving average of the weights, used for sampling (DiT, SiT, U-ViT)
+        from timm.utils import ModelEmaV3
+
+        ema = ModelEmaV3(raw, decay=tc.ema_decay, use_warmup=tc.ema_warmup)
+        if ema_state is not None:
+            ema.module.load_state_dict(ema_state)
+        elif resumed_from is not None:
+            say(f"note: {resumed_from} has no EMA weights; the EMA starts from the resumed weights")
+    model = torch.compile(raw) if tc.compile else raw
+    if env.distributed:
+        model = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+    return Trainee(raw, model, family, optimizer, scaler, amp_dtype, ema, step, resumed_from)
+
+
+def restore(cfg: RunConfig, env, path: Path, raw, optimizer, scaler, say) -> tuple[int, dict | None]:
+    """Load a checkpoint of the same model into this run; returns (step, EMA weights or None)."""
+    state = ckpt.load_checkpoint(path)
+    diffs = ckpt.model_differences(state["config"]["model"], cfg.to_dict()["model"])
+    if diffs:
+        raise CheckpointError(f"cannot resume from {path}: it is a different model ({'; '.join(diffs[:3])}); "
+                              "use the checkpoint's settings or a new train.out_dir")
+    for section in ("data", "train"):
+        for k, v in cfg.to_dict()[section].items():
+            if state["config"][section].get(k) != v:
+                say(f"note: {section}.{k} changed since the checkpoint ({state['config'][section].get(k)!r} -> {v!r})")
+    raw.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    step = int(state["train_state"]["step"])
+    rngs = state["rng"]
+    if len(rngs) == env.world_size:
+        ckpt.set_rng_state(rngs[env.rank])
+    else:
+        say(f"note: checkpoint has RNG states of {len(rngs)} ranks, this run has {env.world_size}; reseeding")
+        torch.manual_seed(cfg.train.seed + env.rank + step)
+    return step, state.get("ema")
+
+
+def save(cfg: RunConfig, env, trainee: Trainee, data: Data, ckpt_dir: Path) -> Path:
+    """Every rank contributes its RNG state; rank 0 writes the file atomically."""
+    step = trainee.step
+    rngs = dist_env.gather_objects(env, ckpt.rng_state())
+    path = ckpt.checkpoint_path(ckpt_dir, step)  # every rank returns it; rank 0 writes it
+    if env.is_main:
+        state = {"model": trainee.raw.state_dict(), "optimizer": trainee.optimizer.state_dict(),
+                 "scaler": trainee.scaler.state_dict(),
+                 "train_state": {"step": step, "epoch": step // data.steps_per_epoch,
+                                 "step_in_epoch": step % data.steps_per_epoch, "world_size": env.world_size},
+                 "rng": rngs, "config": cfg.to_dict()}
+        if trainee.ema is not None:
+            state["ema"] = trainee.ema.module.state_dict()
+        ckpt.save_checkpoint(state, ckpt_dir, step, cfg.train.keep_last)
+    dist_env.barrier(env)
+    return path

@@ -1,0 +1,65 @@
+"""The package's folders are layers: every module imports only from layers below its own (or its
+own folder), and importing the modules one by one, lowest layer first, never pulls in a higher one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = ROOT / "tools" / "import_layers.py"
+PKG = ROOT / "src" / "resdecay"
+
+SCRIPT = r"""
+import importlib, json, pkgutil, sys
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[2])
+from import_layers import LAYERS  # the one layer table
+import resdecay  # the facade; it loads schedule, errors and nn only
+
+def layer(name):
+    rel = name.split(".")[1] if "." in name else None
+    return LAYERS.get(rel, 99)
+
+names = [m.name for m in pkgutil.walk_packages(resdecay.__path__, "resdecay.") if m.name != "resdecay.__main__"]
+names.sort(key=lambda n: (layer(n), n.count("."), n))
+problems = []
+for name in names:
+    before = set(sys.modules)
+    try:
+        importlib.import_module(name)
+    except Exception as e:
+        problems.append(f"{name}: {type(e).__name__}: {e}")
+        continue
+    higher = sorted(m for m in set(sys.modules) - before if m.startswith("resdecay.") and layer(m) > layer(name))
+    if higher:
+        problems.append(f"{name} pulled in higher layers: {higher}")
+print(json.dumps({"imported": len(names), "problems": problems}))
+"""
+
+
+def test_imports_only_go_down():
+    out = subprocess.run([sys.executable, str(TOOL), str(PKG)], capture_output=True, text=True, check=True).stdout
+    assert "upward_imports 0 " in out and "circular_imports 0 " in out and "imports_inside_functions 0" in out, out
+
+
+def test_every_module_imports_in_dependency_order_in_a_fresh_interpreter():
+    res = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "src"), str(TOOL.parent)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout.strip().splitlines()[-1])
+    assert report["imported"] > 40 and not report["problems"], report["problems"]
+
+
+@pytest.mark.parametrize("module", ["resdecay.schedule", "resdecay.errors", "resdecay.io"])
+def test_root_modules_need_no_package_module(module):
+    """The bottom layer stands alone: importing it loads nothing else of the package."""
+    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.startswith('resdecay.') and m != '{module}'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=None, cwd=ROOT).stdout
+    # importing resdecay.X runs resdecay/__init__ first (the facade: schedule, nn); X itself adds nothing
+    assert all(m.split(".")[1] in ("schedule", "errors", "nn", "io") for m in eval(out)), out
