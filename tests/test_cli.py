@@ -65,9 +65,23 @@ def test_demo_smoke(capsys, tmp_path):
     assert len(res["results"]) == 2
     for r in res["results"].values():
         assert 0 <= r["knn_top1"] <= 1 and r["effective_rank_cls"] >= 0 and r["protocol"]["knn"]["k"] == 20
-    for png in ("loss_curves.png", "alpha_schedule.png", "reconstructions.png"):
+    for png in ("loss_curves.png", "alpha_schedule.png", "reconstructions.png", "pca_maps.png"):
         assert (tmp_path / "demo" / png).stat().st_size > 1000
     assert "kNN top-1" in out and "plain MAE" in out and "alpha_min 0.6" in out
+    assert "What this demo shows:" in out and "What it does not show" in out and "docs/RESULTS.md" in out
+
+
+def test_demo_closing_note_follows_the_numbers():
+    from resdecay.commands.demo import closing_note
+
+    def res(knn, rank):
+        return {"knn_top1": knn, "effective_rank_cls": rank}
+
+    note = closing_note({"plain MAE": res(0.70, 1.7), "U-Net MAE": res(0.36, 0.2)})
+    assert "0.20 decayed vs 1.70 plain: lower, as the paper reports" in note
+    assert "the decayed encoder is worse" in note
+    flipped = closing_note({"plain MAE": res(0.30, 0.2), "U-Net MAE": res(0.50, 1.0)})
+    assert "NOT lower this time" in flipped and "the decayed encoder is better here" in flipped
 
 
 @pytest.mark.parametrize("args,fragments", [
