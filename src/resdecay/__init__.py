@@ -5,5 +5,16 @@ from .nn.blocks import Block, decayed_add
 from .nn.decayify import alphas_of, decayify
 
 __version__ = "0.1.0"
+
+# The notebook API (api.py) is loaded on first use, so ``import resdecay`` stays light.
+_API = ("create_model", "load_model", "extract_features", "knn_accuracy", "linear_probe", "effective_rank")
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from . import api  # noqa: PLC0415  (lazy: eval, models and train load only when the API is used)
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'resdecay' has no attribute {name!r}")
 __all__ = ["alpha_schedule", "effective_decay", "solve_alpha_min", "Block", "decayed_add", "decayify", "alphas_of",
-           "__version__"]
+           "__version__", *_API]

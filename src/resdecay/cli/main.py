@@ -27,7 +27,9 @@ from ..schedule import SCHEDULES, alpha_schedule, effective_decay, solve_alpha_m
 from ..train.config import list_presets, preset_text
 from ..viz.plots import plot_alpha_schedules
 from .diffusion import add_commands as add_diffusion_commands
-from .parents import data_options, device_option, progress_option
+from .. import __version__
+from .examples import add_examples
+from .parents import data_options, device_option, progress_option, run_folder_options
 
 
 def cmd_alpha(args) -> None:
@@ -62,15 +64,17 @@ def cmd_alpha(args) -> None:
 
 def cmd_pretrain(args) -> None:
     run_pretrain(args.preset, args.overrides, resume=args.resume, print_config=args.print_config,
-                 progress=not args.no_progress)
+                 progress=not args.no_progress, overwrite=args.overwrite, allow_changes=args.allow_changes)
 
 
 def cmd_finetune(args) -> None:
-    run_finetune(args.checkpoint, args.preset, args.overrides, resume=args.resume, progress=not args.no_progress)
+    run_finetune(args.checkpoint, args.preset, args.overrides, resume=args.resume, progress=not args.no_progress,
+                 overwrite=args.overwrite, allow_changes=args.allow_changes)
 
 
 def cmd_supervised(args) -> None:
-    run_supervised(args.preset, args.overrides, resume=args.resume, progress=not args.no_progress)
+    run_supervised(args.preset, args.overrides, resume=args.resume, progress=not args.no_progress,
+                   overwrite=args.overwrite, allow_changes=args.allow_changes)
 
 
 def cmd_ablate(args) -> None:
@@ -143,6 +147,7 @@ def cmd_presets(args) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="resdecay", description="Decayed identity shortcuts: x <- alpha*x + f(x), alpha falling with depth.")
+    p.add_argument("--version", action="version", version=f"resdecay {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", parents=[progress_option()], help="pretrain a plain and a decayed U-Net MAE (or, --diffusion, U-ViT) on small data and compare them")
@@ -163,23 +168,23 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="print JSON instead of the table")
     a.set_defaults(func=cmd_alpha)
 
-    t = sub.add_parser("pretrain", parents=[progress_option()], help="pretrain a preset on CPU, one GPU or many (torchrun)")
+    t = sub.add_parser("pretrain", parents=[progress_option(), run_folder_options()],
+                       help="pretrain a preset on CPU, one GPU or many (torchrun)")
     t.add_argument("--preset", required=True, help="preset name (resdecay presets) or a YAML file")
-    t.add_argument("--resume", default=None, help="auto (newest checkpoint in the run folder) or a checkpoint path")
     t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. alpha_min=0.7 train.epochs=100 data.path=/data/in100")
     t.set_defaults(func=cmd_pretrain)
 
-    f = sub.add_parser("finetune", parents=[progress_option()], help="MAE fine-tuning or linear probing (LARS) of a pretrained checkpoint")
+    f = sub.add_parser("finetune", parents=[progress_option(), run_folder_options("auto or a checkpoint path of this fine-tuning run")],
+                       help="MAE fine-tuning or linear probing (LARS) of a pretrained checkpoint")
     f.add_argument("checkpoint", help="MAE pretraining checkpoint")
     f.add_argument("--preset", default="finetune-mae", help="finetune-mae (default) or linprobe-mae")
-    f.add_argument("--resume", default=None, help="auto or a checkpoint path of this fine-tuning run")
     f.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.epochs=10 drop_path=0.2")
     f.set_defaults(func=cmd_finetune)
 
-    sv = sub.add_parser("train-supervised", parents=[progress_option()], help="supervised ResNet with decayed shortcuts (appendix B.2, Figure 7)")
+    sv = sub.add_parser("train-supervised", parents=[progress_option(), run_folder_options()],
+                        help="supervised ResNet with decayed shortcuts (appendix B.2, Figure 7)")
     sv.add_argument("--preset", required=True, help="resnet18-cifar10 | resnet18-cifar100 | resnet18-fmnist | a YAML file")
-    sv.add_argument("--resume", default=None, help="auto or a checkpoint path")
     sv.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. alpha_min=0.7 model.layers=[2,2,16,2] data.path=/data")
     sv.set_defaults(func=cmd_supervised)
 
@@ -237,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("presets", help="list the shipped presets")
     s.set_defaults(func=cmd_presets)
+    add_examples(p)
     return p
 
 

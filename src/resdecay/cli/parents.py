@@ -27,3 +27,13 @@ def data_options(default_help: str = "dataset (default: the checkpoint's)") -> a
     p.add_argument("--data", default=None, choices=DATASETS, help=default_help)
     p.add_argument("--data-path", default=None, help="dataset folder")
     return p
+
+
+def run_folder_options(resume_help: str = "auto (newest checkpoint in the run folder) or a checkpoint path") -> argparse.ArgumentParser:
+    """What to do with a run folder that already holds a run (train/previous_run.py)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--resume", default=None, help=resume_help)
+    p.add_argument("--overwrite", action="store_true", help="start over in a folder that holds a run (deletes that run's files)")
+    p.add_argument("--allow-changes", action="store_true",
+                   help="resume although batch / data / seed / length / processes changed (no longer exact)")
+    return p

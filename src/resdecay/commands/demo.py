@@ -83,7 +83,7 @@ def run_demo(data: str = "auto", out_dir: str = "runs/demo", epochs: int | None 
         slug = "plain" if label.startswith("plain") else "decayed"
         cfg = load_config(p, [*common, *own, f"train.out_dir={out / slug}"])
         print(f"\n=== {label}: preset {p} ===")
-        summary = train(cfg, progress=progress)
+        summary = train(cfg, progress=progress, overwrite=True)  # a demo rerun redoes the demo (it says so)
         model, cfg = load_model(summary["checkpoint"])
         m = measure(model, cfg, progress)
         results[label] = {"preset": p, "run_dir": str(out / slug), "alpha_min": cfg.model.alpha_min,

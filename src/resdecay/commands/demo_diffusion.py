@@ -46,7 +46,7 @@ def run_diffusion_demo(data: str = "auto", out_dir: str = "runs/demo_diffusion",
     for label, (preset, own, slug) in variants.items():
         cfg = load_config(preset, [*common, *own, f"train.out_dir={out / slug}"])
         print(f"\n=== {label}: preset {preset} ===")
-        summary = train(cfg, progress=progress)
+        summary = train(cfg, progress=progress, overwrite=True)  # a demo rerun redoes the demo (it says so)
         ck = summary["checkpoint"]
         s = run_sample(ck, n=n_samples, sampler=SAMPLER, steps=STEPS, seed=seed, out=str(out / slug / "samples"), progress=progress)
         f = run_fid(s["npz"], ref=name, proxy=True, ref_out=str(out / f"fid_ref_{name}.pt"), progress=progress)

@@ -74,10 +74,11 @@ def test_accuracy(checkpoint: Path, device: torch.device, batch_size: int = 256,
 
 
 def run_finetune(checkpoint: str, preset: str = "finetune-mae", overrides: list[str] | None = None,
-                 resume: str | None = None, progress: bool = True) -> dict:
+                 resume: str | None = None, progress: bool = True, overwrite: bool = False, allow_changes: bool = False) -> dict:
     checkpoint = Path(checkpoint)
     cfg, state = build_config(checkpoint, preset, overrides or [])
-    summary = train(cfg, resume=resume, progress=progress, init=encoder_loader(state))
+    summary = train(cfg, resume=resume, progress=progress, init=encoder_loader(state), overwrite=overwrite,
+                    allow_changes=allow_changes)
     if not is_main_process():  # other torchrun ranks only helped train
         return summary
     device = resolve_device(cfg.train.device)

@@ -13,19 +13,20 @@ from ..train import loop  # noqa: F401  (the module: the loop function is called
 from ..train.config import RunConfig, load_config
 
 
-def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_epoch_end=None, init=None) -> dict:
+def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_epoch_end=None, init=None,
+          overwrite: bool = False, allow_changes: bool = False) -> dict:
     """``resdecay.train.train`` with ``train.online_eval_every`` served by ``eval.online``."""
     return loop.train(cfg, resume=resume, progress=progress, on_epoch_end=on_epoch_end, init=init,
-                      online_eval=online_evaluator)
+                      online_eval=online_evaluator, overwrite=overwrite, allow_changes=allow_changes)
 
 
 def run_pretrain(preset: str, overrides: list[str], resume: str | None = None, print_config: bool = False,
-                 progress: bool = True) -> dict | None:
+                 progress: bool = True, overwrite: bool = False, allow_changes: bool = False) -> dict | None:
     cfg = load_config(preset, overrides)
     if print_config:
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         return None
-    summary = train(cfg, resume=resume, progress=progress)
+    summary = train(cfg, resume=resume, progress=progress, overwrite=overwrite, allow_changes=allow_changes)
     if summary.get("checkpoint"):
         print(f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
               f"{summary['train_time_s']:.0f}s; checkpoint {summary['checkpoint']}")

@@ -28,11 +28,12 @@ from ..train.distributed import is_main_process
 from .pretrain import train
 
 
-def run_supervised(preset: str, overrides: list[str] | None = None, resume: str | None = None, progress: bool = True) -> dict:
+def run_supervised(preset: str, overrides: list[str] | None = None, resume: str | None = None, progress: bool = True,
+                   overwrite: bool = False, allow_changes: bool = False) -> dict:
     cfg = load_config(preset, overrides or [])
     if cfg.model.family != "resnet":
         raise ConfigError(f"preset {preset!r} is a {cfg.model.family!r} model; train-supervised takes resnet presets")
-    summary = train(cfg, resume=resume, progress=progress)
+    summary = train(cfg, resume=resume, progress=progress, overwrite=overwrite, allow_changes=allow_changes)
     if not is_main_process():  # other torchrun ranks only helped train
         return summary
     device = resolve_device(cfg.train.device)

@@ -11,6 +11,8 @@ Overrides name a field as ``section.field=value`` or, where the field name is un
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import re
 import types
 import typing
 from dataclasses import asdict, dataclass, field
@@ -249,4 +251,29 @@ def load_config(preset: str, overrides: list[str] | None = None) -> RunConfig:
         raise UserError(str(e)) from None
     for section, values in extra.items():
         raw.setdefault(section, {}).update(values)
-    return from_dict(raw, preset=Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset)
+    name = Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset
+    if not (raw.get("train") or {}).get("out_dir"):
+        raw.setdefault("train", {})["out_dir"] = default_out_dir(name, extra)
+    return from_dict(raw, preset=name)
+
+
+# Overrides that change where or how fast a run goes, not what it computes: not part of its folder name.
+_NOT_IN_NAME = {"train.device", "train.threads", "train.log_every", "train.ckpt_every", "train.keep_last",
+                "train.compile", "data.num_workers", "data.path", "train.out_dir"}
+
+
+def default_out_dir(preset: str, overrides: dict[str, dict]) -> str:
+    """``runs/<preset>``, plus the overridden settings, so that a sweep over alpha_min (or anything
+    else that changes the result) gets one folder per setting instead of overwriting itself:
+    ``runs/mae-tiny-fmnist_alpha_min-0.7_epochs-50``."""
+    parts = []
+    for section, values in overrides.items():
+        for key, value in values.items():
+            if f"{section}.{key}" in _NOT_IN_NAME:
+                continue
+            text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+            parts.append(f"{key}-{re.sub(r'[^A-Za-z0-9.,+-]+', '', text)}")
+    name = "_".join([preset, *parts])
+    if len(name) > 100:  # keep paths short; the hash keeps distinct settings apart
+        name = f"{name[:80]}_{hashlib.sha256(name.encode()).hexdigest()[:10]}"
+    return f"runs/{name}"

@@ -20,11 +20,12 @@ from . import checkpoint as ckpt
 from . import distributed as dist_env
 from .config import RunConfig
 from .runlog import RunLog, peak_flops, peak_memory_mb
+from .previous_run import check_fresh_start
 from .setup import build_data, build_trainee, lr_at, prepare_out_dir, save
 
 
 def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_epoch_end=None, init=None,
-          online_eval=None) -> dict:
+          online_eval=None, overwrite: bool = False, allow_changes: bool = False) -> dict:
     """Train ``cfg`` and return a summary (final loss, steps, time, checkpoint path).
 
     Args:
@@ -34,6 +35,8 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
         init: ``init(model)``, called on fresh starts only, before the optimizer sees the weights.
         online_eval: ``factory(cfg, device) -> hook``, used for ``train.online_eval_every > 0`` when
             no ``on_epoch_end`` is given (``resdecay.commands.pretrain.train`` passes the evaluators).
+        overwrite: a fresh start into a folder that holds a run removes that run first (else refused).
+        allow_changes: resume even if batch, data, seed, length or process count changed (no longer exact).
     """
     tc = cfg.train
     env = dist_env.setup(tc.device)
@@ -42,8 +45,12 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
     out = prepare_out_dir(cfg.out_dir)
     ckpt_dir = out / "checkpoints"
     say = print if env.is_main else (lambda *a, **k: None)
+    if env.is_main:
+        check_fresh_start(out, resume, overwrite, say)  # a finished run is never overwritten silently
+    dist_env.barrier(env)
     data = build_data(cfg, env)
-    t = build_trainee(cfg, env, data.peak_lr, ckpt.resolve_resume(resume, ckpt_dir), init, say)
+    t = build_trainee(cfg, env, data.peak_lr, ckpt.resolve_resume(resume, ckpt_dir), init, say,
+                      allow_changes=allow_changes)
     announce(cfg, env, data, t, resume, say)
     if on_epoch_end is None and tc.online_eval_every > 0:
         if online_eval is None:

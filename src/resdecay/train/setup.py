@@ -19,6 +19,7 @@ from ..data import ResumableSampler, SeededSamples, build_dataset, check_first_s
 from ..errors import CheckpointError, ConfigError, UserError
 from ..models import Family, build_model, get_family
 from . import checkpoint as ckpt
+from .previous_run import HARMLESS, check_resume_changes, inexact_changes
 from . import distributed as dist_env
 from .config import RunConfig, TrainConfig
 
@@ -123,7 +124,8 @@ class Trainee:
     resumed_from: Path | None
 
 
-def build_trainee(cfg: RunConfig, env: dist_env.DistEnv, peak_lr: float, resumed_from: Path | None, init, say) -> Trainee:
+def build_trainee(cfg: RunConfig, env: dist_env.DistEnv, peak_lr: float, resumed_from: Path | None, init, say,
+                  allow_changes: bool = False) -> Trainee:
     """Seed, build the model (``init`` on fresh starts), its optimizer and scaler, restore a resumed
     run's state and wrap the model for compilation and DDP."""
     tc = cfg.train
@@ -139,7 +141,7 @@ def build_trainee(cfg: RunConfig, env: dist_env.DistEnv, peak_lr: float, resumed
     scaler = torch.amp.GradScaler(env.device.type, enabled=amp_dtype == torch.float16)
     step, ema_state = 0, None
     if resumed_from is not None:
-        step, ema_state = restore(cfg, env, resumed_from, raw, optimizer, scaler, say)
+        step, ema_state = restore(cfg, env, resumed_from, raw, optimizer, scaler, say, allow_changes)
     ema = None
     if tc.ema_decay > 0:  # an exponential moving average of the weights, used for sampling (DiT, SiT, U-ViT)
         from timm.utils import ModelEmaV3
@@ -155,16 +157,18 @@ def build_trainee(cfg: RunConfig, env: dist_env.DistEnv, peak_lr: float, resumed
     return Trainee(raw, model, family, optimizer, scaler, amp_dtype, ema, step, resumed_from)
 
 
-def restore(cfg: RunConfig, env, path: Path, raw, optimizer, scaler, say) -> tuple[int, dict | None]:
+def restore(cfg: RunConfig, env, path: Path, raw, optimizer, scaler, say, allow_changes: bool = False) -> tuple[int, dict | None]:
     """Load a checkpoint of the same model into this run; returns (step, EMA weights or None)."""
     state = ckpt.load_checkpoint(path)
     diffs = ckpt.model_differences(state["config"]["model"], cfg.to_dict()["model"])
     if diffs:
         raise CheckpointError(f"cannot resume from {path}: it is a different model ({'; '.join(diffs[:3])}); "
                               "use the checkpoint's settings or a new train.out_dir")
-    for section in ("data", "train"):
+    changes = inexact_changes(state["config"], cfg.to_dict(), state["train_state"].get("world_size"), env.world_size)
+    check_resume_changes(changes, allow_changes, path, say)
+    for section in ("data", "train"):  # the harmless ones (device, workers, logging, ...) are only noted
         for k, v in cfg.to_dict()[section].items():
-            if state["config"][section].get(k) != v:
+            if k in HARMLESS[section] and state["config"][section].get(k, v) != v:
                 say(f"note: {section}.{k} changed since the checkpoint ({state['config'][section].get(k)!r} -> {v!r})")
     raw.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])

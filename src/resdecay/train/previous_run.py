@@ -1,0 +1,74 @@
+"""What a run folder already holds, and the two refusals that keep finished work safe:
+
+- a fresh start into a folder that holds a run (checkpoints, log, summary) is refused unless the
+  user says ``--overwrite`` (then the old run's files are removed first, so no stale eval.json or
+  TensorBoard events of the previous run are mixed into the new one);
+- a resume whose settings would make it differ from an uninterrupted run (batch, data, seed, length,
+  number of processes) is refused unless the user says ``--allow-changes``; it then says in one line
+  what is no longer exact.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from ..errors import UserError
+
+RUN_FILES = ("checkpoints", "log.jsonl", "summary.json", "tb", "eval", "bad_files.txt")
+# Settings a resumed run may change without changing what it computes.
+HARMLESS = {"train": {"device", "threads", "log_every", "ckpt_every", "keep_last", "out_dir", "compile",
+                      "online_eval_every", "online_eval_size"},
+            "data": {"num_workers", "path"}}
+
+
+def holds_run(out: Path) -> list[str]:
+    """The run files already in ``out`` (empty when it holds no run)."""
+    found = []
+    ckpts = sorted((out / "checkpoints").glob("step_*.pt")) if (out / "checkpoints").is_dir() else []
+    if ckpts:
+        found.append(f"{len(ckpts)} checkpoint{'s' * (len(ckpts) > 1)}")
+    found += [name for name in ("log.jsonl", "summary.json") if (out / name).exists()]
+    return found
+
+
+def check_fresh_start(out: Path, resume: str | None, overwrite: bool, say=print) -> None:
+    """Refuse to start a new run over an old one, or clear the old one when asked to."""
+    if resume is not None:
+        return
+    found = holds_run(out)
+    if not found:
+        return
+    if not overwrite:
+        raise UserError(f"{out} already holds a run ({', '.join(found)}); continue it with --resume auto, start over "
+                        f"with --overwrite (deletes that run's files), or choose another train.out_dir")
+    say(f"note: --overwrite: removing the previous run in {out} ({', '.join(found)})")
+    for name in RUN_FILES:
+        p = out / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
+def inexact_changes(saved: dict, current: dict, saved_world: int | None, world: int) -> list[str]:
+    """Settings that differ between a checkpoint and this run in a way that breaks exact resume."""
+    changes = []
+    for section in ("data", "train"):
+        for k, v in current[section].items():
+            if k in HARMLESS[section] or k not in saved.get(section, {}):
+                continue
+            if saved[section][k] != v:
+                changes.append(f"{section}.{k} {saved[section][k]!r} -> {v!r}")
+    if saved_world is not None and saved_world != world:
+        changes.append(f"processes {saved_world} -> {world}")
+    return changes
+
+
+def check_resume_changes(changes: list[str], allow: bool, path: Path, say=print) -> None:
+    if not changes:
+        return
+    if not allow:
+        raise UserError(f"cannot resume {path} exactly: {'; '.join(changes)} changed since the checkpoint; "
+                        "use the checkpoint's settings, or pass --allow-changes to continue anyway (no longer exact)")
+    say(f"note: --allow-changes: resuming with {'; '.join(changes)}; the run no longer matches an uninterrupted one")
