@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ def atomic_save(obj, path: Path) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over ``path``: a run
     killed mid-write leaves the previous checkpoint intact, never a truncated one."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_path(path)
     try:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
@@ -27,6 +28,47 @@ def atomic_save(obj, path: Path) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+_TEMP_FILE = re.compile(r"^\..+\.tmp-(\d+)$")
+
+
+def temp_path(path: Path) -> Path:
+    """Where ``atomic_save`` writes before the rename: ``.<name>.tmp-<pid>`` beside ``path``."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def sweep_stale_temps(folder: Path, owned: bool = False) -> list[Path]:
+    """Delete the ``.<name>.tmp-<pid>`` files that writers killed mid-write (SIGKILL, power loss)
+    left in ``folder``; returns them. A temp file is stale when its writer's process is gone or,
+    with ``owned=True`` (the caller holds the folder's run lock, so nobody else writes there),
+    when it is not this process's."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    gone = []
+    for p in folder.iterdir():
+        m = _TEMP_FILE.match(p.name)
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        if owned or not _alive(int(m.group(1))):
+            try:
+                p.unlink()
+                gone.append(p)
+            except OSError:
+                pass
+    return gone
 
 
 def safe_load(path: str | Path, error: type[Exception], message: str):

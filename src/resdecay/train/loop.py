@@ -20,7 +20,7 @@ from . import checkpoint as ckpt
 from . import distributed as dist_env
 from .config import RunConfig
 from .runlog import RunLog, peak_flops, peak_memory_mb
-from .setup import build_data, build_trainee, lr_at, prepare_out_dir, save
+from .setup import build_data, build_trainee, lr_at, run_folder, save
 
 
 def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_epoch_end=None, init=None,
@@ -35,13 +35,17 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
         online_eval: ``factory(cfg, device) -> hook``, used for ``train.online_eval_every > 0`` when
             no ``on_epoch_end`` is given (``resdecay.commands.pretrain.train`` passes the evaluators).
     """
-    tc = cfg.train
-    env = dist_env.setup(tc.device)
-    if tc.threads:
-        torch.set_num_threads(tc.threads)
-    out = prepare_out_dir(cfg.out_dir)
-    ckpt_dir = out / "checkpoints"
+    env = dist_env.setup(cfg.train.device)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     say = print if env.is_main else (lambda *a, **k: None)
+    with run_folder(cfg.out_dir, env, say) as out:  # locked: one run per folder at a time
+        return _train(cfg, env, out, say, resume, progress, on_epoch_end, init, online_eval)
+
+
+def _train(cfg: RunConfig, env, out, say, resume, progress, on_epoch_end, init, online_eval) -> dict:
+    tc = cfg.train
+    ckpt_dir = out / "checkpoints"
     data = build_data(cfg, env)
     t = build_trainee(cfg, env, data.peak_lr, ckpt.resolve_resume(resume, ckpt_dir), init, say)
     announce(cfg, env, data, t, resume, say)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import random
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +18,11 @@ from torch.utils.data import DataLoader
 
 from ..data import ResumableSampler, SeededSamples, build_dataset, check_first_sample
 from ..errors import CheckpointError, ConfigError, UserError
+from ..io import sweep_stale_temps
 from ..models import Family, build_model, get_family
 from . import checkpoint as ckpt
 from . import distributed as dist_env
+from . import runlock
 from .config import RunConfig, TrainConfig
 
 
@@ -54,6 +57,42 @@ def prepare_out_dir(path: Path) -> Path:
         raise UserError(f"output folder {path} is not writable ({e.strerror or e}); "
                         "pass train.out_dir=<a folder you can write>") from None
     return path
+
+
+@contextmanager
+def run_folder(path: Path, env: dist_env.DistEnv, say):
+    """The run folder, created and locked for the block (one run per folder: rank 0 holds the
+    lock, every rank learns of a refusal), with the temp files of killed checkpoint writers swept.
+    A folder this call created is removed again when the block fails before writing anything in
+    it (a wrong data path leaves no empty run folder behind)."""
+    path = Path(path)
+    created = not path.exists()
+    prepare_out_dir(path)
+    problem = None
+    if env.is_main:
+        try:
+            runlock.acquire(path)
+        except runlock.RunFolderBusy as e:
+            problem = str(e)
+    problem = next((p for p in dist_env.gather_objects(env, problem) if p), None)
+    if problem:
+        raise runlock.RunFolderBusy(problem)
+    try:
+        if env.is_main:
+            stale = sweep_stale_temps(path / "checkpoints", owned=True)
+            if stale:
+                say(f"removed {len(stale)} partial checkpoint file(s) left by a killed run in {path / 'checkpoints'}")
+        yield path
+    except BaseException:
+        if env.is_main:
+            runlock.release(path)
+            if created and {p.name for p in path.iterdir()} <= {runlock.LOCK_NAME}:
+                (path / runlock.LOCK_NAME).unlink(missing_ok=True)
+                path.rmdir()
+        raise
+    else:
+        if env.is_main:
+            runlock.release(path)
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:

@@ -1,0 +1,99 @@
+"""Issue 15: what real data sets and real machines do to a run (bad files, kills mid-write,
+damaged caches, two runs in one folder, misleading messages, settings that do nothing)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from resdecay.io import sweep_stale_temps
+from resdecay.train import runlock, train
+from resdecay.train.config import load_config
+
+from conftest import TINY
+from test_cli import assert_one_line_error, run
+
+SMALL = [*TINY, "train.epochs=1", "data.train_subset=256", "train.threads=2"]  # 4 steps
+
+
+def _python(code: str, *args) -> subprocess.Popen:
+    """A helper process that prints one line when it is ready, then waits to be killed."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+
+
+# ----------------------------------------------------------------------------- 4. one run per folder
+HOLD_LOCK = ("import sys, time\nfrom resdecay.train import runlock\nrunlock.acquire(sys.argv[1])\n"
+             "print('locked', flush=True)\ntime.sleep(120)")
+
+
+def test_second_run_in_a_busy_folder_is_refused_and_a_killed_holder_leaves_no_stale_lock(capsys, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = _python(HOLD_LOCK, run_dir)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        argv = ["pretrain", "--preset", "mae-tiny-digits", "--no-progress", *SMALL, f"train.out_dir={run_dir}", "--resume", "auto"]
+        code, _, err = run(capsys, *argv)
+        assert_one_line_error(code, err, f"run folder {run_dir} is in use by process {holder.pid}", "train.out_dir=")
+        assert not (run_dir / "log.jsonl").exists()  # refused before touching anything
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    code, out, err = run(capsys, *argv)  # the OS dropped the killed holder's lock
+    assert code == 0, err
+    code, out, err = run(capsys, *argv)  # and a run that returned released its own: same process, same folder
+    assert code == 0 and "resumed from" in out, err
+    assert runlock.holder_of(run_dir)["pid"] == os.getpid()
+
+
+def test_nested_lock_in_one_process_is_reentrant(tmp_path):
+    with runlock.run_lock(tmp_path):
+        with runlock.run_lock(tmp_path):
+            pass
+        assert str(tmp_path.resolve()) in runlock._held  # still held by the outer block
+    assert str(tmp_path.resolve()) not in runlock._held
+
+
+# ----------------------------------------------------------------------------- 2. no debris after a kill mid-write
+KILLED_WRITER = ("import sys, time, torch\nfrom resdecay.io import atomic_save\n"
+                 "def slow(obj, f):\n    f.write(b'x' * 4096); f.flush(); print('writing', flush=True); time.sleep(120)\n"
+                 "torch.save = slow\natomic_save({}, sys.argv[1])")
+
+
+def test_temp_files_of_writers_killed_mid_checkpoint_are_swept_on_resume(capsys, tmp_path):
+    ckpt_dir = tmp_path / "run" / "checkpoints"
+    ckpt_dir.mkdir(parents=True)
+    writer = _python(KILLED_WRITER, ckpt_dir / "step_00000004.pt")
+    assert writer.stdout.readline().strip() == "writing"
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    debris = list(ckpt_dir.glob(".step_00000004.pt.tmp-*"))
+    assert len(debris) == 1  # what SIGKILL during a write leaves behind
+    code, out, err = run(capsys, "pretrain", "--preset", "mae-tiny-digits", "--no-progress", *SMALL,
+                         f"train.out_dir={tmp_path / 'run'}", "--resume", "auto")
+    assert code == 0, err
+    assert "removed 1 partial checkpoint file" in out
+    assert not list(ckpt_dir.glob(".*tmp-*")) and [p.name for p in ckpt_dir.iterdir()] == ["step_00000004.pt"]
+
+
+def test_sweep_keeps_temp_files_of_live_writers_unless_the_folder_is_owned(tmp_path):
+    live = _python("print('up', flush=True); import time; time.sleep(120)")
+    try:
+        assert live.stdout.readline().strip() == "up"
+        mine, theirs = tmp_path / f".a.pt.tmp-{os.getpid()}", tmp_path / f".b.pt.tmp-{live.pid}"
+        for p in (mine, theirs):
+            p.write_bytes(b"x")
+        (tmp_path / "c.pt").write_bytes(b"x")
+        assert sweep_stale_temps(tmp_path) == [] and theirs.exists()  # its writer is alive
+        assert sweep_stale_temps(tmp_path, owned=True) == [theirs]  # under the run lock nobody else writes
+        assert mine.exists() and (tmp_path / "c.pt").exists()
+    finally:
+        live.kill()
+        live.wait()
