@@ -97,3 +97,27 @@ def test_sweep_keeps_temp_files_of_live_writers_unless_the_folder_is_owned(tmp_p
     finally:
         live.kill()
         live.wait()
+
+
+# ----------------------------------------------------------------------------- 3. a damaged feature cache heals
+def test_truncated_or_empty_feature_cache_is_named_recomputed_and_rewritten(tiny_checkpoints, tmp_path, capsys):
+    cache = tmp_path / "cache"
+    argv = ["eval", tiny_checkpoints["decayed"], "--evals", "knn", "--no-baselines", "--no-progress",
+            "--cache-dir", str(cache), "--out", str(tmp_path / "o")]
+    code, first, err = run(capsys, *argv)
+    assert code == 0, err
+    train_file, test_file = sorted(cache.glob("train-*.pt")), sorted(cache.glob("test-*.pt"))
+    assert len(train_file) == len(test_file) == 1
+    good = train_file[0].read_bytes()
+    train_file[0].write_bytes(good[: len(good) // 2])  # truncated (a kill mid-copy, a full disk)
+    test_file[0].write_bytes(b"")  # empty
+    code, again, err = run(capsys, *argv)
+    assert code == 0, err
+    warnings = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(warnings) == 2 and all(ln.startswith("resdecay: warning: feature cache ") for ln in warnings), err
+    assert str(train_file[0]) in err and str(test_file[0]) in err and "recomputing" in err
+    assert "Traceback" not in err
+    assert train_file[0].read_bytes() != good[: len(good) // 2] and torch.load(train_file[0], weights_only=True)["labels"].numel()
+    assert not list(cache.glob(".*tmp-*"))
+    knn = lambda text: [ln for ln in text.splitlines() if ln.startswith("knn")]  # noqa: E731
+    assert knn(again) == knn(first)
