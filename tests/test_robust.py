@@ -121,3 +121,39 @@ def test_truncated_or_empty_feature_cache_is_named_recomputed_and_rewritten(tiny
     assert not list(cache.glob(".*tmp-*"))
     knn = lambda text: [ln for ln in text.splitlines() if ln.startswith("knn")]  # noqa: E731
     assert knn(again) == knn(first)
+
+
+# ----------------------------------------------------------------------------- 5. messages that do not mislead
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("echo should-never-run",))
+
+
+def test_refused_and_unreadable_checkpoints_say_what_the_file_is(capsys, tmp_path):
+    files = {"code": tmp_path / "code.pt", "text": tmp_path / "notes.pt", "empty": tmp_path / "empty.pt",
+             "truncated": tmp_path / "trunc.pt", "npy": tmp_path / "arr.pt"}
+    torch.save({"model": _RunsCode()}, files["code"])
+    files["text"].write_text("step,loss\n1,0.5\n")
+    files["empty"].write_bytes(b"")
+    torch.save({"model": torch.zeros(4096)}, files["truncated"])
+    files["truncated"].write_bytes(files["truncated"].read_bytes()[:3000])
+    import numpy as np
+    with open(files["npy"], "wb") as f:
+        np.save(f, np.zeros(3))
+    expect = {"code": "contains code-bearing Python objects such as posix.system and is refused for safety",
+              "text": "it is a text file, not a torch file; it starts 'step,loss 1,0.5'", "empty": "the file is empty",
+              "truncated": "it is truncated or damaged: an incomplete zip archive of 3000 bytes",
+              "npy": "it is a NumPy .npy file, not a torch file"}
+    for name, f in files.items():
+        code, out, err = run(capsys, "eval", str(f), "--no-progress", "--cache-dir", str(tmp_path / "c"))
+        assert_one_line_error(code, err, f"{f} is not a readable resdecay checkpoint", expect[name].replace("posix", os.name))
+        assert "should-never-run" not in out and "Re-running" not in err and "weights_only" not in err
+        assert err.rstrip().endswith(")")  # the reason is whole, not cut mid-word
+
+
+def test_preset_descriptions_are_whole_sentences(capsys):
+    code, out, _ = run(capsys, "presets")
+    lines = dict(ln.split(None, 1) for ln in out.splitlines())
+    assert "class-conditional with label dropout 0.1" in lines["sit-tiny-fmnist"]
+    assert lines["mae-tiny-fmnistm"].endswith("background, colour, scale and position are nuisance)")
+    assert all(not d.rstrip().endswith((",", "-", "(")) for d in lines.values()), out

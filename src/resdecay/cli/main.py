@@ -23,6 +23,7 @@ from ..commands.supervised import run_supervised
 from ..data import DataConfig
 from ..errors import TrainingDiverged, UserError, one_line
 from ..eval.suite import EvalSettings
+from ..io import first_sentence
 from ..schedule import SCHEDULES, alpha_schedule, effective_decay, solve_alpha_min
 from ..train.config import list_presets, preset_text
 from ..viz.plots import plot_alpha_schedules
@@ -137,8 +138,12 @@ def _int_arg(value: str, name: str) -> int:
 
 def cmd_presets(args) -> None:
     for name in list_presets():
-        first = preset_text(name).splitlines()[0].lstrip("# ")
-        print(f"{name:<24} {first}")
+        comment = []
+        for line in preset_text(name).splitlines():  # the leading comment, whose first sentence may wrap
+            if not line.startswith("#"):
+                break
+            comment.append(line.lstrip("# "))
+        print(f"{name:<24} {first_sentence(' '.join(comment).replace('- ', '-'), 200)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
