@@ -3,6 +3,7 @@ damaged caches, two runs in one folder, misleading messages, settings that do no
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -157,3 +158,70 @@ def test_preset_descriptions_are_whole_sentences(capsys):
     assert "class-conditional with label dropout 0.1" in lines["sit-tiny-fmnist"]
     assert lines["mae-tiny-fmnistm"].endswith("background, colour, scale and position are nuisance)")
     assert all(not d.rstrip().endswith((",", "-", "(")) for d in lines.values()), out
+
+
+# ----------------------------------------------------------------------------- 1. bad image files
+@pytest.fixture
+def bad_imagefolder(fake_imagefolder):
+    """The fake ImageFolder with two unreadable files: a text file named .png and a truncated PNG."""
+    (fake_imagefolder / "train" / "cat" / "junk.png").write_text("not an image\n")
+    whole = (fake_imagefolder / "train" / "dog" / "0.png").read_bytes()
+    (fake_imagefolder / "train" / "dog" / "9.png").write_bytes(whole[: len(whole) // 2])
+    return fake_imagefolder
+
+
+def _folder_run(root, out, *extra):
+    return load_config("mae-tiny-digits", [*TINY, "data.name=imagefolder", f"data.path={root}", "model.in_chans=3",
+                                           "train.batch_size=4", "train.epochs=2", "train.log_every=1", "train.threads=2",
+                                           f"train.out_dir={out}", *extra])
+
+
+def test_check_data_lists_every_unreadable_file_at_once(capsys, bad_imagefolder):
+    code, out, err = run(capsys, "check-data", "--data-path", str(bad_imagefolder), "--no-progress", "--workers", "2")
+    assert_one_line_error(code, err, "2 of 18 images", "are unreadable (listed above)", "data.on_bad_file=skip")
+    assert "train: 14 images, 2 unreadable" in out and "val: 4 images, 0 unreadable" in out
+    listed = [ln for ln in out.splitlines() if ln.startswith(str(bad_imagefolder))]
+    assert sorted(ln.split()[0].rsplit("/", 2)[-2] + "/" + ln.split()[0].rsplit("/", 1)[-1] for ln in listed) == [
+        "cat/junk.png", "dog/9.png"]
+    assert any("truncated" in ln for ln in listed), out
+    (bad_imagefolder / "train" / "cat" / "junk.png").unlink()
+    (bad_imagefolder / "train" / "dog" / "9.png").unlink()
+    code, out, err = run(capsys, "check-data", "--data-path", str(bad_imagefolder), "--no-progress")
+    assert code == 0 and "16 images decoded" in out, err
+
+
+def test_pretrain_check_data_stops_before_training_and_leaves_no_run_folder(capsys, bad_imagefolder, tmp_path):
+    out = tmp_path / "run"
+    argv = ["pretrain", "--preset", "mae-tiny-digits", "--no-progress", "--check-data", *TINY, "data.name=imagefolder",
+            f"data.path={bad_imagefolder}", "model.in_chans=3", "train.batch_size=4", f"train.out_dir={out}"]
+    code, stdout, err = run(capsys, *argv)
+    assert_one_line_error(code, err, "2 of 18 images")
+    assert "junk.png" in stdout and "9.png" in stdout and not out.exists()
+
+
+def test_bad_files_stop_by_default_and_skip_replaces_them_deterministically(bad_imagefolder, tmp_path, capsys):
+    from resdecay.errors import DataError
+    from resdecay.train import checkpoint as ckpt
+
+    with pytest.raises(DataError, match="cannot read image .*(junk|9).png.*data.on_bad_file=skip"):
+        train(_folder_run(bad_imagefolder, tmp_path / "stop"), progress=False)
+    a = train(_folder_run(bad_imagefolder, tmp_path / "a", "data.on_bad_file=skip", "train.ckpt_every=2",
+                          "train.keep_last=10"), progress=False)
+    listed = (tmp_path / "a" / "bad_files.txt").read_text().splitlines()
+    assert sorted(ln.split("\t")[0].rsplit("/", 1)[-1] for ln in listed) == ["9.png", "junk.png"]  # once each, 2 epochs
+    rows = [json.loads(ln) for ln in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
+    assert rows[-1]["bad_files"] == 2 and "unreadable image(s) skipped so far" in capsys.readouterr().out
+    # resumed mid-run from step 2 in another folder, with DataLoader workers: the same weights at the end
+    mid = ckpt.checkpoint_path(tmp_path / "a" / "checkpoints", 2)
+    c = train(_folder_run(bad_imagefolder, tmp_path / "c", "data.on_bad_file=skip", "data.num_workers=2"),
+              resume=str(mid), progress=False)
+    wa, wc = (ckpt.load_checkpoint(s["checkpoint"])["model"] for s in (a, c))
+    assert a["steps"] == c["steps"] and all(torch.equal(wa[k], wc[k]) for k in wa)
+    assert len((tmp_path / "c" / "bad_files.txt").read_text().splitlines()) == 2
+    # a data set that changed size since the checkpoint says so in one line
+    (bad_imagefolder / "train" / "dog" / "extra.png").write_bytes((bad_imagefolder / "train" / "dog" / "0.png").read_bytes())
+    capsys.readouterr()
+    train(_folder_run(bad_imagefolder, tmp_path / "d", "data.on_bad_file=skip"), resume=str(mid), progress=False)
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if "training set has" in ln]
+    assert notes == [f"note: the training set has 15 images now but had 14 when {mid.name} was written; "
+                     "the data order from here on differs from the original run's"]

@@ -55,6 +55,7 @@ class EvalSettings:
     cache_dir: str | None = None  # default: <run>/eval/cache
     progress: bool = True
     baselines: bool = True  # also measure raw pixels and the run's randomly initialised encoder (eval/baselines.py)
+    data_path: str | None = None  # with data=None: the checkpoint's data set, read from this folder
 
     def validate(self) -> None:
         bad = [e for e in self.evals if e not in EVALS]
@@ -146,7 +147,7 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
         if not -depth <= int(s.layer) < depth:
             raise UserError(f"--layer {s.layer} is out of range: the encoder has {depth} blocks (0..{depth - 1}, or -1 for the last)")
         layers = [int(s.layer) % depth]
-    data = s.data or replace(cfg.data, augment="none", train_subset=None)
+    data = s.data or replace(cfg.data, augment="none", train_subset=None, path=s.data_path or cfg.data.path)
     sha = file_sha256(checkpoint)
     cache_dir = Path(s.cache_dir) if s.cache_dir else run_dir_of(checkpoint) / "eval" / "cache"
     pools = {s.feature, "cls"} if "rank" in s.evals else {s.feature}

@@ -14,13 +14,14 @@ import time
 import torch
 from tqdm.auto import tqdm
 
+from ..data.badfiles import count_bad_files
 from ..errors import ConfigError, DataError, TrainingDiverged, one_line
 from ..schedule import effective_decay
 from . import checkpoint as ckpt
 from . import distributed as dist_env
 from .config import RunConfig
 from .runlog import RunLog, peak_flops, peak_memory_mb
-from .setup import build_data, build_trainee, lr_at, run_folder, save
+from .setup import build_data, build_trainee, lr_at, run_folder, save, settings_warnings
 
 
 def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_epoch_end=None, init=None,
@@ -46,9 +47,12 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
 def _train(cfg: RunConfig, env, out, say, resume, progress, on_epoch_end, init, online_eval) -> dict:
     tc = cfg.train
     ckpt_dir = out / "checkpoints"
-    data = build_data(cfg, env)
-    t = build_trainee(cfg, env, data.peak_lr, ckpt.resolve_resume(resume, ckpt_dir), init, say)
+    data = build_data(cfg, env, out)
+    t = build_trainee(cfg, env, data.peak_lr, ckpt.resolve_resume(resume, ckpt_dir), init, say, len(data.samples))
     announce(cfg, env, data, t, resume, say)
+    for line in settings_warnings(cfg, data, t.raw):
+        say(line)
+    bad_seen = count_bad_files(data.bad_files)
     if on_epoch_end is None and tc.online_eval_every > 0:
         if online_eval is None:
             raise ConfigError("train.online_eval_every needs an online evaluator: train with "
@@ -114,6 +118,11 @@ def _train(cfg: RunConfig, env, out, say, resume, progress, on_epoch_end, init, 
                            "img_per_s": img_s, "peak_mem_mb": peak_memory_mb(env.device), "time_s": now - t_start}
                     if gpu_peak:
                         row["mfu"] = flops_per_img * img_s / env.world_size / gpu_peak
+                    if data.bad_files is not None and (bad := count_bad_files(data.bad_files)):
+                        row["bad_files"] = bad  # unreadable images replaced so far (data.on_bad_file=skip)
+                        if bad > bad_seen:
+                            say(f"\nnote: {bad} unreadable image(s) skipped so far; listed in {data.bad_files}")
+                            bad_seen = bad
                     log.write(row)
                     bar.set_postfix(loss=f"{last_loss:.4f}", lr=f"{lr:.2e}", img_s=f"{img_s:.0f}")
                     loss_sum.zero_()
