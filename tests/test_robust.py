@@ -225,3 +225,45 @@ def test_bad_files_stop_by_default_and_skip_replaces_them_deterministically(bad_
     notes = [ln for ln in capsys.readouterr().out.splitlines() if "training set has" in ln]
     assert notes == [f"note: the training set has 15 images now but had 14 when {mid.name} was written; "
                      "the data order from here on differs from the original run's"]
+
+
+# ----------------------------------------------------------------------------- 6. settings that silently do nothing
+def test_warmup_longer_than_the_run_and_a_decoder_fed_by_few_blocks_warn_once(capsys, tmp_path):
+    code, out, err = run(capsys, "pretrain", "--preset", "mae-tiny-digits", "--no-progress", *SMALL, "train.warmup_epochs=3",
+                         "model.depth=12", f"train.out_dir={tmp_path / 'r'}")
+    assert code == 0, err
+    warmup = [ln for ln in out.splitlines() if ln.startswith("warning: train.warmup_epochs=3")]
+    assert len(warmup) == 1 and "never reaches its peak" in warmup[0], out
+    skips = [ln for ln in out.splitlines() if ln.startswith("warning: only 2 of 12 encoder blocks feed the decoder")]
+    assert len(skips) == 1 and "model.decoder_depth" in skips[0], out
+    code, out, err = run(capsys, "pretrain", "--preset", "mae-tiny-digits", "--no-progress", *SMALL,
+                         f"train.out_dir={tmp_path / 'quiet'}")
+    assert code == 0 and "warning:" not in out, err
+
+
+def test_data_path_errors_leave_no_empty_run_folder(capsys, tmp_path):
+    for data in (["data.name=imagefolder", f"data.path={tmp_path / 'missing'}"],
+                 ["data.name=fashion-mnist", f"data.path={tmp_path}", "model.img_size=28", "model.patch_size=4"]):
+        out = tmp_path / "run"
+        code, _, err = run(capsys, "pretrain", "--preset", "mae-tiny-digits", "--no-progress", *SMALL, *data,
+                           f"train.out_dir={out}")
+        assert_one_line_error(code, err, "data")
+        assert not out.exists(), list(out.iterdir())
+    kept = tmp_path / "mine"
+    kept.mkdir()  # a folder the user made is left alone
+    code, _, err = run(capsys, "pretrain", "--preset", "mae-tiny-digits", "--no-progress", *SMALL,
+                       "data.name=imagefolder", f"data.path={tmp_path / 'missing'}", f"train.out_dir={kept}")
+    assert code == 2 and kept.is_dir()
+
+
+def test_eval_data_path_alone_uses_the_checkpoints_data_set(capsys, tmp_path, fake_fmnist):
+    summary = train(load_config("mae-tiny-fmnist", [*TINY, "train.epochs=1", f"data.path={fake_fmnist}",
+                                                    f"train.out_dir={tmp_path / 'run'}"]), progress=False)
+    moved = tmp_path / "elsewhere"
+    fake_fmnist.rename(moved)
+    code, out, err = run(capsys, "eval", summary["checkpoint"], "--data-path", str(moved), "--evals", "knn", "--k", "5",
+                         "--no-baselines", "--no-progress", "--out", str(tmp_path / "o"))
+    assert code == 0, err
+    report = json.loads((tmp_path / "o" / "run" / "eval.json").read_text())
+    card = report["results"][0]["protocol"]["train"]
+    assert card["data"] == "fashion-mnist" and card["data_path"] == str(moved.resolve())
