@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -224,7 +225,8 @@ def _checked_pil_loader(path: str):
         with open(path, "rb") as f:
             return Image.open(f).convert("RGB")
     except Exception as e:
-        raise BadImage(str(path), " ".join(f"{type(e).__name__}: {e}".split())[:200]) from None
+        reason = re.sub(r"\s*<_io\.\w+ name=[^>]*>", "", " ".join(f"{type(e).__name__}: {e}".split()))  # not the path again
+        raise BadImage(str(path), reason[:200]) from None
 
 
 def _image_folder(root: Path, transform):
