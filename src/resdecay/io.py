@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -17,7 +19,7 @@ def atomic_save(obj, path: Path) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over ``path``: a run
     killed mid-write leaves the previous checkpoint intact, never a truncated one."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_path(path)
     try:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
@@ -29,6 +31,47 @@ def atomic_save(obj, path: Path) -> None:
             tmp.unlink()
 
 
+_TEMP_FILE = re.compile(r"^\..+\.tmp-(\d+)$")
+
+
+def temp_path(path: Path) -> Path:
+    """Where ``atomic_save`` writes before the rename: ``.<name>.tmp-<pid>`` beside ``path``."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def sweep_stale_temps(folder: Path, owned: bool = False) -> list[Path]:
+    """Delete the ``.<name>.tmp-<pid>`` files that writers killed mid-write (SIGKILL, power loss)
+    left in ``folder``; returns them. A temp file is stale when its writer's process is gone or,
+    with ``owned=True`` (the caller holds the folder's run lock, so nobody else writes there),
+    when it is not this process's."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    gone = []
+    for p in folder.iterdir():
+        m = _TEMP_FILE.match(p.name)
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        if owned or not _alive(int(m.group(1))):
+            try:
+                p.unlink()
+                gone.append(p)
+            except OSError:
+                pass
+    return gone
+
+
 def safe_load(path: str | Path, error: type[Exception], message: str):
     """``torch.load(path, weights_only=True)`` on the CPU, or ``error(message)`` as one line.
 
@@ -36,10 +79,62 @@ def safe_load(path: str | Path, error: type[Exception], message: str):
     loader's own complaint (shortened) and ``{kind}`` its exception class.
     """
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr: not one line
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        reason = " ".join(str(e).split())[:160]
+        reason = load_failure(path, e)
         raise error(message.replace("{reason}", reason).replace("{kind}", type(e).__name__)) from None
+
+
+def first_sentence(text: str, limit: int = 160) -> str:
+    """The first sentence of ``text`` on one line, cut at a word (marked ``...``) past ``limit``."""
+    text = " ".join(str(text).split())
+    m = re.search(r"(?<![A-Z.][a-z])(?<!\d)\.(\s|$)", text)
+    text = text[: m.start()] if m else text
+    if len(text) > limit:  # end at the last whole clause (outside brackets) that fits, else at a word
+        depth, cut = 0, None
+        for i, ch in enumerate(text[:limit]):
+            depth += (ch in "([") - (ch in ")]")
+            if depth == 0 and ch in ";:" and text[i + 1: i + 2] == " " and i > limit // 3:
+                cut = i
+        text = text[:cut] if cut else text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " ..."
+    return text
+
+
+def load_failure(path: str | Path, exc: Exception) -> str:
+    """Why ``torch.load(path, weights_only=True)`` failed, in words: what the file is (or is not)
+    rather than the loader's internals, and never advice to load it unsafely."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError as e:
+        return f"cannot read it: {e.strerror or e}"
+    msg = " ".join(str(exc).split())
+    if size == 0:
+        return "the file is empty"
+    if "Weights only load failed" in msg:
+        code = re.search(r"GLOBAL ([\w.]+)", msg)
+        if code:
+            return f"it contains code-bearing Python objects such as {code.group(1)} and is refused for safety"
+        if head[:1] == b"\x80" or head[:2] == b"PK":
+            return "it contains pickled Python data that is not plain tensors and is refused for safety"
+    if head[:2] == b"PK":
+        if "zip archive" in msg or "central directory" in msg or isinstance(exc, (EOFError, RuntimeError)):
+            return f"it is truncated or damaged: an incomplete zip archive of {size} bytes"
+        return first_sentence(msg) or type(exc).__name__
+    if head[:6] == b"\x93NUMPY":
+        return "it is a NumPy .npy file, not a torch file"
+    if head[:1] == b"\x80":
+        return f"it is truncated or not a torch pickle: {first_sentence(msg) or type(exc).__name__}"
+    try:
+        text = head.decode("utf-8")
+        if "\x00" not in text:
+            return f"it is a text file, not a torch file; it starts {' '.join(text.split())[:40]!r}"
+    except UnicodeDecodeError:
+        pass
+    return "it is neither a torch zip archive nor a pickle"
 
 
 def file_sha256(path: Path) -> str:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..commands.ablate import list_grids, run_grid
+from ..commands.check_data import check_data
 from ..commands.demo import run_demo
 from ..commands.demo_diffusion import run_diffusion_demo
 from ..commands.evaluate import run_compare, run_eval
@@ -23,8 +24,9 @@ from ..commands.supervised import run_supervised
 from ..data import DataConfig
 from ..errors import TrainingDiverged, UserError, one_line
 from ..eval.suite import EvalSettings
+from ..io import first_sentence
 from ..schedule import SCHEDULES, alpha_schedule, effective_decay, solve_alpha_min
-from ..train.config import list_presets, preset_text
+from ..train.config import list_presets, load_config, preset_text
 from ..viz.plots import plot_alpha_schedules
 from .diffusion import add_commands as add_diffusion_commands
 from .. import __version__
@@ -64,7 +66,24 @@ def cmd_alpha(args) -> None:
 
 def cmd_pretrain(args) -> None:
     run_pretrain(args.preset, args.overrides, resume=args.resume, print_config=args.print_config,
-                 progress=not args.no_progress, overwrite=args.overwrite, allow_changes=args.allow_changes)
+                 progress=not args.no_progress, check=args.check_data, overwrite=args.overwrite,
+                 allow_changes=args.allow_changes)
+
+
+def cmd_check_data(args) -> None:
+    if args.workers is not None and args.workers < 1:
+        raise UserError(f"--workers must be a positive integer, got {args.workers}")
+    if args.preset:
+        cfg = load_config(args.preset, args.overrides)
+        data, img = cfg.data, cfg.model.img_size
+    elif args.data or args.data_path:
+        if args.overrides:
+            raise UserError(f"key=value overrides ({args.overrides[0]}) need --preset; with --data give the folder as --data-path")
+        data, img = DataConfig(name=args.data or "imagefolder", path=args.data_path), 224
+    else:
+        raise UserError("check-data needs a data set: --data-path DIR (an ImageFolder), --data NAME --data-path DIR, "
+                        "or --preset NAME [data.path=DIR]")
+    check_data(data, img, workers=args.workers, progress=not args.no_progress)
 
 
 def cmd_finetune(args) -> None:
@@ -105,16 +124,14 @@ def cmd_demo(args) -> None:
 def cmd_eval(args) -> None:
     layer = "all" if args.layer == "all" else _int_arg(args.layer, "--layer")
     data = None
-    if args.data or args.data_path:
-        if not args.data:
-            raise UserError("--data-path needs --data (digits, fashion-mnist, cifar10, cifar100, imagefolder)")
+    if args.data:  # --data-path alone: the checkpoint's data set at another path
         data = DataConfig(name=args.data, path=args.data_path, num_workers=args.num_workers)
     settings = EvalSettings(evals=tuple(e.strip() for e in args.evals.split(",") if e.strip()), layer=layer,
                             feature=args.feature, knn_k=args.k, knn_temperature=args.temperature,
                             probe_epochs=args.probe_epochs, probe_norm=args.probe_norm, rank_exp=args.rank_exp, data=data, max_train=args.max_train,
                             max_test=args.max_test, batch_size=args.batch_size, num_workers=args.num_workers,
                             device=args.device, cache_dir=args.cache_dir, progress=not args.no_progress,
-                            baselines=not args.no_baselines)
+                            baselines=not args.no_baselines, data_path=None if args.data else args.data_path)
     run_eval(args.checkpoints, settings, args.out)
 
 
@@ -141,8 +158,12 @@ def _int_arg(value: str, name: str) -> int:
 
 def cmd_presets(args) -> None:
     for name in list_presets():
-        first = preset_text(name).splitlines()[0].lstrip("# ")
-        print(f"{name:<24} {first}")
+        comment = []
+        for line in preset_text(name).splitlines():  # the leading comment, whose first sentence may wrap
+            if not line.startswith("#"):
+                break
+            comment.append(line.lstrip("# "))
+        print(f"{name:<24} {first_sentence(' '.join(comment).replace('- ', '-'), 200)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pretrain a preset on CPU, one GPU or many (torchrun)")
     t.add_argument("--preset", required=True, help="preset name (resdecay presets) or a YAML file")
     t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    t.add_argument("--check-data", action="store_true",
+                   help="decode every image first and list every unreadable file (stops unless data.on_bad_file=skip)")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. alpha_min=0.7 train.epochs=100 data.path=/data/in100")
     t.set_defaults(func=cmd_pretrain)
 
@@ -237,6 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
     fg.add_argument("--seed", type=int, default=0)
     fg.add_argument("--out", default="runs/figures", help="output folder (default runs/figures)")
     fg.set_defaults(func=cmd_figures)
+
+    cd = sub.add_parser("check-data", parents=[data_options("dataset (default imagefolder with --data-path)"), progress_option()],
+                        help="decode every image of a data set in parallel and list every unreadable file at once")
+    cd.add_argument("--preset", default=None, help="check the data set of this preset (with key=value overrides)")
+    cd.add_argument("--workers", type=int, default=None, help="decoding threads (default 2 x CPU cores, at most 64)")
+    cd.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. data.path=/data/imagenet")
+    cd.set_defaults(func=cmd_check_data)
 
     add_diffusion_commands(sub)
 

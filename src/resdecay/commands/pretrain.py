@@ -9,6 +9,8 @@ from pathlib import Path
 import yaml
 
 from ..eval.online import online_evaluator
+from ..train.distributed import is_main_process
+from .check_data import check_data
 from ..train import loop  # noqa: F401  (the module: the loop function is called as loop.train)
 from ..train.config import RunConfig, load_config
 
@@ -21,11 +23,14 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
 
 
 def run_pretrain(preset: str, overrides: list[str], resume: str | None = None, print_config: bool = False,
-                 progress: bool = True, overwrite: bool = False, allow_changes: bool = False) -> dict | None:
+                 progress: bool = True, check: bool = False, overwrite: bool = False,
+                 allow_changes: bool = False) -> dict | None:
     cfg = load_config(preset, overrides)
     if print_config:
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         return None
+    if check and is_main_process():  # every unreadable file at once, before hours of training
+        check_data(cfg.data, cfg.model.img_size, progress=progress, stop=cfg.data.on_bad_file == "stop")
     summary = train(cfg, resume=resume, progress=progress, overwrite=overwrite, allow_changes=allow_changes)
     if summary.get("checkpoint"):
         print(f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -53,6 +54,7 @@ class DataConfig:
     canvas: int = 32  # fashion-mnist-m: image side in pixels
     nuisances: list[str] = field(default_factory=lambda: list(NUISANCES))  # fashion-mnist-m: which nuisances are on
     dataset_seed: int = 0  # fashion-mnist-m: image i of a split is drawn from a generator seeded by (dataset_seed, split, i)
+    on_bad_file: Literal["stop", "skip"] = "stop"  # an unreadable image in training: stop the run | skip (replace it deterministically, list it in <run>/bad_files.txt)
 
     def validate(self) -> None:
         check_fields(self, "data")
@@ -199,14 +201,32 @@ class TensorImages(Dataset):
         return (x - self.mean) / self.std, int(self.labels[i])
 
 
+class BadImage(DataError):
+    """An image file that cannot be opened or fully decoded (``path``, ``reason``)."""
+
+    def __init__(self, path: str, reason: str | None = None):
+        if reason is None:  # re-raised by a DataLoader worker with the whole message: keep it
+            super().__init__(path)
+            self.path = self.reason = None
+            return
+        super().__init__(f"cannot read image {path}: {reason}; remove or replace the file, run `resdecay check-data` "
+                         "to list every unreadable file, or train with data.on_bad_file=skip")
+        self.path, self.reason = path, reason
+
+    def __reduce__(self):  # picklable with its fields (DataLoader workers re-raise it)
+        return (BadImage, (self.path, self.reason))
+
+
 def _checked_pil_loader(path: str):
+    """The whole image decoded to RGB (a truncated file fails here, not later in a transform)."""
     from PIL import Image
 
     try:
         with open(path, "rb") as f:
             return Image.open(f).convert("RGB")
     except Exception as e:
-        raise DataError(f"cannot read image {path}: {e}; remove or replace the file") from None
+        reason = re.sub(r"\s*<_io\.\w+ name=[^>]*>", "", " ".join(f"{type(e).__name__}: {e}".split()))  # not the path again
+        raise BadImage(str(path), reason[:200]) from None
 
 
 def _image_folder(root: Path, transform):

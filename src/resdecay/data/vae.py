@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from ..errors import UserError
-from ..io import atomic_save
+from ..io import atomic_save, first_sentence
 from .datasets import build_dataset
 
 SPLITS = ("train", "test")
@@ -39,7 +39,7 @@ def load_vae(path: str | None, device: str | torch.device = "cpu"):
     try:
         vae = AutoencoderKL.from_pretrained(path, local_files_only=True)
     except Exception as e:  # diffusers raises OSError/ValueError/EnvironmentError variants
-        raise UserError(f"cannot load the VAE at {path} ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+        raise UserError(f"cannot load the VAE at {path} ({type(e).__name__}: {first_sentence(str(e))}); "
                         "pass --vae PATH to a diffusers AutoencoderKL folder") from None
     return vae.to(device).eval()
 

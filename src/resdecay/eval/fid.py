@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from ..data import DataConfig, build_dataset
 from ..errors import UserError, one_line
-from ..io import atomic_save, file_sha256, safe_load
+from ..io import atomic_save, file_sha256, first_sentence, safe_load
 
 BATCH_SIZE = 100  # fixed: features (and so FID) must not depend on how the caller chunked the images
 STATS_FORMAT = "resdecay-fid-stats-v1"
@@ -196,7 +196,7 @@ def _chunks(images):
                 with z:
                     z = z["arr_0"]
         except Exception as e:
-            raise UserError(f"cannot read samples file {path} ({type(e).__name__}: {one_line(e)[:100]}): pass an "
+            raise UserError(f"cannot read samples file {path} ({type(e).__name__}: {first_sentence(one_line(e), 100)}): pass an "
                             f".npz holding uint8 NHWC images in 'arr_0' (ADM format)") from None
         images = z
     if isinstance(images, np.ndarray):

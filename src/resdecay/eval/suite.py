@@ -11,14 +11,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from ..data import DataConfig, build_dataset, check_first_sample
-from ..errors import UserError
-from ..io import file_sha256, run_dir_of, safe_load
+from ..errors import UserError, one_line
+from ..io import atomic_save, file_sha256, run_dir_of, safe_load, sweep_stale_temps
 from ..nn.blocks import block_statistics as record_block_statistics
 from ..nn.decayify import alphas_of
 from ..train.checkpoint import load_checkpoint, load_model
@@ -54,6 +55,7 @@ class EvalSettings:
     cache_dir: str | None = None  # default: <run>/eval/cache
     progress: bool = True
     baselines: bool = True  # also measure raw pixels and the run's randomly initialised encoder (eval/baselines.py)
+    data_path: str | None = None  # with data=None: the checkpoint's data set, read from this folder
 
     def validate(self) -> None:
         bad = [e for e in self.evals if e not in EVALS]
@@ -88,18 +90,35 @@ def cached_features(model, ckpt_sha: str, data: DataConfig, split: str, img_size
     key = {"format": FEATURE_FORMAT, "checkpoint_sha256": ckpt_sha, **card, "layers": layers, "pools": sorted(pools)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     file = cache_dir / f"{split}-{digest}.pt"
-    if file.exists():
-        blob = safe_load(file, UserError, f"feature cache {file} is damaged ({{reason}}); delete it and run again")
-        feats = {(int(k.split(":")[0]), k.split(":")[1]): v for k, v in blob["feats"].items()}
-        return feats, blob["labels"], card, True
+    sweep_stale_temps(cache_dir)  # left by an eval killed while writing
+    cached = load_cached(file, [(l, p) for l in layers for p in pools], len(dataset))
+    if cached is not None:
+        return *cached, card, True
     feats, labels = extract_features(model, dataset, layers, tuple(sorted(pools)), s.batch_size, device,
                                      s.num_workers, s.progress, desc=f"features ({split})")
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = file.with_suffix(".tmp")
-        torch.save({"feats": {f"{l}:{p}": v for (l, p), v in feats.items()}, "labels": labels, "key": json.dumps(key)}, tmp)
-        tmp.replace(file)
+        atomic_save({"feats": {f"{l}:{p}": v for (l, p), v in feats.items()}, "labels": labels, "key": json.dumps(key)}, file)
     return feats, labels, card, False
+
+
+def load_cached(file: Path, wanted: list[tuple], n: int) -> tuple | None:
+    """(feats, labels) from a cache file, or None when there is none. A damaged file (truncated,
+    empty, not a cache, wrong shapes) is reported in one line, deleted and recomputed."""
+    if not file.exists():
+        return None
+    try:
+        blob = safe_load(file, UserError, "{reason}")
+        feats = {(int(k.split(":")[0]), k.split(":")[1]): v for k, v in blob["feats"].items()}
+        labels = blob["labels"]
+        if not (isinstance(labels, torch.Tensor) and len(labels) == n
+                and all(isinstance(feats.get(k), torch.Tensor) and len(feats[k]) == n for k in wanted)):
+            raise ValueError(f"it does not hold features of the {n} images")
+    except (UserError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        print(f"resdecay: warning: feature cache {file} is damaged ({one_line(e)}); recomputing it", file=sys.stderr)
+        file.unlink(missing_ok=True)
+        return None
+    return feats, labels
 
 
 @torch.no_grad()
@@ -128,7 +147,7 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
         if not -depth <= int(s.layer) < depth:
             raise UserError(f"--layer {s.layer} is out of range: the encoder has {depth} blocks (0..{depth - 1}, or -1 for the last)")
         layers = [int(s.layer) % depth]
-    data = s.data or replace(cfg.data, augment="none", train_subset=None)
+    data = s.data or replace(cfg.data, augment="none", train_subset=None, path=s.data_path or cfg.data.path)
     sha = file_sha256(checkpoint)
     cache_dir = Path(s.cache_dir) if s.cache_dir else run_dir_of(checkpoint) / "eval" / "cache"
     pools = {s.feature, "cls"} if "rank" in s.evals else {s.feature}

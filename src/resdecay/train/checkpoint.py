@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
-from ..io import atomic_save, safe_load
+from ..io import atomic_save, first_sentence, safe_load
 from ..models import build_model
 from .config import from_dict
 
@@ -117,5 +117,5 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", ema: bool =
     try:
         model.load_state_dict(state["ema"] if ema and "ema" in state else state["model"])
     except RuntimeError as e:
-        raise CheckpointError(f"{path}: weights do not fit the model its config describes ({str(e).splitlines()[0]})") from None
+        raise CheckpointError(f"{path}: weights do not fit the model its config describes ({first_sentence(str(e), 200)})") from None
     return model.to(device).eval(), cfg

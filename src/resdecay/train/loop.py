@@ -14,6 +14,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
+from ..data.badfiles import count_bad_files
 from ..errors import ConfigError, DataError, TrainingDiverged, one_line
 from ..schedule import effective_decay
 from . import checkpoint as ckpt
@@ -21,7 +22,7 @@ from . import distributed as dist_env
 from .config import RunConfig
 from .runlog import RunLog, peak_flops, peak_memory_mb
 from .previous_run import check_fresh_start
-from .setup import build_data, build_trainee, lr_at, prepare_out_dir, save
+from .setup import build_data, build_trainee, lr_at, run_folder, save, settings_warnings
 
 
 def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_epoch_end=None, init=None,
@@ -38,20 +39,27 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
         overwrite: a fresh start into a folder that holds a run removes that run first (else refused).
         allow_changes: resume even if batch, data, seed, length or process count changed (no longer exact).
     """
-    tc = cfg.train
-    env = dist_env.setup(tc.device)
-    if tc.threads:
-        torch.set_num_threads(tc.threads)
-    out = prepare_out_dir(cfg.out_dir)
-    ckpt_dir = out / "checkpoints"
+    env = dist_env.setup(cfg.train.device)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     say = print if env.is_main else (lambda *a, **k: None)
-    if env.is_main:
-        check_fresh_start(out, resume, overwrite, say)  # a finished run is never overwritten silently
-    dist_env.barrier(env)
-    data = build_data(cfg, env)
-    t = build_trainee(cfg, env, data.peak_lr, ckpt.resolve_resume(resume, ckpt_dir), init, say,
+    with run_folder(cfg.out_dir, env, say) as out:  # locked: one run per folder at a time
+        if env.is_main:
+            check_fresh_start(out, resume, overwrite, say)  # a finished run is never overwritten silently
+        dist_env.barrier(env)
+        return _train(cfg, env, out, say, resume, progress, on_epoch_end, init, online_eval, allow_changes)
+
+
+def _train(cfg: RunConfig, env, out, say, resume, progress, on_epoch_end, init, online_eval, allow_changes) -> dict:
+    tc = cfg.train
+    ckpt_dir = out / "checkpoints"
+    data = build_data(cfg, env, out)
+    t = build_trainee(cfg, env, data.peak_lr, ckpt.resolve_resume(resume, ckpt_dir), init, say, len(data.samples),
                       allow_changes=allow_changes)
     announce(cfg, env, data, t, resume, say)
+    for line in settings_warnings(cfg, data, t.raw):
+        say(line)
+    bad_seen = count_bad_files(data.bad_files)
     if on_epoch_end is None and tc.online_eval_every > 0:
         if online_eval is None:
             raise ConfigError("train.online_eval_every needs an online evaluator: train with "
@@ -117,6 +125,11 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
                            "img_per_s": img_s, "peak_mem_mb": peak_memory_mb(env.device), "time_s": now - t_start}
                     if gpu_peak:
                         row["mfu"] = flops_per_img * img_s / env.world_size / gpu_peak
+                    if data.bad_files is not None and (bad := count_bad_files(data.bad_files)):
+                        row["bad_files"] = bad  # unreadable images replaced so far (data.on_bad_file=skip)
+                        if bad > bad_seen:
+                            say(f"\nnote: {bad} unreadable image(s) skipped so far; listed in {data.bad_files}")
+                            bad_seen = bad
                     log.write(row)
                     bar.set_postfix(loss=f"{last_loss:.4f}", lr=f"{lr:.2e}", img_s=f"{img_s:.0f}")
                     loss_sum.zero_()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import random
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,11 +17,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
 from ..data import ResumableSampler, SeededSamples, build_dataset, check_first_sample
+from ..data.badfiles import SkipBadFiles
 from ..errors import CheckpointError, ConfigError, UserError
+from ..io import sweep_stale_temps
 from ..models import Family, build_model, get_family
 from . import checkpoint as ckpt
 from .previous_run import HARMLESS, check_resume_changes, inexact_changes
 from . import distributed as dist_env
+from . import runlock
 from .config import RunConfig, TrainConfig
 
 
@@ -57,6 +61,42 @@ def prepare_out_dir(path: Path) -> Path:
     return path
 
 
+@contextmanager
+def run_folder(path: Path, env: dist_env.DistEnv, say):
+    """The run folder, created and locked for the block (one run per folder: rank 0 holds the
+    lock, every rank learns of a refusal), with the temp files of killed checkpoint writers swept.
+    A folder this call created is removed again when the block fails before writing anything in
+    it (a wrong data path leaves no empty run folder behind)."""
+    path = Path(path)
+    created = not path.exists()
+    prepare_out_dir(path)
+    problem = None
+    if env.is_main:
+        try:
+            runlock.acquire(path)
+        except runlock.RunFolderBusy as e:
+            problem = str(e)
+    problem = next((p for p in dist_env.gather_objects(env, problem) if p), None)
+    if problem:
+        raise runlock.RunFolderBusy(problem)
+    try:
+        if env.is_main:
+            stale = sweep_stale_temps(path / "checkpoints", owned=True)
+            if stale:
+                say(f"removed {len(stale)} partial checkpoint file(s) left by a killed run in {path / 'checkpoints'}")
+        yield path
+    except BaseException:
+        if env.is_main:
+            runlock.release(path)
+            if created and {p.name for p in path.iterdir()} <= {runlock.LOCK_NAME}:
+                (path / runlock.LOCK_NAME).unlink(missing_ok=True)
+                path.rmdir()
+        raise
+    else:
+        if env.is_main:
+            runlock.release(path)
+
+
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     if precision == "auto":
         return torch.bfloat16 if device.type == "cuda" else None
@@ -88,12 +128,16 @@ class Data:
     warmup_steps: int
     eff_batch: int
     peak_lr: float
+    bad_files: Path | None = None  # <run>/bad_files.txt under data.on_bad_file=skip
 
 
-def build_data(cfg: RunConfig, env: dist_env.DistEnv) -> Data:
+def build_data(cfg: RunConfig, env: dist_env.DistEnv, out: Path | None = None) -> Data:
     tc = cfg.train
     dataset, _ = build_dataset(cfg.data, "train", cfg.model.img_size)
     samples = SeededSamples(dataset, tc.seed)
+    bad_files = Path(out) / "bad_files.txt" if out is not None and cfg.data.on_bad_file == "skip" else None
+    if bad_files is not None:
+        samples = SkipBadFiles(samples, bad_files)
     check_first_sample(samples, cfg.model.in_chans, cfg.model.img_size, cfg.data.name)
     sampler = ResumableSampler(len(samples), env.rank, env.world_size, seed=tc.seed, shuffle=True)
     workers = cfg.data.num_workers
@@ -107,7 +151,22 @@ def build_data(cfg: RunConfig, env: dist_env.DistEnv) -> Data:
     eff_batch = tc.batch_size * tc.accum_steps * env.world_size
     return Data(samples, sampler, loader, steps_per_epoch, tc.epochs * steps_per_epoch,
                 int(round(tc.warmup_epochs * steps_per_epoch)), eff_batch,
-                tc.lr if tc.lr is not None else tc.base_lr * eff_batch / 256)
+                tc.lr if tc.lr is not None else tc.base_lr * eff_batch / 256, bad_files)
+
+
+def settings_warnings(cfg: RunConfig, data: Data, raw) -> list[str]:
+    """Settings that silently do (almost) nothing, as one line each (printed once at the start)."""
+    tc, out = cfg.train, []
+    if data.warmup_steps > data.total_steps:
+        out.append(f"warning: train.warmup_epochs={tc.warmup_epochs:g} is longer than the run (train.epochs={tc.epochs}): "
+                   f"the lr never reaches its peak {data.peak_lr:.2e} (it stops at "
+                   f"{data.peak_lr * data.total_steps / data.warmup_steps:.2e}); lower train.warmup_epochs")
+    sources, depth = getattr(raw, "skip_sources", None), getattr(cfg.model, "depth", None)
+    if sources and depth and 4 * len(sources) < depth:
+        out.append(f"warning: only {len(sources)} of {depth} encoder blocks feed the decoder (model.decoder_depth="
+                   f"{cfg.model.decoder_depth} long skips); raise model.decoder_depth to about {math.ceil(depth / 2)} "
+                   "or set model.skip_sources")
+    return out
 
 
 @dataclass
@@ -125,7 +184,7 @@ class Trainee:
 
 
 def build_trainee(cfg: RunConfig, env: dist_env.DistEnv, peak_lr: float, resumed_from: Path | None, init, say,
-                  allow_changes: bool = False) -> Trainee:
+                  images: int | None = None, allow_changes: bool = False) -> Trainee:
     """Seed, build the model (``init`` on fresh starts), its optimizer and scaler, restore a resumed
     run's state and wrap the model for compilation and DDP."""
     tc = cfg.train
@@ -141,7 +200,7 @@ def build_trainee(cfg: RunConfig, env: dist_env.DistEnv, peak_lr: float, resumed
     scaler = torch.amp.GradScaler(env.device.type, enabled=amp_dtype == torch.float16)
     step, ema_state = 0, None
     if resumed_from is not None:
-        step, ema_state = restore(cfg, env, resumed_from, raw, optimizer, scaler, say, allow_changes)
+        step, ema_state = restore(cfg, env, resumed_from, raw, optimizer, scaler, say, images, allow_changes)
     ema = None
     if tc.ema_decay > 0:  # an exponential moving average of the weights, used for sampling (DiT, SiT, U-ViT)
         from timm.utils import ModelEmaV3
@@ -157,9 +216,14 @@ def build_trainee(cfg: RunConfig, env: dist_env.DistEnv, peak_lr: float, resumed
     return Trainee(raw, model, family, optimizer, scaler, amp_dtype, ema, step, resumed_from)
 
 
-def restore(cfg: RunConfig, env, path: Path, raw, optimizer, scaler, say, allow_changes: bool = False) -> tuple[int, dict | None]:
+def restore(cfg: RunConfig, env, path: Path, raw, optimizer, scaler, say, images: int | None = None,
+            allow_changes: bool = False) -> tuple[int, dict | None]:
     """Load a checkpoint of the same model into this run; returns (step, EMA weights or None)."""
     state = ckpt.load_checkpoint(path)
+    saved_images = state["train_state"].get("images")
+    if images is not None and saved_images is not None and saved_images != images:
+        say(f"note: the training set has {images} images now but had {saved_images} when {path.name} was written; "
+            "the data order from here on differs from the original run's")
     diffs = ckpt.model_differences(state["config"]["model"], cfg.to_dict()["model"])
     if diffs:
         raise CheckpointError(f"cannot resume from {path}: it is a different model ({'; '.join(diffs[:3])}); "
@@ -192,7 +256,8 @@ def save(cfg: RunConfig, env, trainee: Trainee, data: Data, ckpt_dir: Path) -> P
         state = {"model": trainee.raw.state_dict(), "optimizer": trainee.optimizer.state_dict(),
                  "scaler": trainee.scaler.state_dict(),
                  "train_state": {"step": step, "epoch": step // data.steps_per_epoch,
-                                 "step_in_epoch": step % data.steps_per_epoch, "world_size": env.world_size},
+                                 "step_in_epoch": step % data.steps_per_epoch, "world_size": env.world_size,
+                                 "images": len(data.samples)},
                  "rng": rngs, "config": cfg.to_dict()}
         if trainee.ema is not None:
             state["ema"] = trainee.ema.module.state_dict()
