@@ -1,0 +1,76 @@
+"""Issue 14 (throughput): the cheaper skip fusion is the same function, fused AdamW keeps runs
+exact, the uint8 image path matches the old one's errors and determinism. All tiny and fast."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from resdecay.models import MAEConfig, MaskedAutoencoder, build_model
+from resdecay.models.mae import SkipFusion, fill_and_unshuffle
+from resdecay.train.config import load_config
+
+SMALL = dict(img_size=8, in_chans=1, patch_size=2, embed_dim=24, depth=4, num_heads=2,
+             decoder_embed_dim=16, decoder_depth=3, decoder_num_heads=2)
+
+
+def concat_fusion(f: SkipFusion, dec, enc, ids_restore):
+    """The formulation before issue 14: fill at encoder width, unshuffle, concatenate, fc1."""
+    enc = fill_and_unshuffle(enc, ids_restore, f.mask_token)
+    return dec + f.fc2(f.act(f.fc1(torch.cat([enc, dec], dim=-1))))
+
+
+def _perturb(model):
+    with torch.no_grad():  # zero-init makes fc2 silent; give every parameter a value
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+
+
+def test_split_fusion_equals_concat_fusion_outputs_and_grads():
+    torch.manual_seed(0)
+    model = MaskedAutoencoder(MAEConfig(**SMALL)).double()
+    _perturb(model)
+    ref = copy.deepcopy(model)
+    for f in ref.skip_fusions:  # the reference model runs the old formulation
+        f.forward = lambda dec, enc, ids, f=f: concat_fusion(f, dec, enc, ids)
+    imgs = torch.randn(3, 1, 8, 8, dtype=torch.float64)
+    out = []
+    for m in (model, ref):
+        torch.manual_seed(1)  # same masks
+        loss, pred, _ = m(imgs)
+        loss.backward()
+        out.append((loss, pred, {n: p.grad for n, p in m.named_parameters() if p.grad is not None}))
+    (la, pa, ga), (lb, pb, gb) = out
+    torch.testing.assert_close(la, lb, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(pa, pb, rtol=1e-12, atol=1e-12)
+    assert ga.keys() == gb.keys() and any("skip_fusions.0.mask_token" in n for n in ga)
+    for n in ga:
+        torch.testing.assert_close(ga[n], gb[n], rtol=1e-10, atol=1e-12, msg=n)
+
+
+def test_split_fusion_float32_and_bf16_autocast_close():
+    torch.manual_seed(0)
+    f = SkipFusion(24, 16)
+    torch.nn.init.normal_(f.fc2.weight, std=0.1)
+    B, N, K = 2, 16, 4
+    ids = torch.stack([torch.randperm(N) for _ in range(B)])
+    enc, dec = torch.randn(B, 1 + K, 24), torch.randn(B, 1 + N, 16)
+    torch.testing.assert_close(f(dec, enc, ids), concat_fusion(f, dec, enc, ids), rtol=1e-5, atol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a, b = f(dec, enc, ids), concat_fusion(f, dec, enc, ids)
+    torch.testing.assert_close(a.float(), b.float(), rtol=0.05, atol=0.05)
+
+
+def test_fusion_state_dict_keys_unchanged_and_flops_follow():
+    cfg = load_config("mae-b16").model
+    with torch.device("meta"):
+        model = build_model(cfg)
+    keys = {k for k in model.state_dict() if k.startswith("skip_fusions.0.")}
+    assert keys == {f"skip_fusions.0.{k}" for k in ("mask_token", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")}
+    assert tuple(model.skip_fusions[0].fc1.weight.shape) == (512, 768 + 512)
+    # 21.69 GFLOP with the concatenating fusion; 6 fusions x 2 x (197 - 50) x 768 x 512 fewer now
+    saved = 6 * 2 * (197 - 50) * 768 * 512
+    assert abs(model.flops_per_sample() - (21.69e9 - saved)) < 0.01e9
+    assert abs(saved / 1e9 - 0.694) < 0.001
