@@ -74,3 +74,30 @@ def test_fusion_state_dict_keys_unchanged_and_flops_follow():
     saved = 6 * 2 * (197 - 50) * 768 * 512
     assert abs(model.flops_per_sample() - (21.69e9 - saved)) < 0.01e9
     assert abs(saved / 1e9 - 0.694) < 0.001
+
+
+def test_background_checkpoint_is_a_snapshot_atomic_and_one_at_a_time(tmp_path, monkeypatch):
+    from resdecay.train import checkpoint as ckpt
+    from resdecay.train.async_checkpoint import CheckpointWriter
+
+    w = CheckpointWriter()
+    weights = torch.zeros(4)
+    w.submit({"model": {"w": weights}}, tmp_path, 1, keep_last=2)
+    weights.add_(1.0)  # the next optimizer step must not reach the file being written
+    w.submit({"model": {"w": weights}}, tmp_path, 2, keep_last=2)  # waits for step 1 first
+    w.wait()
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_00000001.pt", "step_00000002.pt"]
+    assert torch.equal(ckpt.load_checkpoint(tmp_path / "step_00000001.pt")["model"]["w"], torch.zeros(4))
+    assert torch.equal(ckpt.load_checkpoint(tmp_path / "step_00000002.pt")["model"]["w"], torch.ones(4))
+
+    def broken_save(obj, f):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    w.submit({"model": {"w": weights}}, tmp_path, 3, keep_last=2)
+    w.wait()
+    with pytest.raises(OSError, match="disk full"):
+        w.raise_if_failed()
+    assert [p.name for p in tmp_path.iterdir()] == ["step_00000001.pt", "step_00000002.pt"] or \
+        sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001.pt", "step_00000002.pt"]
