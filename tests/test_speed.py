@@ -101,3 +101,68 @@ def test_background_checkpoint_is_a_snapshot_atomic_and_one_at_a_time(tmp_path, 
         w.raise_if_failed()
     assert [p.name for p in tmp_path.iterdir()] == ["step_00000001.pt", "step_00000002.pt"] or \
         sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001.pt", "step_00000002.pt"]
+
+
+@pytest.fixture
+def odd_images(tmp_path):
+    """Real files of every kind the uint8 path meets: JPEG, grayscale and RGBA PNG, CMYK JPEG, a
+    JPEG named .png, a BMP, and a corrupt one."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    d = tmp_path / "imgs" / "train" / "a"
+    d.mkdir(parents=True)
+    rgb = Image.fromarray(rng.integers(0, 256, (30, 44, 3), dtype=np.uint8))
+    rgb.save(d / "rgb.jpg", quality=90)
+    Image.fromarray(rng.integers(0, 256, (30, 44), dtype=np.uint8)).save(d / "gray.png")
+    Image.fromarray(rng.integers(0, 256, (30, 44, 4), dtype=np.uint8)).save(d / "rgba.png")
+    rgb.convert("CMYK").save(d / "cmyk.jpg")
+    rgb.save(d / "named.png", format="JPEG")
+    rgb.save(d / "pic.bmp")
+    (d / "zbad.png").write_bytes(b"this is not a png")
+    return tmp_path / "imgs"
+
+
+def test_uint8_decode_matches_pil_and_words_errors_the_same(odd_images):
+    import numpy as np
+    from PIL import Image
+
+    from resdecay.data.datasets import _checked_pil_loader
+    from resdecay.data.fast_images import decode_uint8
+    from resdecay.errors import DataError
+
+    for f in sorted((odd_images / "train" / "a").iterdir()):
+        if f.name == "zbad.png":
+            with pytest.raises(DataError) as old:
+                _checked_pil_loader(str(f))
+            with pytest.raises(DataError) as new:
+                decode_uint8(str(f))
+            assert str(new.value) == str(old.value) and "cannot read image" in str(new.value)
+            continue
+        ref = torch.from_numpy(np.asarray(Image.open(f).convert("RGB"))).permute(2, 0, 1)
+        got = decode_uint8(str(f))
+        assert got.dtype == torch.uint8 and got.shape == ref.shape, f.name
+        assert (got.int() - ref.int()).abs().max() <= 2, f.name  # both libjpeg(-turbo); PNG/BMP exact
+
+
+def test_uint8_path_is_seeded_and_device_loader_normalises_like_the_dataset(odd_images):
+    from torch.utils.data import DataLoader, Subset
+
+    from resdecay.data import DataConfig, DeviceLoader, ResumableSampler, SeededSamples, build_dataset, uint8_batches
+
+    (odd_images / "train" / "a" / "zbad.png").unlink()
+    ds, info = build_dataset(DataConfig("imagefolder", path=str(odd_images), augment="mae"), "train", 16)
+    samples = SeededSamples(ds, seed=3)
+    floats = torch.stack([samples[(i, 1)][0] for i in range(len(ds))])
+    assert floats.dtype == torch.float32 and floats.shape == (len(ds), 3, 16, 16)
+    torch.manual_seed(99)  # the global RNG does not matter
+    assert torch.equal(samples[(2, 1)][0], floats[2]) and not torch.equal(samples[(2, 2)][0], floats[2])
+    assert uint8_batches(SeededSamples(Subset(ds, range(2)), 0)) == (info.mean, info.std)
+    assert samples[(2, 1)][0].dtype == torch.uint8  # switched to uint8 batches: same pixels, normalised later
+    sampler = ResumableSampler(len(samples), seed=0)
+    sampler.set_epoch(1)
+    loader = DeviceLoader(DataLoader(samples, batch_size=len(ds), sampler=sampler), torch.device("cpu"), info.mean, info.std)
+    (x, _), = list(loader)
+    order = [i for i, _ in sampler]
+    torch.testing.assert_close(x, floats[order], rtol=0, atol=0)

@@ -31,10 +31,12 @@ from torch.utils.data import Dataset
 from ..errors import ConfigError, DataError, check_fields
 from ..io import safe_load
 from .fashion_mnist_m import NUISANCES, composite, validate_knobs
+from .fast_images import Uint8View, decode_uint8
 
 DatasetName = Literal["digits", "fashion-mnist", "fashion-mnist-m", "cifar10", "cifar100", "imagefolder", "synthetic", "latents"]
 Normalize = Literal["dataset", "symmetric"]
 Augment = Literal["none", "flip", "mae", "randaug", "cifar"]
+Decoder = Literal["tensor", "pil"]
 DATASETS, NORMALIZE, AUGMENTS = get_args(DatasetName), get_args(Normalize), get_args(Augment)
 FASHION_MNIST_DEBIAN = "/usr/share/datasets/fashion-mnist"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -53,6 +55,7 @@ class DataConfig:
     canvas: int = 32  # fashion-mnist-m: image side in pixels
     nuisances: list[str] = field(default_factory=lambda: list(NUISANCES))  # fashion-mnist-m: which nuisances are on
     dataset_seed: int = 0  # fashion-mnist-m: image i of a split is drawn from a generator seeded by (dataset_seed, split, i)
+    decoder: Decoder = "tensor"  # imagefolder: tensor (uint8 decode + transforms.v2, fast_images.py) | pil (PIL + v1 transforms)
 
     def validate(self) -> None:
         check_fields(self, "data")
@@ -209,11 +212,11 @@ def _checked_pil_loader(path: str):
         raise DataError(f"cannot read image {path}: {e}; remove or replace the file") from None
 
 
-def _image_folder(root: Path, transform):
+def _image_folder(root: Path, transform, loader=_checked_pil_loader):
     from torchvision.datasets import ImageFolder
 
     try:
-        return ImageFolder(str(root), transform=transform, loader=_checked_pil_loader)
+        return ImageFolder(str(root), transform=transform, loader=loader)
     except FileNotFoundError as e:
         raise DataError(f"data path {root} holds no images in class folders ({e}); "
                         f"expected {root}/<class>/<image>{IMG_EXTENSIONS[0]}") from None
@@ -275,7 +278,10 @@ def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | No
                 raise DataError(f"data path {root} has no val/ folder for evaluation; add <path>/val/<class>/*")
             sub = root
         mean, std = ((0.5,) * 3, (0.5,) * 3) if symmetric else (IMAGENET_MEAN, IMAGENET_STD)
-        ds = _image_folder(sub, _pil_transform(aug, img_size, mean, std))
+        if cfg.decoder == "tensor" and aug != "randaug":  # fine-tuning's RandAugment stays on timm's PIL pipeline
+            ds = _image_folder(sub, Uint8View(aug, img_size, mean, std), loader=decode_uint8)
+        else:
+            ds = _image_folder(sub, _pil_transform(aug, img_size, mean, std))
         info = DataInfo("imagefolder", len(ds.classes), 3, None, mean, std)
         if cfg.train_subset and train:
             ds = torch.utils.data.Subset(ds, range(min(cfg.train_subset, len(ds))))
