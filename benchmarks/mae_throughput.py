@@ -1,44 +1,43 @@
-"""MAE training throughput: images/s, ms/step, peak memory and MFU of one full training step,
-resdecay's model next to a naive eager re-implementation of the same architecture.
+"""MAE training throughput against fair references: resdecay's U-Net MAE and plain MAE next to
+straightforward SDPA implementations of the same two architectures, eager and compiled, in one
+process and one run, the variants interleaved.
 
 What is measured
     One training step = forward (random masking, encoder, decoder, norm-pix loss), backward and
     an AdamW step (weight decay on matrices only, as ``resdecay.train``), on a fixed batch of
-    synthetic random images already on the device (no data loading, no augmentation). Rows:
+    synthetic random images already on the device (no data loading). Variants, per architecture
+    (``--preset``, the U-Net MAE, and ``--plain-preset``, default ``<preset>-plain``):
 
-    resdecay (eager)                    ``build_model(load_config(preset, overrides).model)``
-    resdecay (torch.compile)            the same, through ``torch.compile`` (only with --compile)
-    reference (eager, naive attention)  ``RefMAE`` below: the same U-Net MAE written plainly,
-                                        attention as softmax(q @ k^T) @ v (no SDPA) and every
-                                        residual as ``a * x + f(x)`` (a separate multiply and add)
+    resdecay                   ``build_model(load_config(preset).model)``, AdamW as the trainer
+                               makes it (``fused=True`` where torch has the kernel, CPU included)
+    reference (SDPA)           ``RefMAE`` below: the same network written the obvious way: fused
+                               qkv Linear + ``F.scaled_dot_product_attention``, residuals as
+                               ``a * x + f(x)``, the U-Net skip fusion as concatenate-then-fc1 at
+                               all 1+N tokens; the same AdamW
+    ... (torch.compile)        both of the above through ``torch.compile`` (``--compile``)
+    resdecay before issue 14   U-Net only: the concatenating fusion and foreach AdamW (the code
+                               before issue 14), eager: the "today's step" the targets compare to
+    reference (naive attn)     ``--naive``: softmax(QK^T) materialised, the reference this script
+                               used to have (it flattered resdecay)
 
-    The reference holds the same parameters under the same names: it loads the resdecay model's
-    state dict strictly, and both parameter counts are printed. Before timing, both get the same
-    randomly perturbed weights (so that zero-initialised layers are not zero) and the same mask
-    seed, and their fp32 losses, predictions and full gradient vectors are compared (relative
-    differences; ~1e-7 is rounding, > 1e-4 is reported as a MISMATCH and exits 1): this shows
-    that the rows time the same computation.
+    The references hold the same parameters under the same names (strict state-dict load). Before
+    timing, each pair gets the same perturbed weights and mask seed and their fp32 losses,
+    predictions and gradient vectors are compared (relative differences; ~1e-7 is rounding, >1e-4
+    is a MISMATCH and exits 1).
 
 How
-    bf16 autocast on CUDA (fused AdamW, as the trainer), fp32 on CPU. Each row runs alone
-    (the previous row's model is freed first); ``--warmup`` steps (which include compilation),
-    then ``--steps`` steps, each timed between ``torch.cuda.synchronize()`` calls.
+    bf16 autocast on CUDA, fp32 on CPU. Every variant is built (memory measured from before it
+    is built: weights, gradients, AdamW state and activations) and warmed up (``--warmup`` steps,
+    compilation included); then ``--rounds`` rounds of ``--steps`` timed steps per variant, the
+    order rotating each round, so that load from other processes on a shared machine falls on all
+    variants alike. ms/step is the median over all timed steps; img/s = batch / median.
+    MFU (CUDA) = 3 x the architecture's analytic forward FLOPs (``flops_per_sample()`` of the
+    resdecay model, matmuls only: the work the architecture needs; the reference U-Net's
+    concatenating fusion does 0.69 GFLOP/img more at B/16) x img/s / peak bf16 FLOP/s. "vs ref"
+    divides by the reference of the same architecture and mode (eager by eager, compiled by
+    compiled); "before issue 14" is compared to resdecay eager.
 
-How to read the numbers
-    ms/step is the median step time; img/s = batch / median step time. Peak memory is what the
-    row needed above what was allocated at its start (benchmarks/_measure.py): on CUDA
-    ``torch.cuda.max_memory_allocated`` during the row minus ``torch.cuda.memory_allocated`` at
-    its start (weights, gradients, AdamW state, activations; the synthetic batch, allocated
-    before the rows, is not included); on CPU the growth of the process's peak resident set over
-    the row's start (VmHWM reset through /proc/self/clear_refs; falls back to the getrusage
-    ru_maxrss growth, which under-reports rows after the first) - an approximation that includes
-    allocator slack (and, for the torch.compile row, the compiler's own memory).
-    MFU (CUDA only) = 3 * model.flops_per_sample() * img/s / peak bf16 FLOP/s of the GPU
-    (resdecay.train.runlog.peak_flops); the analytic count covers matmuls only. One untimed step runs
-    before the table so that one-time allocations do not land on the first row.
-
-    python benchmarks/mae_throughput.py                                   # mae-tiny-digits, CPU
-    python benchmarks/mae_throughput.py alpha_min=1.0 skips=false         # plain-MAE variant
+    python benchmarks/mae_throughput.py                                        # tiny presets, CPU
     python benchmarks/mae_throughput.py --preset mae-b16 --device cuda --batch-size 256 --compile
 """
 
@@ -47,9 +46,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import platform
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -57,12 +58,12 @@ import torch.nn.functional as F
 
 from resdecay.train.config import load_config
 from resdecay.models import build_model
-from resdecay.models.mae import choose_skip_sources
+from resdecay.models.mae import choose_skip_sources, fill_and_unshuffle
 from resdecay.train.runlog import peak_flops
 from resdecay.schedule import alpha_schedule
 from resdecay.train import param_groups
 
-from _measure import MEM_LABEL, mem_peak, mem_start, timed_steps
+from _measure import MEM_LABEL, mem_peak, mem_start, sync, timed_steps
 
 
 # ============================================================================ naive reference
@@ -73,11 +74,12 @@ def _linear_pair(d_in: int, d_hidden: int, d_out: int) -> nn.Module:
 
 
 class RefBlock(nn.Module):
-    """Pre-LN block, ``x = a1 * x + attn(LN x); x = a2 * x + mlp(LN x)``, attention by hand."""
+    """Pre-LN block, ``x = a1 * x + attn(LN x); x = a2 * x + mlp(LN x)``; attention through SDPA
+    (``naive=True``: softmax(QK^T) materialised)."""
 
-    def __init__(self, d: int, heads: int, mlp_ratio: float, a1: float = 1.0, a2: float = 1.0):
+    def __init__(self, d: int, heads: int, mlp_ratio: float, a1: float = 1.0, a2: float = 1.0, naive: bool = False):
         super().__init__()
-        self.heads, self.a1, self.a2 = heads, a1, a2
+        self.heads, self.a1, self.a2, self.naive = heads, a1, a2, naive
         self.norm1, self.norm2 = nn.LayerNorm(d, eps=1e-6), nn.LayerNorm(d, eps=1e-6)
         self.attn = nn.Module()
         self.attn.qkv, self.attn.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
@@ -86,8 +88,12 @@ class RefBlock(nn.Module):
     def attention(self, x):
         B, T, D = x.shape
         q, k, v = self.attn.qkv(x).reshape(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
-        w = (q @ k.transpose(-2, -1)) * (D // self.heads) ** -0.5  # (B, H, T, T) materialised
-        return self.attn.proj((w.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, D))
+        if self.naive:
+            w = (q @ k.transpose(-2, -1)) * (D // self.heads) ** -0.5  # (B, H, T, T) materialised
+            o = w.softmax(dim=-1) @ v
+        else:
+            o = F.scaled_dot_product_attention(q, k, v)
+        return self.attn.proj(o.transpose(1, 2).reshape(B, T, D))
 
     def forward(self, x):
         x = self.a1 * x + self.attention(self.norm1(x))
@@ -105,7 +111,7 @@ def unshuffle(x, ids_restore, token):
 class RefMAE(nn.Module):
     """The (U-Net) MAE of resdecay.models.mae, same parameter names, written without helpers."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, naive: bool = False):
         super().__init__()
         self.cfg, D, Dd, p = cfg, cfg.embed_dim, cfg.decoder_embed_dim, cfg.patch_size
         self.grid = cfg.img_size // p
@@ -115,7 +121,7 @@ class RefMAE(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
         self.pos_embed = nn.Parameter(torch.zeros(1, N + 1, D), requires_grad=False)
         alphas = alpha_schedule(cfg.depth, cfg.alpha_min, cfg.schedule).tolist()
-        self.blocks = nn.ModuleList(RefBlock(D, cfg.num_heads, cfg.mlp_ratio, a, m) for a, m in alphas)
+        self.blocks = nn.ModuleList(RefBlock(D, cfg.num_heads, cfg.mlp_ratio, a, m, naive) for a, m in alphas)
         self.norm = nn.LayerNorm(D, eps=1e-6) if cfg.encoder_norm else nn.Identity()
         self.sources = choose_skip_sources(cfg.depth, cfg.decoder_depth, cfg.skip_sources) if cfg.skips else []
         if cfg.skips:
@@ -128,7 +134,8 @@ class RefMAE(nn.Module):
             self.decoder_embed = nn.Linear(D, Dd)
             self.mask_token = nn.Parameter(torch.zeros(1, 1, Dd))
         self.decoder_pos_embed = nn.Parameter(torch.zeros(1, N + 1, Dd), requires_grad=False)
-        self.decoder_blocks = nn.ModuleList(RefBlock(Dd, cfg.decoder_num_heads, cfg.mlp_ratio) for _ in range(cfg.decoder_depth))
+        dec_alphas = alpha_schedule(cfg.decoder_depth, cfg.alpha_min if cfg.decoder_decay else 1.0, cfg.schedule).tolist()
+        self.decoder_blocks = nn.ModuleList(RefBlock(Dd, cfg.decoder_num_heads, cfg.mlp_ratio, a, m, naive) for a, m in dec_alphas)
         self.decoder_norm = nn.LayerNorm(Dd, eps=1e-6)
         self.decoder_pred = nn.Linear(Dd, p * p * cfg.in_chans)
 
@@ -166,26 +173,52 @@ class RefMAE(nn.Module):
 
 
 # ============================================================================ measurement
-def run_row(make, imgs, cfg, args, device) -> dict:
-    method, base = mem_start(device)
-    net = make()
-    opt = torch.optim.AdamW(param_groups(net, cfg.train.weight_decay), lr=1e-4,
-                            betas=(cfg.train.beta1, cfg.train.beta2), fused=device.type == "cuda")
+def concat_fusion(f):
+    """resdecay's skip fusion before issue 14: fill at encoder width, unshuffle, concatenate, fc1."""
+    def forward(dec, enc, ids_restore):
+        enc = fill_and_unshuffle(enc, ids_restore, f.mask_token)
+        return dec + f.fc2(f.act(f.fc1(torch.cat([enc, dec], dim=-1))))
+    return forward
 
-    def step():
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss = net(imgs)[0]
+
+def before_issue14(model):
+    m = copy.deepcopy(model)
+    for f in m.skip_fusions:
+        f.forward = concat_fusion(f)
+    return m
+
+
+def adamw(net, cfg, fused: bool):
+    groups, kw = param_groups(net, cfg.train.weight_decay), dict(lr=1e-4, betas=(cfg.train.beta1, cfg.train.beta2))
+    if fused:
+        try:
+            return torch.optim.AdamW(groups, fused=True, **kw)
+        except (RuntimeError, ValueError):
+            pass
+    return torch.optim.AdamW(groups, **kw)
+
+
+class Variant:
+    def __init__(self, label, arch, ref_label, make, fused, cfg, imgs, device):
+        self.label, self.arch, self.ref_label, self.make, self.fused = label, arch, ref_label, make, fused
+        self.cfg, self.imgs, self.device, self.times = cfg, imgs, device, []
+
+    def build(self, warmup: int) -> None:
+        method, base = mem_start(self.device)
+        self.net = self.make()
+        self.opt = adamw(self.net, self.cfg, self.fused)
+        for _ in range(warmup):  # compilation happens here
+            self.step()
+        sync(self.device)
+        self.peak_mb, self.mem_method = mem_peak(self.device, method, base), method
+
+    def step(self):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            loss = self.net(self.imgs)[0]
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
         return loss.detach()
-
-    times, loss = timed_steps(step, args.warmup, args.steps, device)
-    peak = mem_peak(device, method, base)
-    del net, opt, loss
-    step_s = statistics.median(times)
-    return {"ms_per_step": step_s * 1e3, "img_per_s": imgs.shape[0] / step_s, "peak_mem_mb": peak,
-            "mem_method": method, "step_ms_all": [t * 1e3 for t in times]}
 
 
 def check_same_model(model, ref, cfg, device, batch: int) -> dict:
@@ -214,13 +247,15 @@ def check_same_model(model, ref, cfg, device, batch: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. alpha_min=1.0 skips=false")
-    ap.add_argument("--preset", default="mae-tiny-digits")
+    ap.add_argument("--preset", default="mae-tiny-digits", help="the U-Net MAE preset")
+    ap.add_argument("--plain-preset", default=None, help="the plain MAE preset (default: <preset>-plain)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--batch-size", type=int, default=None, help="default: the preset's train.batch_size (mae-b16 on one H100/H200: try 256)")
-    ap.add_argument("--warmup", type=int, default=None, help="untimed steps per row (default cpu 5, cuda 10)")
-    ap.add_argument("--steps", type=int, default=None, help="timed steps per row (default 30)")
-    ap.add_argument("--compile", action="store_true", help="add a torch.compile row for resdecay")
+    ap.add_argument("--batch-size", type=int, default=None, help="default: the preset's train.batch_size")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps per variant before the rounds (default cpu 5, cuda 10)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per variant per round (default cpu 10, cuda 20)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    ap.add_argument("--compile", action="store_true", help="add torch.compile variants")
+    ap.add_argument("--naive", action="store_true", help="add the naive-attention U-Net reference")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) (CPU)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
@@ -230,79 +265,101 @@ def main() -> int:
         raise SystemExit("--device cuda: no CUDA device visible")
     device, cuda = torch.device(args.device), args.device == "cuda"
     args.warmup = args.warmup if args.warmup is not None else (10 if cuda else 5)
-    args.steps = args.steps if args.steps is not None else 30
-    if args.steps < 1:
-        ap.error("--steps must be at least 1")
+    args.steps = args.steps if args.steps is not None else (20 if cuda else 10)
+    if args.steps < 1 or args.rounds < 1:
+        ap.error("--steps and --rounds must be at least 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = load_config(args.preset, args.overrides)
-    mc = cfg.model
-    batch = args.batch_size or cfg.train.batch_size
-
-    torch.manual_seed(args.seed)
-    model = build_model(mc)  # on CPU; each row copies it to the device
-    ref = RefMAE(mc)
-    ref.load_state_dict(model.state_dict())  # strict: same names and shapes, i.e. the same parameters
-    n_model, n_ref = (sum(p.numel() for p in m.parameters()) for m in (model, ref))
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    presets = {"U-Net": args.preset, "plain": args.plain_preset or f"{args.preset}-plain"}
+    cfgs = {a: load_config(p) for a, p in presets.items()}
+    batch = args.batch_size or cfgs["U-Net"].train.batch_size
 
     name = torch.cuda.get_device_name(device) if cuda else (platform.processor() or platform.machine())
-    flops = model.flops_per_sample()
     gpu_peak = peak_flops(device)
-    print(f"mae_throughput | torch {torch.__version__} | {args.device} ({name}) | "
-          f"{'bf16 autocast' if cuda else 'fp32'} | threads {torch.get_num_threads()}")
-    print(f"preset {' '.join([cfg.preset, *args.overrides])} | img {mc.img_size}x{mc.img_size}x{mc.in_chans} patch {mc.patch_size} "
-          f"| enc {mc.embed_dim}x{mc.depth} dec {mc.decoder_embed_dim}x{mc.decoder_depth} | alpha_min {mc.alpha_min} "
-          f"skips {mc.skips} | batch {batch} | {args.warmup} warmup + {args.steps} timed steps")
-    print(f"parameters: resdecay {n_model:,} | reference {n_ref:,} -> {'same' if n_model == n_ref else 'DIFFERENT'}"
-          f" | analytic forward {flops / 1e9:.4g} GFLOP/img")
-    check = check_same_model(model, ref, mc, device, min(batch, 8))
-    print(f"same-model check (fp32, batch {check['batch']}, perturbed shared weights, same mask seed): loss resdecay "
-          f"{check['loss_resdecay']:.6f} reference {check['loss_reference']:.6f}; relative differences: loss "
-          f"{check['loss_rel_diff']:.1e}, predictions {check['pred_rel_diff']:.1e}, gradients {check['grad_rel_diff']:.1e} "
-          f"-> {'OK' if check['ok'] else 'MISMATCH (> 1e-4)'}")
+    load = os.getloadavg()
+    print(f"mae_throughput | torch {torch.__version__} | {args.device} ({name}) | {'bf16 autocast' if cuda else 'fp32'} "
+          f"| threads {torch.get_num_threads()} | {os.cpu_count()} CPUs | load average {load[0]:.2f} "
+          "(a shared machine: the rounds interleave the variants so other load hits all of them)")
+    print(f"batch {batch} | {args.warmup} warmup steps, then {args.rounds} rounds x {args.steps} timed steps per variant")
 
-    imgs = torch.randn(batch, mc.in_chans, mc.img_size, mc.img_size, device=device)  # synthetic batch
-    # One untimed step first, so one-time allocations (thread pools, kernel caches, cuBLAS
-    # workspaces) are not charged to the first row's memory.
-    run_row(lambda: copy.deepcopy(model).to(device), imgs, cfg, argparse.Namespace(warmup=0, steps=1), device)
-    rows = [("resdecay (eager)", lambda: copy.deepcopy(model).to(device))]
-    if args.compile:
-        rows.append(("resdecay (torch.compile)", lambda: torch.compile(copy.deepcopy(model).to(device))))
-    rows.append(("reference (eager, naive attention)", lambda: copy.deepcopy(ref).to(device)))
+    models, refs, imgs, flops, checks, ok = {}, {}, {}, {}, {}, True
+    for arch, cfg in cfgs.items():
+        mc = cfg.model
+        torch.manual_seed(args.seed)
+        models[arch] = build_model(mc)
+        refs[arch] = RefMAE(mc)
+        refs[arch].load_state_dict(models[arch].state_dict())  # strict: the same parameters
+        n_model, n_ref = (sum(p.numel() for p in m.parameters()) for m in (models[arch], refs[arch]))
+        flops[arch] = models[arch].flops_per_sample()
+        imgs[arch] = torch.randn(batch, mc.in_chans, mc.img_size, mc.img_size, device=device)
+        c = checks[arch] = check_same_model(models[arch], refs[arch], mc, device, min(batch, 8))
+        ok &= c["ok"] and n_model == n_ref
+        print(f"{arch:>6}: {presets[arch]} | enc {mc.embed_dim}x{mc.depth} dec {mc.decoder_embed_dim}x{mc.decoder_depth} "
+              f"| {n_model:,} params (reference {'same' if n_model == n_ref else 'DIFFERENT'}) | {flops[arch] / 1e9:.4g} "
+              f"GFLOP/img fwd | same-model check: loss {c['loss_rel_diff']:.1e} pred {c['pred_rel_diff']:.1e} "
+              f"grad {c['grad_rel_diff']:.1e} -> {'OK' if c['ok'] else 'MISMATCH (> 1e-4)'}")
 
-    method = mem_start(device)[0]
-    mem_head = MEM_LABEL[method]
-    head = f"{'row':<36} {'img/s':>10} {'ms/step':>10} {mem_head:>28} {'MFU':>7}"
+    def on_device(m, compiled=False):
+        return lambda: torch.compile(copy.deepcopy(m).to(device)) if compiled else copy.deepcopy(m).to(device)
+
+    variants = []
+    for compiled in (False, True) if args.compile else (False,):
+        tag = " (compiled)" if compiled else ""
+        for arch in cfgs:
+            ref_label = f"reference {arch} SDPA{tag}"
+            variants.append(Variant(f"resdecay {arch}{tag}", arch, ref_label, on_device(models[arch], compiled), True,
+                                    cfgs[arch], imgs[arch], device))
+            variants.append(Variant(ref_label, arch, None, on_device(refs[arch], compiled), True, cfgs[arch], imgs[arch], device))
+    variants.append(Variant("resdecay U-Net before issue 14", "U-Net", "resdecay U-Net",
+                            on_device(before_issue14(models["U-Net"])), cuda, cfgs["U-Net"], imgs["U-Net"], device))
+    if args.naive:
+        naive = RefMAE(cfgs["U-Net"].model, naive=True)
+        naive.load_state_dict(models["U-Net"].state_dict())
+        variants.append(Variant("reference U-Net naive attn", "U-Net", "reference U-Net SDPA", on_device(naive), True,
+                                cfgs["U-Net"], imgs["U-Net"], device))
+
+    t0 = time.perf_counter()
+    for v in variants:
+        torch.manual_seed(args.seed)
+        v.build(args.warmup)
+    for r in range(args.rounds):
+        k = r % len(variants)
+        for v in variants[k:] + variants[:k]:  # rotate the order every round
+            v.times += timed_steps(v.step, 1, args.steps, device)[0]
+    by_label = {v.label: v for v in variants}
+    rows = []
+    head = f"{'variant':<34}{'img/s':>10}{'ms/step':>10}{MEM_LABEL[variants[0].mem_method]:>28}{'MFU':>7}{'vs ref':>9}"
     print(head)
     print("-" * len(head))
-    results = []
-    for label, make in rows:
-        torch.manual_seed(args.seed)
-        r = run_row(make, imgs, cfg, args, device)
-        if "compile" in label:
-            torch._dynamo.reset()  # drop compiled graphs (and what they hold) before the next row
-        r["row"] = label
-        r["mfu"] = 3 * flops * r["img_per_s"] / gpu_peak if gpu_peak else None
-        results.append(r)
-        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
-        print(f"{label:<36} {r['img_per_s']:>10.1f} {r['ms_per_step']:>10.2f} {r['peak_mem_mb']:>28.0f} {mfu:>7}", flush=True)
-    base = results[0]["img_per_s"]
-    print("speed vs resdecay (eager): " + ", ".join(f"{r['row']} {r['img_per_s'] / base:.2f}x" for r in results[1:]))
+    for v in variants:
+        ms = statistics.median(v.times) * 1e3
+        ips = batch / ms * 1e3
+        mfu = 3 * flops[v.arch] * ips / gpu_peak if gpu_peak else None
+        rows.append({"variant": v.label, "arch": v.arch, "img_per_s": ips, "ms_per_step": ms, "peak_mem_mb": v.peak_mb,
+                     "mem_method": v.mem_method, "mfu": mfu, "reference": v.ref_label, "step_ms_all": [t * 1e3 for t in v.times]})
+    for row in rows:
+        ref = next((r for r in rows if r["variant"] == row["reference"]), None)
+        row["ratio_to_reference"] = row["img_per_s"] / ref["img_per_s"] if ref else None
+        ratio = f"{row['ratio_to_reference']:.3f}x" if ref else "-"
+        mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "-"
+        print(f"{row['variant']:<34}{row['img_per_s']:>10.1f}{row['ms_per_step']:>10.2f}{row['peak_mem_mb']:>28.0f}{mfu:>7}{ratio:>9}")
+    print(f"'vs ref': img/s over the row named in 'reference' (the SDPA reference of the same architecture and mode; "
+          f"for 'before issue 14': resdecay U-Net eager) | {time.perf_counter() - t0:.0f} s")
     if not cuda:
-        how = ("peak resident set (VmHWM, reset per row) minus the resident set at the row's start"
-               if method == "vmhwm" else "ru_maxrss growth during the row (under-reports rows after the first)")
-        print(f"CPU memory = {how}; approximate, includes allocator slack. MFU needs a GPU.")
-
+        print("CPU: memory is the growth of the peak resident set (approximate); MFU needs a GPU. "
+              "GPU rows: not measured here unless run with --device cuda.")
+    del by_label
     if args.json:
         meta = {"benchmark": "mae_throughput", "torch": torch.__version__, "device": args.device, "device_name": name,
-                "dtype": "bf16-autocast" if cuda else "fp32", "threads": torch.get_num_threads(), "preset": cfg.preset,
-                "overrides": args.overrides, "batch": batch, "warmup": args.warmup, "steps": args.steps,
-                "params_resdecay": n_model, "params_reference": n_ref, "flops_per_sample": flops,
-                "peak_flops": gpu_peak, "check": check, "model": cfg.to_dict()["model"]}
+                "cpus": os.cpu_count(), "load_average": load, "dtype": "bf16-autocast" if cuda else "fp32",
+                "threads": torch.get_num_threads(), "presets": presets, "batch": batch, "warmup": args.warmup,
+                "steps": args.steps, "rounds": args.rounds, "flops_per_sample": flops, "peak_flops": gpu_peak, "checks": checks}
         with open(args.json, "w") as f:
-            json.dump({**meta, "rows": results}, f, indent=2)
+            json.dump({**meta, "rows": rows}, f, indent=2)
         print(f"wrote {args.json}")
-    return 0 if check["ok"] and n_model == n_ref else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

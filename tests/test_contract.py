@@ -121,7 +121,7 @@ def test_checkpoint_written_before_the_reorganisation_loads(tmp_path):
     model, cfg = ckpt.load_model(tmp_path / "step_00000003.pt")
     new = cfg.to_dict()  # every old key keeps its value; keys added since take their defaults
     assert all(new[s][k] == v for s in ("model", "data", "train") for k, v in old_config[s].items())
-    assert {k: v for k, v in new["data"].items() if k not in old_config["data"]} == {"on_bad_file": "stop"}
+    assert {k: v for k, v in new["data"].items() if k not in old_config["data"]} == {"on_bad_file": "stop", "decoder": "tensor"}
     assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import gzip
 import math
-import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -32,10 +31,12 @@ from torch.utils.data import Dataset
 from ..errors import ConfigError, DataError, check_fields
 from ..io import safe_load
 from .fashion_mnist_m import NUISANCES, composite, validate_knobs
+from .fast_images import BadImage, Uint8View, bad_image_reason, decode_uint8
 
 DatasetName = Literal["digits", "fashion-mnist", "fashion-mnist-m", "cifar10", "cifar100", "imagefolder", "synthetic", "latents"]
 Normalize = Literal["dataset", "symmetric"]
 Augment = Literal["none", "flip", "mae", "randaug", "cifar"]
+Decoder = Literal["tensor", "pil"]
 DATASETS, NORMALIZE, AUGMENTS = get_args(DatasetName), get_args(Normalize), get_args(Augment)
 FASHION_MNIST_DEBIAN = "/usr/share/datasets/fashion-mnist"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -55,6 +56,7 @@ class DataConfig:
     nuisances: list[str] = field(default_factory=lambda: list(NUISANCES))  # fashion-mnist-m: which nuisances are on
     dataset_seed: int = 0  # fashion-mnist-m: image i of a split is drawn from a generator seeded by (dataset_seed, split, i)
     on_bad_file: Literal["stop", "skip"] = "stop"  # an unreadable image in training: stop the run | skip (replace it deterministically, list it in <run>/bad_files.txt)
+    decoder: Decoder = "tensor"  # imagefolder: tensor (uint8 decode + transforms.v2, fast_images.py) | pil (PIL + v1 transforms)
 
     def validate(self) -> None:
         check_fields(self, "data")
@@ -201,22 +203,6 @@ class TensorImages(Dataset):
         return (x - self.mean) / self.std, int(self.labels[i])
 
 
-class BadImage(DataError):
-    """An image file that cannot be opened or fully decoded (``path``, ``reason``)."""
-
-    def __init__(self, path: str, reason: str | None = None):
-        if reason is None:  # re-raised by a DataLoader worker with the whole message: keep it
-            super().__init__(path)
-            self.path = self.reason = None
-            return
-        super().__init__(f"cannot read image {path}: {reason}; remove or replace the file, run `resdecay check-data` "
-                         "to list every unreadable file, or train with data.on_bad_file=skip")
-        self.path, self.reason = path, reason
-
-    def __reduce__(self):  # picklable with its fields (DataLoader workers re-raise it)
-        return (BadImage, (self.path, self.reason))
-
-
 def _checked_pil_loader(path: str):
     """The whole image decoded to RGB (a truncated file fails here, not later in a transform)."""
     from PIL import Image
@@ -225,15 +211,14 @@ def _checked_pil_loader(path: str):
         with open(path, "rb") as f:
             return Image.open(f).convert("RGB")
     except Exception as e:
-        reason = re.sub(r"\s*<_io\.\w+ name=[^>]*>", "", " ".join(f"{type(e).__name__}: {e}".split()))  # not the path again
-        raise BadImage(str(path), reason[:200]) from None
+        raise BadImage(str(path), bad_image_reason(e)) from None
 
 
-def _image_folder(root: Path, transform):
+def _image_folder(root: Path, transform, loader=_checked_pil_loader):
     from torchvision.datasets import ImageFolder
 
     try:
-        return ImageFolder(str(root), transform=transform, loader=_checked_pil_loader)
+        return ImageFolder(str(root), transform=transform, loader=loader)
     except FileNotFoundError as e:
         raise DataError(f"data path {root} holds no images in class folders ({e}); "
                         f"expected {root}/<class>/<image>{IMG_EXTENSIONS[0]}") from None
@@ -295,7 +280,10 @@ def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | No
                 raise DataError(f"data path {root} has no val/ folder for evaluation; add <path>/val/<class>/*")
             sub = root
         mean, std = ((0.5,) * 3, (0.5,) * 3) if symmetric else (IMAGENET_MEAN, IMAGENET_STD)
-        ds = _image_folder(sub, _pil_transform(aug, img_size, mean, std))
+        if cfg.decoder == "tensor" and aug != "randaug":  # fine-tuning's RandAugment stays on timm's PIL pipeline
+            ds = _image_folder(sub, Uint8View(aug, img_size, mean, std), loader=decode_uint8)
+        else:
+            ds = _image_folder(sub, _pil_transform(aug, img_size, mean, std))
         info = DataInfo("imagefolder", len(ds.classes), 3, None, mean, std)
         if cfg.train_subset and train:
             ds = torch.utils.data.Subset(ds, range(min(cfg.train_subset, len(ds))))

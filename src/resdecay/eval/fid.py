@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 from ..data import DataConfig, build_dataset
 from ..errors import UserError, one_line
 from ..io import atomic_save, file_sha256, first_sentence, safe_load
+from .knn import tf32_matmuls
 
 BATCH_SIZE = 100  # fixed: features (and so FID) must not depend on how the caller chunked the images
 STATS_FORMAT = "resdecay-fid-stats-v1"
@@ -284,7 +285,8 @@ def feature_stats(images, extractor: nn.Module, batch_size: int = BATCH_SIZE, de
                 _check_pair(reference, ext_id, resolution)
         elif tuple(x.shape[1:]) != resolution:
             raise UserError(f"images change size from {_res(resolution)} to {_res(x.shape[1:])}: FID needs one size")
-        f = extractor(x.to(device))
+        with tf32_matmuls(device):  # CUDA only; the statistics below stay float64
+            f = extractor(x.to(device))
         f = f.cpu().double() if f.device.type == "mps" else f.double()  # MPS has no float64
         if shift is None:  # shifted sums: the float64 covariance loses nothing to a large feature mean
             shift = f.mean(0)

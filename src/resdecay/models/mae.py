@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..errors import check_fields
 from ..nn.blocks import Block, block_flops, init_linear_xavier, init_patch_embed, patchify, sincos_pos_embed_2d, unpatchify
@@ -98,7 +99,13 @@ class SkipFusion(nn.Module):
     """One encoder->decoder long skip (paper Fig. 5): the encoder block's visible tokens get this
     skip's own mask token (encoder width) at the removed places, are put back in image order,
     concatenated with the decoder stream (encoder first) and added through Linear-SiLU-Linear.
-    The last Linear starts at zero, so a new skip starts silent."""
+    The last Linear starts at zero, so a new skip starts silent.
+
+    Computed without the concatenation (issue 14): ``fc1(cat[E, dec]) = E W_e^T + dec W_d^T + b``
+    and a Linear commutes with fill-and-unshuffle, so the encoder half of ``fc1`` runs on the
+    1+K visible tokens only, the removed places get the constant ``mask_token W_e^T``, and the
+    unshuffle moves decoder-width rows in the compute dtype. Same parameters, same state_dict, the
+    same function up to float rounding (tests/test_mae.py keeps the concatenating form as reference)."""
 
     def __init__(self, enc_dim: int, dec_dim: int):
         super().__init__()
@@ -108,8 +115,9 @@ class SkipFusion(nn.Module):
         self.fc2 = nn.Linear(dec_dim, dec_dim)
 
     def forward(self, dec: torch.Tensor, enc: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:
-        enc = fill_and_unshuffle(enc, ids_restore, self.mask_token)  # (B, 1+N, De)
-        return dec + self.fc2(self.act(self.fc1(torch.cat([enc, dec], dim=-1))))  # (B, 1+N, Dd)
+        w_enc, w_dec = self.fc1.weight.split([enc.shape[-1], dec.shape[-1]], dim=1)
+        e = fill_and_unshuffle(F.linear(enc, w_enc), ids_restore, F.linear(self.mask_token, w_enc))  # (B, 1+N, Dd)
+        return dec + self.fc2(self.act(F.linear(dec, w_dec, self.fc1.bias) + e))  # (B, 1+N, Dd)
 
 
 class MaskedAutoencoder(ViTEncoder):
@@ -245,6 +253,7 @@ class MaskedAutoencoder(ViTEncoder):
         f += self.encoder_flops(Te) + cfg.decoder_depth * block_flops(Td, Dd, r)
         if not cfg.skips:  # U-Net: decoder_embed runs once per batch on the content-free start
             f += 2 * Te * D * Dd
-        f += len(self.skip_sources) * 2 * Td * ((D + Dd) * Dd + Dd * Dd)
+        # skip fusions: fc1's encoder half on the 1+K visible tokens only, its decoder half and fc2 on all
+        f += len(self.skip_sources) * 2 * (Te * D * Dd + Td * 2 * Dd * Dd)
         f += 2 * Td * Dd * cfg.patch_size**2 * cfg.in_chans  # pixel head (cls row included)
         return float(f)

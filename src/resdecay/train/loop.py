@@ -19,6 +19,7 @@ from ..errors import ConfigError, DataError, TrainingDiverged, one_line
 from ..schedule import effective_decay
 from . import checkpoint as ckpt
 from . import distributed as dist_env
+from .async_checkpoint import CheckpointWriter
 from .config import RunConfig
 from .runlog import RunLog, peak_flops, peak_memory_mb
 from .previous_run import check_fresh_start
@@ -76,6 +77,7 @@ def _train(cfg: RunConfig, env, out, say, resume, progress, on_epoch_end, init, 
     window_steps, window_t0, t_start = 0, time.perf_counter(), time.perf_counter()
     last_ckpt, last_loss = t.resumed_from, float("nan")  # a finished run resumed again reports its checkpoint
     autocast = dict(device_type=env.device.type, dtype=t.amp_dtype or torch.float32, enabled=t.amp_dtype is not None)
+    writer = CheckpointWriter()  # checkpoints are written in a background thread, one at a time
     t.model.train()
     epoch, in_epoch = divmod(t.step, data.steps_per_epoch)
     try:
@@ -135,14 +137,18 @@ def _train(cfg: RunConfig, env, out, say, resume, progress, on_epoch_end, init, 
                     loss_sum.zero_()
                     window_steps, window_t0 = 0, now
                 if t.step % tc.ckpt_every == 0 or t.step == data.total_steps:
-                    last_ckpt = save(cfg, env, t, data, ckpt_dir)
+                    last_ckpt = save(cfg, env, t, data, ckpt_dir, writer)
             if on_epoch_end is not None:  # on forked RNG, so evaluation never shifts the training stream
                 with torch.random.fork_rng(devices=[env.device] if env.device.type == "cuda" else []):
                     on_epoch_end(t.ema.module if t.ema is not None else t.raw, epoch, t.step, log)  # the weights one samples with
             epoch, in_epoch = epoch + 1, 0
+        writer.wait()
+        writer.raise_if_failed()  # a failed background write fails the run
     except TrainingDiverged:
+        writer.wait()
         raise TrainingDiverged(diverged_message(t.step, ckpt_dir)) from None
     finally:
+        writer.wait()  # never leave a half-written checkpoint behind a crash or Ctrl-C
         bar.close()
         log.close()
     dist_env.barrier(env)

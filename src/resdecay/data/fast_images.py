@@ -1,0 +1,160 @@
+"""The uint8 image path for ImageFolder data (issue 14): decode with torchvision's libjpeg-turbo /
+libpng bindings straight into uint8 tensors, crop/resize/flip with ``transforms.v2`` on uint8,
+and leave the float conversion and normalisation to the device.
+
+* ``decode_uint8(path)``: JPEG and PNG files (by their first bytes, not their names) through
+  ``torchvision.io.decode_image`` in RGB mode; anything it cannot read (CMYK or odd JPEGs, BMP,
+  TIFF, a PNG-named JPEG it refuses) through PIL's ``convert("RGB")``, as before. A file neither
+  reads raises the same ``DataError`` as the PIL path: ``cannot read image <path>: <PIL's
+  reason>; remove or replace the file``.
+* ``Uint8View``: the transform. It returns normalised float images (the dataset contract every
+  evaluator relies on) unless ``uint8_out`` is set, which ``uint8_batches`` does for training.
+* ``DeviceLoader``: wraps the training DataLoader of uint8 batches; on CUDA it copies the next
+  batch on a side stream while the current one computes (as timm's ``PrefetchLoader``), then
+  converts and normalises on the device with the same operations as ``ToTensor``+``Normalize``
+  (x / 255, - mean, / std in float32).
+
+Random draws come from the global torch RNG inside the transform, which ``SeededSamples`` seeds
+per (seed, epoch, index): a resumed run sees the same crops, whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import re
+
+import torch
+
+from ..errors import DataError
+
+_JPEG, _PNG = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
+
+
+class BadImage(DataError):
+    """An image file that cannot be opened or fully decoded (``path``, ``reason``)."""
+
+    def __init__(self, path: str, reason: str | None = None):
+        if reason is None:  # re-raised by a DataLoader worker with the whole message: keep it
+            super().__init__(path)
+            self.path = self.reason = None
+            return
+        super().__init__(f"cannot read image {path}: {reason}; remove or replace the file, run `resdecay check-data` "
+                         "to list every unreadable file, or train with data.on_bad_file=skip")
+        self.path, self.reason = path, reason
+
+    def __reduce__(self):  # picklable with its fields (DataLoader workers re-raise it)
+        return (BadImage, (self.path, self.reason))
+
+
+def bad_image_reason(e: Exception) -> str:
+    """PIL's reason, without the file object's repr (the path is already in the message)."""
+    return re.sub(r"\s*<_io\.\w+ name=[^>]*>", "", " ".join(f"{type(e).__name__}: {e}".split()))[:200]
+
+
+def _pil_rgb(path: str) -> torch.Tensor:
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as f:
+            img = Image.open(f).convert("RGB")
+    except Exception as e:
+        raise BadImage(str(path), bad_image_reason(e)) from None
+    return torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).view(img.height, img.width, 3).permute(2, 0, 1)
+
+
+def decode_uint8(path: str) -> torch.Tensor:
+    """(3, H, W) uint8 RGB of an image file (module docstring)."""
+    from torchvision.io import ImageReadMode, decode_image
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return _pil_rgb(path)  # the PIL path words the error as before
+    if raw.startswith(_JPEG) or raw.startswith(_PNG):
+        try:
+            img = decode_image(torch.frombuffer(bytearray(raw), dtype=torch.uint8), mode=ImageReadMode.RGB)
+            if img.dtype == torch.uint8:  # 16-bit PNGs come out uint16: PIL converts them as before
+                return img
+        except (RuntimeError, ValueError):
+            pass  # CMYK / corrupt / unusual: PIL decides, and words the error
+    return _pil_rgb(path)
+
+
+class Uint8View:
+    """uint8 (3, H, W) -> the training or evaluation view (uint8, or normalised float32)."""
+
+    def __init__(self, augment: str, size: int, mean, std):
+        import torchvision.transforms.v2 as T
+
+        bicubic = T.InterpolationMode.BICUBIC
+        if augment in ("mae", "cifar"):  # the PIL path's choices, on uint8 tensors
+            ops = [T.RandomResizedCrop(size, scale=(0.2, 1.0) if augment == "mae" else (0.08, 1.0), interpolation=bicubic,
+                                       antialias=True), T.RandomHorizontalFlip()]
+        else:  # evaluation view (MAE: resize to 256/224 of the side, centre crop)
+            ops = [T.Resize(int(math.ceil(size * 256 / 224)), interpolation=bicubic, antialias=True), T.CenterCrop(size)]
+            if augment == "flip":
+                ops.append(T.RandomHorizontalFlip())
+        self.ops = T.Compose(ops)
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.uint8_out = False
+
+    def __call__(self, img: torch.Tensor) -> torch.Tensor:
+        img = self.ops(img)
+        if self.uint8_out:
+            return img.contiguous()
+        return normalize(img, self.mean, self.std)
+
+
+def normalize(images: torch.Tensor, mean, std) -> torch.Tensor:
+    """uint8 (..., C, H, W) -> float32 (x / 255 - mean) / std, as ToTensor + Normalize."""
+    shape = (-1, 1, 1)
+    m = torch.as_tensor(mean, dtype=torch.float32, device=images.device).view(shape)
+    s = torch.as_tensor(std, dtype=torch.float32, device=images.device).view(shape)
+    return images.float().div_(255.0).sub_(m).div_(s)
+
+
+def uint8_batches(dataset) -> tuple | None:
+    """Switch an ImageFolder built on the uint8 path to uint8 output; returns its (mean, std), or
+    None for any other dataset (which keeps producing normalised floats)."""
+    inner = getattr(dataset, "dataset", dataset)  # through SeededSamples / Subset
+    inner = getattr(inner, "dataset", inner)
+    view = getattr(inner, "transform", None)
+    if not isinstance(view, Uint8View):
+        return None
+    view.uint8_out = True
+    return view.mean, view.std
+
+
+class DeviceLoader:
+    """Iterates a DataLoader of uint8 image batches as normalised float32 batches on ``device``;
+    on CUDA the copy of batch i+1 (a side stream, from pinned memory) overlaps the compute on
+    batch i."""
+
+    def __init__(self, loader, device: torch.device, mean, std):
+        self.loader, self.device, self.mean, self.std = loader, torch.device(device), mean, std
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        if self.device.type != "cuda":
+            for images, labels in self.loader:
+                yield normalize(images.to(self.device), self.mean, self.std), labels.to(self.device)
+            return
+        stream = torch.cuda.Stream(self.device)
+        pending = None
+        for images, labels in self.loader:
+            with torch.cuda.stream(stream):
+                images = images.to(self.device, non_blocking=True)
+                labels = labels.to(self.device, non_blocking=True)
+                images = normalize(images, self.mean, self.std)
+            if pending is not None:
+                yield pending
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            images.record_stream(torch.cuda.current_stream(self.device))
+            labels.record_stream(torch.cuda.current_stream(self.device))
+            pending = images, labels
+        if pending is not None:
+            yield pending
