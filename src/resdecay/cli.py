@@ -19,12 +19,15 @@ def cmd_alpha(args) -> None:
     from .plots import plot_alpha_schedules
     from .schedule import alpha_schedule, effective_decay, solve_alpha_min
 
+    # with --json, stdout carries the JSON document alone; every message goes to stderr
+    note = sys.stderr if args.json else sys.stdout
     if (args.alpha_min is None) == (args.target_eff is None):
         raise UserError("give exactly one of --alpha-min (to see its schedule) or --target-eff (to solve for alpha_min)")
     try:
         if args.target_eff is not None:
             alpha_min = solve_alpha_min(args.depth, args.target_eff, args.schedule)
-            print(f"alpha_min {alpha_min:.6f} gives alpha_eff {args.target_eff:.3g} at depth {args.depth} ({args.schedule} schedule)")
+            print(f"alpha_min {alpha_min:.6f} gives alpha_eff {args.target_eff:.3g} at depth {args.depth} ({args.schedule} schedule)",
+                  file=note)
         else:
             alpha_min = args.alpha_min
         a = alpha_schedule(args.depth, alpha_min, args.schedule)
@@ -45,7 +48,7 @@ def cmd_alpha(args) -> None:
               f"alpha_min {alpha_min:.4g}, {args.schedule} schedule")
     out = Path(args.out or f"runs/alpha/alpha_d{args.depth}_{alpha_min:.3f}_{args.schedule}.png")
     plot_alpha_schedules({f"depth {args.depth}, alpha_min {alpha_min:.3g} ({args.schedule})": a}, out)
-    print(f"plot: {out}")
+    print(f"plot: {out}", file=note)
 
 
 def cmd_pretrain(args) -> None:
