@@ -64,6 +64,12 @@ class MAEConfig:
             )
         if not 0.0 <= self.mask_ratio < 1.0:
             raise ValueError(f"model.mask_ratio must lie in [0, 1), got {self.mask_ratio}")
+        n = (self.img_size // self.patch_size) ** 2
+        keep = int(n * (1 - self.mask_ratio))  # as random_masking counts them
+        if keep < 1 or keep >= n:  # nothing for the encoder to see, or nothing to reconstruct (loss 0/0)
+            hi = math.floor((1 - 1 / n) * 1e4) / 1e4  # rounded down so that it still keeps one patch
+            raise ValueError(f"model.mask_ratio {self.mask_ratio} leaves {keep} of {n} patches visible; the MAE needs at "
+                             f"least one visible and one masked patch: use a ratio above 0 and at most {hi:g}")
         for name in ("depth", "decoder_depth", "embed_dim", "decoder_embed_dim", "patch_size", "img_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name} must be a positive integer, got {getattr(self, name)}")
