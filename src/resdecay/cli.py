@@ -190,6 +190,20 @@ def cmd_figures(args) -> None:
                 layer=_int_arg(args.layer, "--layer"), seed=args.seed)
 
 
+def cmd_import_weights(args) -> None:
+    from .import_weights import import_weights
+
+    out = import_weights(args.src, args.format, args.preset, args.out, alpha_min=args.alpha_min, overrides=args.overrides)
+    print(f"wrote {out} (resdecay checkpoint; try: resdecay eval {out})")
+
+
+def cmd_export(args) -> None:
+    from .export_timm import export_to_timm
+
+    out = export_to_timm(args.checkpoint, args.out, ema=args.ema)
+    print(f"wrote {out} (load it with resdecay.interop.load_exported({str(out)!r}))")
+
+
 def _int_arg(value: str, name: str) -> int:
     try:
         return int(value)
@@ -307,6 +321,28 @@ def build_parser() -> argparse.ArgumentParser:
     fg.add_argument("--seed", type=int, default=0)
     fg.add_argument("--out", default="runs/figures", help="output folder (default runs/figures)")
     fg.set_defaults(func=cmd_figures)
+
+    iw = sub.add_parser("import-weights", help="convert an MAE / U-Net MAE / timm ViT checkpoint into a resdecay checkpoint",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="example:\n  resdecay import-weights mae_pretrain_vit_base.pth --format mae --preset mae-b16-plain "
+                               "--out runs/imported/mae-b16.pt data.path=/data/imagenet")
+    iw.add_argument("src", help="the foreign checkpoint (read with weights_only=True)")
+    iw.add_argument("--format", required=True, help="mae (facebookresearch/mae) | unet-mae (the authors' U-Net MAE) | timm-vit")
+    iw.add_argument("--alpha-min", type=float, default=None, help="the source model's alpha_min (required for unet-mae)")
+    iw.add_argument("--preset", required=True, help="MAE preset for heads, data and training settings (dimensions come from the weights)")
+    iw.add_argument("--out", required=True, help="the resdecay checkpoint to write (.pt)")
+    iw.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. model.num_heads=6 data.path=/data/in100")
+    iw.set_defaults(func=cmd_import_weights)
+
+    ex = sub.add_parser("export", help="export a resdecay encoder as a decayified timm ViT (safetensors)",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="example:\n  resdecay export runs/mae-tiny-fmnist/checkpoints/step_00007020.pt --to timm --out vit.safetensors\n"
+                               "  python -c \"import resdecay.interop as i; print(i.load_exported('vit.safetensors'))\"")
+    ex.add_argument("checkpoint", help="a resdecay MAE or classifier checkpoint")
+    ex.add_argument("--to", required=True, choices=["timm"], help="target library (timm)")
+    ex.add_argument("--out", required=True, help="the .safetensors file to write")
+    ex.add_argument("--ema", action="store_true", help="export the EMA weights where the run kept them")
+    ex.set_defaults(func=cmd_export)
 
     from .cli_diffusion import add_commands as add_diffusion_commands
 
