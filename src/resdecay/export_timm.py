@@ -66,8 +66,8 @@ def timm_kwargs(enc, head: dict | None) -> dict:
         raise UserError(f"a classifier with model.head={head['head']} and model.pool={head['pool']} has no timm form; "
                         "export the pretraining (MAE) checkpoint, or a classifier with head ln_linear and pool patch_mean or cls")
     kw["num_classes"] = head["num_classes"]
-    if head["pool"] == "patch_mean":  # timm 'avg' pools the patch tokens, then fc_norm
-        kw.update(global_pool="avg", fc_norm=True, final_norm=False)
+    if head["pool"] == "patch_mean":  # timm 'avg' pools the patch tokens, then fc_norm (its norm is then Identity)
+        kw.update(global_pool="avg", fc_norm=True, final_norm=True)
     else:  # LayerNorm on the cls token == timm's final norm on every token, then the cls one
         kw.update(global_pool="token", fc_norm=False, final_norm=True)
     return kw

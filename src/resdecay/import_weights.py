@@ -133,39 +133,39 @@ def _alpha_settings(fmt: str, alpha_min: float | None, blob, source: str) -> dic
     return {"alpha_min": 1.0 if alpha_min is None else float(alpha_min)}
 
 
-def _model_config(fmt: str, state: dict, base, alpha: dict, source: str):
-    """(model config, weights under resdecay's names) for one format."""
-    from .models import ClassifierConfig
-
-    if base.family != "mae":
-        raise UserError(f"--preset must be an MAE preset (its heads, data and training settings), not family {base.family!r}")
-    enc = infer_encoder(state, source)
-    common = {**enc, "shortcut": "decay", "zero_init": False, **alpha}
+def _model_fields(fmt: str, state: dict, alpha: dict, source: str) -> tuple[dict, dict, dict | None]:
+    """(MAE config fields the weights fix, weights under resdecay's names, timm head or None)."""
+    fields = {**infer_encoder(state, source), "shortcut": "decay", "zero_init": False, **alpha}
     if fmt == "timm-vit":
-        state = fold_layer_scale(state, source)
-        weights, head = _timm_head(state, source)
-        cfg = dataclasses.replace(base, **common, encoder_norm="norm.weight" in weights)
-        if head is None:  # encoder only: an MAE whose decoder starts fresh (the preset's)
-            return cfg, weights, True
-        clf = ClassifierConfig(encoder=dataclasses.asdict(cfg), num_classes=head["num_classes"], head="ln_linear",
-                               pool=head["pool"], pretrained=str(source))
-        return clf, {**weights, **head["weights"]}, False
+        weights, head = _timm_head(fold_layer_scale(state, source), source)
+        return {**fields, "encoder_norm": "norm.weight" in weights}, weights, head
     if fmt == "unet-mae":
         state = rename_unet(state)
-    cfg = dataclasses.replace(base, **common, **infer_decoder(state, source), skips=fmt == "unet-mae",
-                              encoder_norm="norm.weight" in state)
-    if fmt == "unet-mae":
-        fusions = _count(state, "skip_fusions")
-        if cfg.skip_sources is None and fusions != len(_default_sources(cfg)):
-            raise UserError(f"{source} has {fusions} skip fusions but depth {cfg.depth} / decoder depth {cfg.decoder_depth} "
-                            f"gives {len(_default_sources(cfg))}; set model.skip_sources=[...] to the authors' source blocks")
-    return cfg, state, False
+    fields.update(infer_decoder(state, source), skips=fmt == "unet-mae", encoder_norm="norm.weight" in state)
+    return fields, state, None
 
 
-def _default_sources(cfg) -> list[int]:
+def _check_fusions(cfg, state: dict, source: str) -> None:
     from .models.mae import choose_skip_sources
 
-    return choose_skip_sources(cfg.depth, cfg.decoder_depth)
+    fusions, wanted = _count(state, "skip_fusions"), len(choose_skip_sources(cfg.depth, cfg.decoder_depth, cfg.skip_sources))
+    if fusions != wanted:
+        raise UserError(f"{source} has {fusions} skip fusions but depth {cfg.depth} / decoder depth {cfg.decoder_depth} "
+                        f"gives {wanted}; set model.skip_sources=[...] to the authors' source blocks")
+
+
+def _run_config(preset: str, fields: dict, overrides: list[str]):
+    """The preset with the weights' dimensions, then the user's overrides, checked."""
+    from .config import _read_preset, from_dict, parse_overrides
+
+    raw = _read_preset(preset)
+    family = (raw.get("model") or {}).get("family", "mae")
+    if family != "mae":
+        raise UserError(f"--preset must be an MAE preset (its heads, data and training settings), not family {family!r}")
+    raw["model"] = {**(raw.get("model") or {}), **fields}
+    for section, values in parse_overrides(overrides, "mae").items():
+        raw.setdefault(section, {}).update(values)
+    return from_dict(raw, preset=Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset)
 
 
 def import_weights(src: str | Path, fmt: str, preset: str, out: str | Path, alpha_min: float | None = None,
@@ -184,25 +184,31 @@ def import_weights(src: str | Path, fmt: str, preset: str, out: str | Path, alph
         The path written; ``resdecay.checkpoint.load_model(out)`` rebuilds the model.
     """
     from .checkpoint import FORMAT, atomic_save, load_model
-    from .config import RunConfig, load_config
-    from .models import build_model
+    from .models import ClassifierConfig, build_model
 
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r} is unknown; choose one of {', '.join(FORMATS)}")
     source = str(src)
     blob = read_weights_file(src)
     state = state_dict_of(blob, source)
-    run = load_config(preset, overrides or [])
-    model_cfg, weights, fresh_decoder = _model_config(fmt, state, run.model, _alpha_settings(fmt, alpha_min, blob, source), source)
-    cfg = RunConfig(preset=run.preset, model=model_cfg, data=run.data, train=run.train)
-    cfg.validate()
+    alpha = _alpha_settings(fmt, alpha_min, blob, source)
+    fields, weights, head = _model_fields(fmt, state, alpha, source)
+    cfg = _run_config(preset, fields, overrides or [])
+    if fmt == "unet-mae":
+        _check_fusions(cfg.model, weights, source)
+    fresh_decoder = fmt == "timm-vit" and head is None  # encoder only: an MAE whose decoder starts fresh
+    if head is not None:
+        cfg.model = ClassifierConfig(encoder=dataclasses.asdict(cfg.model), num_classes=head["num_classes"],
+                                     head="ln_linear", pool=head["pool"], pretrained=source)
+        weights = {**weights, **head["weights"]}
+        cfg.validate()
     model = build_model(cfg.model)
     if fresh_decoder:  # keep the new decoder, load the whole encoder strictly
         own = model.state_dict()
         extra = sorted(set(weights) - set(own))
         if extra:
             raise CheckpointError(f"{source} does not fit {type(model).__name__}: unexpected key {extra[0]}")
-        weights = {**{k: v for k, v in own.items() if not k.startswith(tuple(_ENCODER))}, **weights}
+        weights = {**{k: v for k, v in own.items() if not k.startswith(_ENCODER)}, **weights}
     load_strict(model, weights, source)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
