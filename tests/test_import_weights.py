@@ -95,6 +95,9 @@ def test_foreign_checkpoints_that_do_not_fit_are_refused(capsys, tmp_path):
     assert_one_line_error(*run(capsys, "import-weights", str(tmp_path / "none.pth"), *base)[::2], "does not exist")
     (tmp_path / "junk.pth").write_bytes(b"junk")
     assert_one_line_error(*run(capsys, "import-weights", str(tmp_path / "junk.pth"), *base)[::2], "not a readable weights file")
+    # the number of heads is not in the weights: at another width than the preset's it must be given
+    assert_one_line_error(*run(capsys, "import-weights", str(tmp_path / "bad0.pth"), *base[:-2])[::2],
+                          "embed_dim 32 but preset 'mae-tiny-digits' has 64", "model.num_heads=N")
     assert not (tmp_path / "o.pt").exists()
 
 

@@ -14,7 +14,8 @@ Supported residual blocks (found in ``model.modules()`` order, i.e. depth order)
 No class is subclassed or swapped, no parameter is added or renamed: the state_dict keys are the
 model's own, so pretrained weights load unchanged, and with alpha_min = 1 the hooks are not even
 installed, so outputs are exactly the original model's. The settings are recorded on the model
-as ``model.resdecay_spec`` (store it beside a checkpoint and call ``decayify(model, **spec)``).
+as ``model.resdecay_spec`` (``resdecay.save_decayified`` stores it beside the weights and
+``resdecay.load_decayified`` re-applies it).
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ Formats (``--format``):
     timm-vit  a timm VisionTransformer state_dict (or ``save_decayified`` output, whose spec is used)
               -> a classifier checkpoint when it has a head, else an MAE checkpoint whose decoder
               is newly initialised (the encoder is what eval and finetune use). LayerScale gammas
-              are folded into the branch's last Linear.
+              are folded into the branch's last Linear. A state_dict does not say how timm pools:
+              ``fc_norm.*`` means ``global_pool='avg'`` (resdecay ``patch_mean``), a head without it
+              timm's default ``'token'`` (resdecay ``cls``, the final norm becoming the head's).
 
 Dimensions (width, depth, patch, image size, MLP ratio, decoder) come from the weights; the
 number of heads, the data and the training settings from ``--preset`` and ``key=value``
@@ -162,8 +164,15 @@ def _run_config(preset: str, fields: dict, overrides: list[str]):
     family = (raw.get("model") or {}).get("family", "mae")
     if family != "mae":
         raise UserError(f"--preset must be an MAE preset (its heads, data and training settings), not family {family!r}")
-    raw["model"] = {**(raw.get("model") or {}), **fields}
-    for section, values in parse_overrides(overrides, "mae").items():
+    given = parse_overrides(overrides, "mae")
+    preset_model = raw.get("model") or {}
+    # weights do not show the number of heads: the preset's is only trusted at the preset's width
+    for width, heads in (("embed_dim", "num_heads"), ("decoder_embed_dim", "decoder_num_heads")):
+        if width in fields and fields[width] != preset_model.get(width) and heads not in given.get("model", {}):
+            raise UserError(f"the weights have {width} {fields[width]} but preset {preset!r} has {preset_model.get(width)}, so its "
+                            f"{heads} may not be theirs; give model.{heads}=N (e.g. {fields[width] // 64} for 64-wide heads)")
+    raw["model"] = {**preset_model, **fields}
+    for section, values in given.items():
         raw.setdefault(section, {}).update(values)
     return from_dict(raw, preset=Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset)
 
