@@ -33,11 +33,11 @@ def test_alpha_prints_table_and_plot(capsys, tmp_path):
     code, out, _ = run(capsys, "alpha", "--depth", "24", "--alpha-min", "0.7", "--out", str(png))
     assert code == 0 and png.stat().st_size > 1000
     assert "alpha_eff = 3.149e-04" in out and out.count("\n") >= 25
-    code, out, _ = run(capsys, "alpha", "--depth", "24", "--target-eff", "5e-3", "--json", "--out", str(png))
+    code, out, err = run(capsys, "alpha", "--depth", "24", "--target-eff", "5e-3", "--json", "--out", str(png))
     assert code == 0
-    line = out.splitlines()[0]
+    line = err.splitlines()[0]  # with --json, messages go to stderr and stdout is the JSON alone
     assert line.startswith("alpha_min 0.795") and "alpha_eff 0.005" in line
-    data = json.loads(out.splitlines()[1])
+    data = json.loads(out)
     assert data["alpha_eff"] == pytest.approx(5e-3) and len(data["alphas"]) == 24
 
 

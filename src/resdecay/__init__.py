@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 
 # The notebook API (api.py) is loaded on first use, so ``import resdecay`` stays light.
 _API = ("create_model", "load_model", "extract_features", "knn_accuracy", "linear_probe", "effective_rank")
+_INTEROP = ("save_decayified", "load_decayified")
 
 
 def __getattr__(name: str):
@@ -15,6 +16,10 @@ def __getattr__(name: str):
         from . import api  # noqa: PLC0415  (lazy: eval, models and train load only when the API is used)
 
         return getattr(api, name)
+    if name in _INTEROP:
+        from . import interop  # noqa: PLC0415  (lazy, as above)
+
+        return getattr(interop, name)
     raise AttributeError(f"module 'resdecay' has no attribute {name!r}")
 __all__ = ["alpha_schedule", "effective_decay", "solve_alpha_min", "Block", "decayed_add", "decayify", "alphas_of",
-           "__version__", *_API]
+           "__version__", *_API, *_INTEROP]

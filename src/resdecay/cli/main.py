@@ -30,17 +30,21 @@ from ..train.config import list_presets, load_config, preset_text
 from ..viz.plots import plot_alpha_schedules
 from .diffusion import add_commands as add_diffusion_commands
 from .. import __version__
+from ..interop import export_to_timm, import_weights
 from .examples import add_examples
 from .parents import data_options, device_option, progress_option, run_folder_options
 
 
 def cmd_alpha(args) -> None:
+    # with --json, stdout carries the JSON document alone; every message goes to stderr
+    note = sys.stderr if args.json else sys.stdout
     if (args.alpha_min is None) == (args.target_eff is None):
         raise UserError("give exactly one of --alpha-min (to see its schedule) or --target-eff (to solve for alpha_min)")
     try:
         if args.target_eff is not None:
             alpha_min = solve_alpha_min(args.depth, args.target_eff, args.schedule)
-            print(f"alpha_min {alpha_min:.6f} gives alpha_eff {args.target_eff:.3g} at depth {args.depth} ({args.schedule} schedule)")
+            print(f"alpha_min {alpha_min:.6f} gives alpha_eff {args.target_eff:.3g} at depth {args.depth} ({args.schedule} schedule)",
+                  file=note)
         else:
             alpha_min = args.alpha_min
         a = alpha_schedule(args.depth, alpha_min, args.schedule)
@@ -61,7 +65,7 @@ def cmd_alpha(args) -> None:
               f"alpha_min {alpha_min:.4g}, {args.schedule} schedule")
     out = Path(args.out or f"runs/alpha/alpha_d{args.depth}_{alpha_min:.3f}_{args.schedule}.png")
     plot_alpha_schedules({f"depth {args.depth}, alpha_min {alpha_min:.3g} ({args.schedule})": a}, out)
-    print(f"plot: {out}")
+    print(f"plot: {out}", file=note)
 
 
 def cmd_pretrain(args) -> None:
@@ -147,6 +151,16 @@ def cmd_figures(args) -> None:
     data = DataConfig(name=args.data, path=args.data_path) if args.data else None
     run_figures(args.checkpoints, args.out, data, per_class=args.per_class, images=args.images,
                 layer=_int_arg(args.layer, "--layer"), seed=args.seed)
+
+
+def cmd_import_weights(args) -> None:
+    out = import_weights(args.src, args.format, args.preset, args.out, alpha_min=args.alpha_min, overrides=args.overrides)
+    print(f"wrote {out} (resdecay checkpoint; try: resdecay eval {out})")
+
+
+def cmd_export(args) -> None:
+    out = export_to_timm(args.checkpoint, args.out, ema=args.ema)
+    print(f"wrote {out} (load it with resdecay.interop.load_exported({str(out)!r}))")
 
 
 def _int_arg(value: str, name: str) -> int:
@@ -267,6 +281,28 @@ def build_parser() -> argparse.ArgumentParser:
     cd.add_argument("--workers", type=int, default=None, help="decoding threads (default 2 x CPU cores, at most 64)")
     cd.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. data.path=/data/imagenet")
     cd.set_defaults(func=cmd_check_data)
+
+    iw = sub.add_parser("import-weights", help="convert an MAE / U-Net MAE / timm ViT checkpoint into a resdecay checkpoint",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="example:\n  resdecay import-weights mae_pretrain_vit_base.pth --format mae --preset mae-b16-plain "
+                               "--out runs/imported/mae-b16.pt data.path=/data/imagenet")
+    iw.add_argument("src", help="the foreign checkpoint (read with weights_only=True)")
+    iw.add_argument("--format", required=True, help="mae (facebookresearch/mae) | unet-mae (the authors' U-Net MAE) | timm-vit")
+    iw.add_argument("--alpha-min", type=float, default=None, help="the source model's alpha_min (required for unet-mae)")
+    iw.add_argument("--preset", required=True, help="MAE preset for heads, data and training settings (dimensions come from the weights)")
+    iw.add_argument("--out", required=True, help="the resdecay checkpoint to write (.pt)")
+    iw.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. model.num_heads=6 data.path=/data/in100")
+    iw.set_defaults(func=cmd_import_weights)
+
+    ex = sub.add_parser("export", help="export a resdecay encoder as a decayified timm ViT (safetensors)",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="example:\n  resdecay export runs/mae-tiny-fmnist/checkpoints/step_00007020.pt --to timm --out vit.safetensors\n"
+                               "  python -c \"import resdecay.interop as i; print(i.load_exported('vit.safetensors'))\"")
+    ex.add_argument("checkpoint", help="a resdecay MAE or classifier checkpoint")
+    ex.add_argument("--to", required=True, choices=["timm"], help="target library (timm)")
+    ex.add_argument("--out", required=True, help="the .safetensors file to write")
+    ex.add_argument("--ema", action="store_true", help="export the EMA weights where the run kept them")
+    ex.set_defaults(func=cmd_export)
 
     add_diffusion_commands(sub)
 

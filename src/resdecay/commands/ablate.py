@@ -30,8 +30,8 @@ from importlib import resources
 from pathlib import Path
 
 import torch
-import yaml
 
+from .. import yaml_io
 from ..train.config import load_config
 from ..errors import UserError
 from ..eval.suite import EvalSettings, evaluate_checkpoint
@@ -55,7 +55,7 @@ def load_grid(grid: str) -> dict:
         path = Path(str(resources.files("resdecay") / "grids" / f"{grid}.yaml"))
         if not path.is_file():
             raise UserError(f"grid {grid!r} does not exist; shipped grids: {', '.join(list_grids())} (or a path to a .yaml file)")
-    g = yaml.safe_load(path.read_text()) or {}
+    g = yaml_io.load(path.read_text()) or {}  # YAML 1.2 floats, as presets and overrides
     bad = [k for k in g if k not in GRID_KEYS]
     if bad:
         raise UserError(f"grid key {bad[0]!r} does not exist; valid keys: {', '.join(GRID_KEYS)}")

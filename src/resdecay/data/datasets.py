@@ -30,6 +30,7 @@ from torch.utils.data import Dataset
 
 from ..errors import ConfigError, DataError, check_fields
 from ..io import safe_load
+from ..safe_pickle import load_data_pickle
 from .fashion_mnist_m import NUISANCES, composite, validate_knobs
 from .fast_images import BadImage, Uint8View, bad_image_reason, decode_uint8
 
@@ -158,8 +159,8 @@ def _load_digits(train: bool):
 
 def _load_cifar(path: str | None, name: str, train: bool):
     """torchvision's on-disk CIFAR format, read directly (python pickles of uint8 rows); no md5
-    check, so copies re-pickled by other tools load too."""
-    import pickle
+    check, so copies re-pickled by other tools load too. The pickles are read by a restricted
+    unpickler that admits plain arrays only (safe_pickle.py): a crafted file cannot run code."""
 
     folder = "cifar-10-batches-py" if name == "cifar10" else "cifar-100-python"
     root = _need_dir(path, name, f"the folder that contains {folder}/ (torchvision's format)")
@@ -174,9 +175,8 @@ def _load_cifar(path: str | None, name: str, train: bool):
         f = root / fname
         if not f.is_file():
             raise DataError(f"{name}: {f} is missing; data.path must contain {folder}/ in torchvision's format")
+        entry = load_data_pickle(f, f"{name} batch")
         try:
-            with open(f, "rb") as fh:
-                entry = pickle.load(fh, encoding="latin1")
             images.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
             labels.extend(entry["labels"] if "labels" in entry else entry["fine_labels"])
         except Exception as e:

@@ -56,6 +56,12 @@ class MAEConfig:
         check_patch_size(self.img_size, self.patch_size, " or resize the images")
         if not 0.0 <= self.mask_ratio < 1.0:
             raise ValueError(f"model.mask_ratio must lie in [0, 1), got {self.mask_ratio}")
+        n = (self.img_size // self.patch_size) ** 2
+        keep = int(n * (1 - self.mask_ratio))  # as random_masking counts them
+        if keep < 1 or keep >= n:  # nothing for the encoder to see, or nothing to reconstruct (loss 0/0)
+            hi = math.floor((1 - 1 / n) * 1e4) / 1e4  # rounded down so that it still keeps one patch
+            raise ValueError(f"model.mask_ratio {self.mask_ratio} leaves {keep} of {n} patches visible; the MAE needs at "
+                             f"least one visible and one masked patch: use a ratio above 0 and at most {hi:g}")
         for dim, heads, what in ((self.embed_dim, self.num_heads, ""), (self.decoder_embed_dim, self.decoder_num_heads, "decoder_")):
             if dim % heads or dim % 4:
                 raise ValueError(f"model.{what}embed_dim {dim} must be divisible by 4 and by model.{what}num_heads {heads}")

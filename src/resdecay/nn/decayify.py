@@ -14,7 +14,8 @@ Supported residual blocks (found in ``model.modules()`` order, i.e. depth order)
 No class is subclassed or swapped, no parameter is added or renamed: the state_dict keys are the
 model's own, so pretrained weights load unchanged, and with alpha_min = 1 the hooks are not even
 installed, so outputs are exactly the original model's. The settings are recorded on the model
-as ``model.resdecay_spec`` (store it beside a checkpoint and call ``decayify(model, **spec)``).
+as ``model.resdecay_spec`` (``resdecay.save_decayified`` stores it beside the weights and
+``resdecay.load_decayified`` re-applies it).
 """
 
 from __future__ import annotations
@@ -59,10 +60,50 @@ def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     return [(name, m, k) for name, m in model.named_modules() if (k := _kind(m)) is not None]
 
 
+# The hooks are module-level functions that keep nothing themselves: each reads its alpha from
+# the module it is called with (``module.resdecay_alpha``) and the pending sub-block input from
+# that module's own ``__dict__``. A ``copy.deepcopy`` of the model (EMA, torch.compile) therefore
+# gets its own alphas and its own pending inputs, so a model and its copy can run side by side in
+# two threads, and changing alpha on one never reaches the other. (One module instance run by two
+# threads at once still shares its pending input, like any module with state.)
+_PENDING = "_resdecay_pending"  # on a norm module: the sub-block input x until the branch ends
+_PARTNER = "_resdecay_norm"  # on a drop_path module: the norm module of the same sub-block
+
+
+def _stash_input(norm: nn.Module, args: tuple) -> None:
+    """Forward pre-hook on norm1/norm2: keep the sub-block input x for the residual add."""
+    norm.__dict__[_PENDING] = args[0]
+
+
+def _decayed_branch(drop_path: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+    """Forward hook on drop_path1/drop_path2: branch - (1 - alpha) * x, so that the block's
+    ``x + branch`` becomes ``alpha * x + branch``."""
+    x = drop_path.__dict__[_PARTNER].__dict__.pop(_PENDING)
+    return out - (1.0 - drop_path.resdecay_alpha) * x
+
+
+def _scale_output(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+    """Forward hook on a ResNet block's downsample path: alpha * downsample(x)."""
+    return out * module.resdecay_alpha
+
+
+def _refuse_script():
+    from .errors import UserError
+
+    raise UserError("torch.jit.script cannot compile decayify's forward hooks; use torch.compile or torch.export "
+                    "on the decayified model, or script the model before decayify (alpha_min=1 installs no hooks)")
+
+
+_HOOKS = (_stash_input, _decayed_branch, _scale_output)
+
+
 def _remove_hooks(block: nn.Module) -> None:
-    for h in getattr(block, "_resdecay_handles", []):
-        h.remove()
-    block._resdecay_handles = []
+    for m in block.modules():
+        for table in (m._forward_pre_hooks, m._forward_hooks):
+            for key in [k for k, fn in table.items() if fn in _HOOKS]:
+                del table[key]
+        for name in (_PENDING, _PARTNER, "resdecay_alpha", "__prepare_scriptable__"):
+            m.__dict__.pop(name, None)
     if isinstance(getattr(block, "downsample", None), ShortcutScale):
         block.downsample = None
 
@@ -71,10 +112,11 @@ def _timm_hooks(block: nn.Module, a_attn: float, a_mlp: float) -> None:
     for norm, drop_path, a in ((block.norm1, block.drop_path1, a_attn), (block.norm2, block.drop_path2, a_mlp)):
         if a == 1.0:
             continue
-        box: dict = {}
-        block._resdecay_handles.append(norm.register_forward_pre_hook(lambda m, args, box=box: box.__setitem__("x", args[0])))
-        block._resdecay_handles.append(drop_path.register_forward_hook(
-            lambda m, args, out, box=box, a=a: out - (1.0 - a) * box.pop("x")))
+        drop_path.resdecay_alpha = float(a)
+        drop_path.__dict__[_PARTNER] = norm  # a plain reference, not a registered submodule (keys unchanged)
+        norm.register_forward_pre_hook(_stash_input)
+        drop_path.register_forward_hook(_decayed_branch)
+        block.__dict__["__prepare_scriptable__"] = _refuse_script  # torch.jit.script calls it on every submodule
 
 
 def _resnet_shortcut(block: nn.Module, a: float) -> None:
@@ -83,7 +125,9 @@ def _resnet_shortcut(block: nn.Module, a: float) -> None:
     if block.downsample is None:
         block.downsample = ShortcutScale(a)  # identity = downsample(x) = a * x; no parameters
     else:
-        block._resdecay_handles.append(block.downsample.register_forward_hook(lambda m, args, out, a=a: out * a))
+        block.downsample.resdecay_alpha = float(a)
+        block.downsample.register_forward_hook(_scale_output)
+        block.__dict__["__prepare_scriptable__"] = _refuse_script
 
 
 def _zero_last_layer(block: nn.Module, kind: str) -> None:
@@ -139,6 +183,9 @@ def alphas_of(model: nn.Module) -> list[tuple[str, tuple[float, ...]]]:
     for name, block, kind in residual_blocks(model):
         if kind == "resdecay":
             out.append((name, (rd_blocks.scalar(block.alpha_attn), rd_blocks.scalar(block.alpha_mlp))))
+        elif kind == "timm":  # read from the modules the hooks read, so a changed alpha shows
+            out.append((name, tuple(float(getattr(dp, "resdecay_alpha", 1.0)) for dp in (block.drop_path1, block.drop_path2))))
         else:
-            out.append((name, tuple(getattr(block, "resdecay_alpha", (1.0,) if kind == "resnet" else (1.0, 1.0)))))
+            ds = block.downsample
+            out.append((name, (float(ds.alpha if isinstance(ds, ShortcutScale) else getattr(ds, "resdecay_alpha", 1.0)),)))
     return out

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import yaml
 
+from .. import yaml_io
 from ..data import DataConfig
 from ..errors import ConfigError, UserError, check_choice, check_fields
 from ..models import FAMILIES, model_config_class
@@ -125,7 +126,7 @@ def _read_preset(name: str, seen: tuple = ()) -> dict:
             raise ConfigError(f"preset {name!r} does not exist; valid presets: {', '.join(list_presets())} "
                               "(or a path to a .yaml file)")
         text = file.read_text()
-    raw = yaml.safe_load(text) or {}
+    raw = yaml_io.load(text) or {}  # YAML 1.2 floats: 1e-3 is a number
     base = raw.pop("base", None)
     if base is None:
         return raw
@@ -174,6 +175,8 @@ def _check_type(value: Any, hint: Any, key: str) -> Any:
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str) and yaml_io.is_float(value):  # '1e-3' quoted, or read by a YAML 1.1 loader
+            return float(value.replace("_", ""))
         raise ConfigError(f"{key} must be a number, got {value!r}")
     if hint is str:
         if isinstance(value, str):
@@ -215,7 +218,7 @@ def parse_overrides(pairs: list[str], family: str) -> dict[str, dict]:
                 raise ConfigError(f"{key!r} is ambiguous; write one of {', '.join(f'{s}.{key}' for s in owners)}")
             section, name = owners[0], key
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = yaml_io.load(raw) if raw.strip() else None  # 1e-3, .5, 5. are floats
         except yaml.YAMLError:
             value = raw
         out.setdefault(section, {})[name] = value

@@ -1,0 +1,164 @@
+"""``resdecay export CKPT --to timm``: a resdecay encoder as a decayified timm VisionTransformer.
+
+The encoder's parameter names are timm's already (``blocks.i.attn.qkv`` ...), so the weights
+move key for key; what differs is handled here, and what cannot be reproduced is refused:
+
+    final norm      a U-Net MAE has none: timm is built with ``final_norm=False``
+    positions       resdecay's fixed sin-cos table is copied into timm's learned ``pos_embed``
+    decay           re-applied with ``decayify`` from the stored spec; its per-sub-block alphas
+                    are checked to equal the resdecay model's exactly (``model.shortcut`` other
+                    than ``decay`` -- learnable or scaled shortcuts -- is refused)
+    classifier head ``ln_linear`` on ``patch_mean`` -> timm ``global_pool='avg'`` + ``fc_norm``;
+                    on ``cls`` -> ``global_pool='token'`` with the head's LayerNorm as timm's
+                    ``norm``; ``bn_linear`` and ``mean`` pooling have no timm form (refused)
+    MAE decoder     not exported (timm's ViT is an encoder); ``num_classes=0``
+
+resdecay's features (``forward_features``, what ``resdecay eval`` pools, ``mean`` = all tokens
+including cls) are the raw last block: timm's ``forward_intermediates(x, norm=False)``, or the
+blocks' output; timm's ``forward_features`` adds the final norm where the MAE has one.
+
+The file is safetensors; its metadata holds ``resdecay_spec`` and ``timm_kwargs`` (JSON) and
+``timm_model``, the registered architecture the kwargs override (every dimension is given).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ..errors import CheckpointError, UserError
+from ..nn.decayify import alphas_of, decayify
+from ..train.checkpoint import load_model
+from .weights import check_spec, load_strict
+
+FORMAT = "resdecay-timm-export-v1"
+TIMM_MODEL = "vit_base_patch16_224"  # architecture template only: timm_kwargs set every dimension
+
+
+def encoder_settings(cfg) -> tuple[object, dict | None]:
+    """(the encoder's MAEConfig, the classifier head settings or None) of a model config."""
+    if cfg.family == "mae":
+        return cfg, None
+    if cfg.family == "classifier":
+        return cfg.encoder_config(), {"head": cfg.head, "pool": cfg.pool, "num_classes": cfg.num_classes}
+    raise UserError(f"export --to timm takes an MAE or classifier checkpoint (a ViT encoder); this one is model.family "
+                    f"{cfg.family!r}")
+
+
+def spec_of(enc) -> dict:
+    """The ``decayify`` spec that reproduces an encoder config's shortcuts, or a one-line refusal."""
+    if getattr(enc, "shortcut", "decay") != "decay":
+        raise UserError(f"model.shortcut={enc.shortcut} has no decayify form (only fixed decayed shortcuts do); "
+                        "export a model trained with model.shortcut=decay")
+    return {"alpha_min": float(enc.alpha_min), "schedule": enc.schedule, "zero_init": bool(enc.zero_init),
+            "branches": getattr(enc, "decay_branches", "both")}
+
+
+def timm_kwargs(enc, head: dict | None) -> dict:
+    """``timm.create_model`` keyword arguments for a resdecay encoder (and classifier head)."""
+    kw = {"img_size": enc.img_size, "patch_size": enc.patch_size, "in_chans": enc.in_chans, "embed_dim": enc.embed_dim,
+          "depth": enc.depth, "num_heads": enc.num_heads, "mlp_ratio": enc.mlp_ratio, "qkv_bias": True,
+          "class_token": True, "num_classes": 0, "global_pool": "token", "final_norm": bool(enc.encoder_norm)}
+    if head is None:
+        return kw
+    if head["head"] != "ln_linear" or head["pool"] not in ("patch_mean", "cls"):
+        raise UserError(f"a classifier with model.head={head['head']} and model.pool={head['pool']} has no timm form; "
+                        "export the pretraining (MAE) checkpoint, or a classifier with head ln_linear and pool patch_mean or cls")
+    kw["num_classes"] = head["num_classes"]
+    if head["pool"] == "patch_mean":  # timm 'avg' pools the patch tokens, then fc_norm (its norm is then Identity)
+        kw.update(global_pool="avg", fc_norm=True, final_norm=True)
+    else:  # LayerNorm on the cls token == timm's final norm on every token, then the cls one
+        kw.update(global_pool="token", fc_norm=False, final_norm=True)
+    return kw
+
+
+def timm_state(state: dict, head: dict | None) -> dict[str, torch.Tensor]:
+    """resdecay encoder (+ head) weights under timm's names."""
+    enc_prefixes = ("cls_token", "pos_embed", "patch_embed.", "blocks.")
+    out = {k: v for k, v in state.items() if k.startswith(enc_prefixes)}
+    if head is None:
+        out.update({k: v for k, v in state.items() if k.startswith("norm.")})  # plain MAE's final norm
+    else:  # a classifier's encoder norm is unused by its forward; its head norm is timm's fc_norm or norm
+        target = "fc_norm." if head["pool"] == "patch_mean" else "norm."
+        out.update({target + k[len("fc_norm."):]: v for k, v in state.items() if k.startswith("fc_norm.")})
+        out.update({k: v for k, v in state.items() if k.startswith("head.")})
+    return {k: v.detach().contiguous().clone() for k, v in out.items()}
+
+
+def build_timm(kwargs: dict, spec: dict, state: dict, source: str) -> nn.Module:
+    """A timm ViT with ``kwargs``, ``state`` loaded strictly and the decay of ``spec`` applied."""
+    import timm
+
+    try:
+        model = timm.create_model(TIMM_MODEL, pretrained=False, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{source}: timm cannot build a ViT with {kwargs} ({e})") from None
+    load_strict(model, state, source)
+    decayify(model, spec["alpha_min"], spec["schedule"], zero_init=False, branches=spec["branches"])
+    model.resdecay_spec = spec
+    return model.eval()
+
+
+def export_to_timm(checkpoint: str | Path, out: str | Path, ema: bool = False) -> Path:
+    """Write a resdecay MAE / classifier checkpoint's encoder as a timm ViT safetensors file.
+
+    Args:
+        checkpoint: a resdecay checkpoint (``<run>/checkpoints/step_*.pt`` or ``import-weights`` output).
+        out: the ``.safetensors`` file to write.
+        ema: export the EMA weights where the run kept them.
+
+    Returns:
+        The path written.
+    """
+    from safetensors.torch import save_file
+
+
+    out = Path(out)
+    if out.suffix != ".safetensors":
+        raise UserError(f"--out {out} must end in .safetensors")
+    model, cfg = load_model(checkpoint, ema=ema)
+    enc, head = encoder_settings(cfg.model)
+    spec, kwargs = spec_of(enc), timm_kwargs(enc, head)
+    state = timm_state(model.state_dict(), head)
+    vit = build_timm(kwargs, spec, state, str(checkpoint))
+    got = torch.tensor([a for _, a in alphas_of(vit)], dtype=torch.float64)
+    if got.shape != model.alphas.shape or not torch.equal(got, model.alphas.to(torch.float64)):
+        raise UserError(f"decayify cannot reproduce the alphas of {checkpoint} exactly (schedule {spec['schedule']}, "
+                        f"branches {spec['branches']}); it was not exported")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"format": FORMAT, "timm_model": TIMM_MODEL, "timm_kwargs": json.dumps(kwargs),
+            "resdecay_spec": json.dumps(spec), "source": str(checkpoint), "weights": "ema" if ema else "model"}
+    save_file(vit.state_dict(), str(out), metadata=meta)
+    return out
+
+
+def load_exported(path: str | Path) -> nn.Module:
+    """The decayified timm ViT (eval mode) of a file ``export_to_timm`` wrote.
+
+    Args:
+        path: the ``.safetensors`` file.
+    """
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist; pass a file written by resdecay export --to timm")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        state = load_file(str(path))
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({' '.join(str(e).split())[:120]})") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path} was not written by resdecay export --to timm (no '{FORMAT}' metadata)")
+    if "resdecay_spec" not in meta:
+        raise CheckpointError(f"{path} carries no resdecay_spec, so its alphas are unknown; export it again")
+    try:
+        kwargs, spec = json.loads(meta["timm_kwargs"]), json.loads(meta["resdecay_spec"])
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable export metadata ({e}); export it again") from None
+    return build_timm(kwargs, check_spec(spec, str(path)), state, str(path))

@@ -1,0 +1,191 @@
+"""Decayed models travel with their alphas: save / load beside the weights, strict loading.
+
+``decayify`` adds no parameter, so a decayified model's ``state_dict`` is the original model's,
+key for key, and loads into a plain model without complaint -- and without the decay. The
+settings that rebuild the decay live in ``model.resdecay_spec``; ``save_decayified`` stores them
+next to the weights::
+
+    {"format": "resdecay-decayified-v1", "model": state_dict, "resdecay_spec": {...}}
+
+and ``load_decayified`` re-applies ``decayify`` from them before loading. ``sd["model"]`` stays a
+plain state_dict, so ``timm.create_model(...).load_state_dict(torch.load(path)["model"])`` works
+(that model then runs without decay; resdecay's own loaders warn when a spec is left unused).
+
+Every loader here refuses, in one line, weights that do not fit: missing or unexpected keys,
+other shapes, a spec that is not one ``decayify`` wrote.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.nn as nn
+
+from ..errors import CheckpointError
+from ..io import atomic_save
+from ..nn.decayify import decayify
+from ..schedule import BRANCHES, SCHEDULES
+
+FORMAT = "resdecay-decayified-v1"
+SPEC_KEYS = ("alpha_min", "schedule", "zero_init", "branches")
+
+
+class SpecIgnoredWarning(UserWarning):
+    """A checkpoint carries a ``resdecay_spec`` but the model it is loaded into is not decayified."""
+
+
+def check_spec(spec: Any, source: str) -> dict:
+    """A ``resdecay_spec`` as ``decayify`` records it, checked, or a one-line CheckpointError.
+
+    Args:
+        spec: the stored spec (a dict with alpha_min, schedule, zero_init, branches).
+        source: where it came from, for the error message.
+    """
+    if not isinstance(spec, Mapping):
+        raise CheckpointError(f"{source}: resdecay_spec must be a dict like model.resdecay_spec, got {type(spec).__name__}")
+    unknown = sorted(set(spec) - set(SPEC_KEYS))
+    if unknown or "alpha_min" not in spec:
+        raise CheckpointError(f"{source}: resdecay_spec has keys {sorted(spec)}; expected {', '.join(SPEC_KEYS)} "
+                              "(alpha_min required), as decayify records them")
+    a = spec["alpha_min"]
+    if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < a <= 1:
+        raise CheckpointError(f"{source}: resdecay_spec alpha_min must lie in (0, 1], got {a!r}")
+    out = {"alpha_min": float(a), "schedule": spec.get("schedule", "linear"), "zero_init": bool(spec.get("zero_init", False)),
+           "branches": spec.get("branches", "both")}
+    if out["schedule"] not in SCHEDULES or out["branches"] not in BRANCHES:
+        raise CheckpointError(f"{source}: resdecay_spec schedule {out['schedule']!r} / branches {out['branches']!r} unknown; "
+                              f"schedules: {', '.join(SCHEDULES)}; branches: {', '.join(BRANCHES)}")
+    return out
+
+
+def read_weights_file(path: str | Path) -> Any:
+    """``torch.load(path, weights_only=True)`` on CPU, or a one-line CheckpointError.
+
+    Args:
+        path: a ``.pt`` / ``.pth`` file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist; pass a checkpoint file")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        reason = " ".join(str(e).split())[:160]
+        raise CheckpointError(f"{path} is not a readable weights file ({reason}); only plain tensors and dicts load") from None
+
+
+def state_dict_of(obj: Any, source: str) -> dict[str, torch.Tensor]:
+    """The state_dict inside a loaded checkpoint: ``obj["model"]``, ``obj["state_dict"]`` or ``obj``.
+
+    Args:
+        obj: what ``torch.load`` returned.
+        source: where it came from, for the error message.
+    """
+    if isinstance(obj, Mapping):
+        for key in ("model", "state_dict"):
+            if isinstance(obj.get(key), Mapping):
+                obj = obj[key]
+                break
+        if obj and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+            return dict(obj)
+    raise CheckpointError(f"{source} holds no state_dict (expected a dict of tensors, or one under 'model')")
+
+
+def load_strict(model: nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
+    """``model.load_state_dict(state)`` that names the first mismatch in one line.
+
+    Args:
+        model: the target module.
+        state: the weights (keys as ``model.state_dict()``).
+        source: where they came from, for the error message.
+
+    Raises:
+        CheckpointError: missing keys, unexpected keys, or a tensor of another shape.
+    """
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [f"{k} {tuple(state[k].shape)} vs model {tuple(v.shape)}" for k, v in own.items()
+              if k in state and tuple(state[k].shape) != tuple(v.shape)]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing key(s) (first {missing[0]})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected key(s) (first {unexpected[0]})")
+    if shapes:
+        problems.append(f"{len(shapes)} shape mismatch(es) (first {shapes[0]})")
+    if problems:
+        raise CheckpointError(f"{source} does not fit {type(model).__name__}: {'; '.join(problems)}; "
+                              "build the model with the checkpoint's dimensions")
+    model.load_state_dict(state, strict=True)
+
+
+def save_decayified(model: nn.Module, path: str | Path, extra: dict | None = None) -> Path:
+    """Write a decayified model's weights with its ``resdecay_spec`` beside them (atomically).
+
+    Args:
+        model: a model ``decayify`` was applied to (it carries ``model.resdecay_spec``).
+        path: the file to write (``torch.save`` format; loads with ``weights_only=True``).
+        extra: more plain entries to store (e.g. ``{"epoch": 3}``); may not replace the above.
+
+    Returns:
+        The path written.
+    """
+    spec = getattr(model, "resdecay_spec", None)
+    if spec is None:
+        raise CheckpointError(f"{type(model).__name__} is not decayified (no model.resdecay_spec); call "
+                              "resdecay.decayify(model, ...) first, or save a plain model with torch.save")
+    spec = check_spec(spec, "model.resdecay_spec")
+    clash = sorted(set(extra or {}) & {"format", "model", "resdecay_spec"})
+    if clash:
+        raise CheckpointError(f"save_decayified: extra may not set {clash[0]!r}")
+    path = Path(path)
+    atomic_save({**(extra or {}), "format": FORMAT, "model": model.state_dict(), "resdecay_spec": spec}, path)
+    return path
+
+
+def load_decayified(path: str | Path, model: nn.Module) -> nn.Module:
+    """Re-apply the stored decay to ``model`` (built as the saved one, e.g. the same timm
+    architecture), then load the weights strictly. Returns ``model`` (in place).
+
+    Args:
+        path: a file written by ``save_decayified``.
+        model: the target; its current decay settings, if any, are replaced by the stored ones.
+    """
+    blob = read_weights_file(path)
+    if not isinstance(blob, Mapping) or "resdecay_spec" not in blob:
+        raise CheckpointError(f"{path} carries no resdecay_spec, so its alphas are unknown; write it with "
+                              "resdecay.save_decayified(model, path), or load a plain model with load_state_dict")
+    spec = check_spec(blob["resdecay_spec"], str(path))
+    state = state_dict_of(blob, str(path))
+    # the weights were saved after any zero-init, so decayify must not zero them again
+    decayify(model, spec["alpha_min"], spec["schedule"], zero_init=False, branches=spec["branches"])
+    load_strict(model, state, str(path))
+    model.resdecay_spec = spec
+    return model
+
+
+def load_weights(model: nn.Module, source: str | Path | Mapping) -> nn.Module:
+    """Load weights strictly *without* applying any stored decay (the plain path).
+
+    When the checkpoint carries a ``resdecay_spec`` and ``model`` is not decayified, the model
+    will run without the decay it was trained with: this warns once (``SpecIgnoredWarning``);
+    ``load_decayified`` is the loader that re-applies it.
+
+    Args:
+        model: the target module.
+        source: a checkpoint path or an already loaded checkpoint dict / state_dict.
+    """
+    name = str(source) if isinstance(source, (str, Path)) else "checkpoint dict"
+    blob = read_weights_file(source) if isinstance(source, (str, Path)) else source
+    state = state_dict_of(blob, name)
+    if isinstance(blob, Mapping) and "resdecay_spec" in blob and getattr(model, "resdecay_spec", None) is None:
+        spec = check_spec(blob["resdecay_spec"], name)
+        warnings.warn(f"{name} was saved from a decayified model (alpha_min {spec['alpha_min']:g}, {spec['schedule']}) but "
+                      f"{type(model).__name__} is not decayified, so it runs without the decay; use "
+                      "resdecay.load_decayified(path, model)", SpecIgnoredWarning, stacklevel=2)
+    load_strict(model, state, name)
+    return model

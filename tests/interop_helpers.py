@@ -1,0 +1,47 @@
+"""Small models and checkpoints for the interop tests (built here, nothing downloaded)."""
+
+import timm
+import torch
+
+from resdecay.io import atomic_save
+from resdecay.train.checkpoint import FORMAT
+from resdecay.train.config import load_config
+from resdecay.models import build_model
+
+SMALL = ["model.embed_dim=32", "model.depth=4", "model.num_heads=2", "model.decoder_embed_dim=32",
+         "model.decoder_depth=2", "model.decoder_num_heads=2"]
+
+
+def resdecay_checkpoint(path, preset="mae-tiny-digits", overrides=(), randomise=True, seed=0):
+    """A resdecay checkpoint written without training: the preset's model with random weights
+    (zero-initialised layers filled too, so every weight matters in a comparison)."""
+    torch.manual_seed(seed)
+    cfg = load_config(preset, [*SMALL, *overrides])
+    model = build_model(cfg.model)
+    if randomise:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() > 1 or name.endswith("bias"):
+                    p.add_(torch.randn_like(p) * 0.05)
+    atomic_save({"format": FORMAT, "model": model.state_dict(), "config": cfg.to_dict(),
+                 "train_state": {"step": 0, "epoch": 0, "step_in_epoch": 0}}, path)
+    return model.eval(), cfg
+
+
+def tiny_timm(seed=0, **kw):
+    torch.manual_seed(seed)
+    args = {"pretrained": False, "img_size": 32, "patch_size": 8, "depth": 4, **kw}
+    model = timm.create_model("vit_tiny_patch16_224", **args).eval()
+    with torch.no_grad():  # timm zero-inits the head and its biases; make them matter
+        for name, p in model.named_parameters():
+            if name.startswith("head") or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def timm_blocks(vit, x):
+    """timm's raw last-block tokens (cls first, before the final norm): what resdecay calls features."""
+    t = vit.norm_pre(vit._pos_embed(vit.patch_embed(x)))
+    for blk in vit.blocks:
+        t = blk(t)
+    return t
