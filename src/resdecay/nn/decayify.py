@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from . import blocks as rd_blocks
+from ..errors import UserError
 from ..schedule import alpha_schedule
 
 SUPPORTED = ("resdecay.blocks.Block", "timm VisionTransformer Block", "torchvision BasicBlock", "torchvision Bottleneck")
@@ -88,8 +89,6 @@ def _scale_output(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Te
 
 
 def _refuse_script():
-    from .errors import UserError
-
     raise UserError("torch.jit.script cannot compile decayify's forward hooks; use torch.compile or torch.export "
                     "on the decayified model, or script the model before decayify (alpha_min=1 installs no hooks)")
 
