@@ -22,6 +22,11 @@ EXAMPLES = {
     "latents": ["resdecay latents --vae /models/sd-vae-ft-ema --data imagefolder --data-path /data/in100 --img-size 256 --out /data/in100-latents"],
     "eval-diffusion": ["resdecay eval-diffusion runs/uvit-tiny-fmnist/checkpoints/step_*.pt --noise-levels 0,0.1,0.25,0.5"],
     "presets": ["resdecay presets"],
+    "import-weights": ["resdecay import-weights mae_pretrain_vit_base.pth --format mae --preset mae-b16-plain "
+                       "--out runs/imported/mae-b16.pt data.path=/data/imagenet"],
+    "export": ["resdecay export runs/mae-tiny-fmnist/checkpoints/step_00007020.pt --to timm --out vit.safetensors"],
+    "check-data": ["resdecay check-data --data-path /data/imagenet",
+                   "resdecay check-data --preset mae-b16 data.path=/data/imagenet"],
 }
 
 
@@ -32,5 +37,6 @@ def add_examples(parser: argparse.ArgumentParser) -> None:
             for name, sub in action.choices.items():
                 lines = EXAMPLES.get(name)
                 if lines:
-                    sub.epilog = "examples:\n" + "\n".join(f"  {line}" for line in lines)
+                    head = "example:" if len(lines) == 1 else "examples:"
+                    sub.epilog = head + "\n" + "\n".join(f"  {line}" for line in lines)
                     sub.formatter_class = argparse.RawDescriptionHelpFormatter

@@ -30,8 +30,8 @@ from ..train.config import list_presets, load_config, preset_text
 from ..viz.plots import plot_alpha_schedules
 from .diffusion import add_commands as add_diffusion_commands
 from .. import __version__
-from ..interop import export_to_timm, import_weights
 from .examples import add_examples
+from .interop import add_interop_commands
 from .parents import data_options, device_option, progress_option, run_folder_options
 
 
@@ -153,16 +153,6 @@ def cmd_figures(args) -> None:
                 layer=_int_arg(args.layer, "--layer"), seed=args.seed)
 
 
-def cmd_import_weights(args) -> None:
-    out = import_weights(args.src, args.format, args.preset, args.out, alpha_min=args.alpha_min, overrides=args.overrides)
-    print(f"wrote {out} (resdecay checkpoint; try: resdecay eval {out})")
-
-
-def cmd_export(args) -> None:
-    out = export_to_timm(args.checkpoint, args.out, ema=args.ema)
-    print(f"wrote {out} (load it with resdecay.interop.load_exported({str(out)!r}))")
-
-
 def _int_arg(value: str, name: str) -> int:
     try:
         return int(value)
@@ -178,6 +168,51 @@ def cmd_presets(args) -> None:
                 break
             comment.append(line.lstrip("# "))
         print(f"{name:<24} {first_sentence(' '.join(comment).replace('- ', '-'), 200)}")
+
+
+def add_measurement_commands(sub) -> None:
+    """eval, compare, plot, figures: the commands that measure and draw trained runs."""
+    e = sub.add_parser("eval", parents=[data_options("dataset (default: the checkpoint's training data)"), device_option(), progress_option()], help="kNN, linear probe and effective rank of checkpoints (features cached)")
+    e.add_argument("checkpoints", nargs="+", help="checkpoint files (<run>/checkpoints/step_*.pt)")
+    e.add_argument("--layer", default="-1", help="encoder block index (-1 = last) or 'all' for the per-layer profile")
+    e.add_argument("--feature", default="mean", help="pooling: mean (all tokens incl. cls; default) | cls | patch_mean")
+    e.add_argument("--evals", default="knn,probe,rank", help="comma list of knn, probe, rank")
+    e.add_argument("--k", type=int, default=20, help="kNN neighbours (default 20)")
+    e.add_argument("--temperature", type=float, default=0.07, help="kNN vote temperature (default 0.07)")
+    e.add_argument("--probe-epochs", type=int, default=None, help="probe epochs (default 200; 30 for --layer all)")
+    e.add_argument("--probe-norm", default=None, help="none | batchnorm (default: none for the 200-epoch IN-100 recipe, batchnorm for --layer all)")
+    e.add_argument("--rank-exp", action="store_true", help="report exp(effective rank) (Roy & Vetterli) instead of eq. 6")
+    e.add_argument("--max-train", type=int, default=None, help="use the first N training images")
+    e.add_argument("--max-test", type=int, default=None, help="use the first N test images")
+    e.add_argument("--batch-size", type=int, default=256)
+    e.add_argument("--num-workers", type=int, default=0)
+    e.add_argument("--cache-dir", default=None, help="feature cache (default <run>/eval/cache)")
+    e.add_argument("--out", default=None, help="output folder (default <run>/eval)")
+    e.add_argument("--no-baselines", action="store_true",
+                   help="skip the raw-pixel and random-init-encoder rows (measured by default with the same protocol)")
+    e.set_defaults(func=cmd_eval)
+
+    c = sub.add_parser("compare", help="runs side by side (table + bar PNG), refusing unlike protocols")
+    c.add_argument("runs", nargs="+", help="run folders (with eval/eval.json) or eval.json files")
+    c.add_argument("--force", action="store_true", help="show numbers with different protocols, marked")
+    c.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
+    c.set_defaults(func=cmd_compare)
+
+    pl = sub.add_parser("plot", help="Figure 4 and 5c from runs' logged online evaluations (rank, accuracy over epochs); "
+                                          "for diffusion runs, proxy FID and best probe cell over epochs")
+    pl.add_argument("runs", nargs="+", help="run folders pretrained with train.online_eval_every=N")
+    pl.add_argument("--accuracy", default="probe", choices=["probe", "knn"], help="which logged accuracy to plot")
+    pl.add_argument("--out", default="runs/plot", help="output folder (default runs/plot)")
+    pl.set_defaults(func=cmd_plot)
+
+    fg = sub.add_parser("figures", parents=[data_options("dataset (default: the first checkpoint's)")], help="t-SNE, PCA feature maps and reconstructions of checkpoints side by side")
+    fg.add_argument("checkpoints", nargs="+", help="checkpoints to show side by side (e.g. plain and decayed)")
+    fg.add_argument("--layer", default="-1", help="encoder block for t-SNE and PCA maps (default -1, the last)")
+    fg.add_argument("--per-class", type=int, default=30, help="t-SNE images per class (first 10 classes)")
+    fg.add_argument("--images", type=int, default=8, help="images in the PCA and reconstruction grids")
+    fg.add_argument("--seed", type=int, default=0)
+    fg.add_argument("--out", default="runs/figures", help="output folder (default runs/figures)")
+    fg.set_defaults(func=cmd_figures)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -233,47 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("overrides", nargs="*", metavar="key=value", help="added to every variant, e.g. data.path=/data/in100")
     ab.set_defaults(func=cmd_ablate)
 
-    e = sub.add_parser("eval", parents=[data_options("dataset (default: the checkpoint's training data)"), device_option(), progress_option()], help="kNN, linear probe and effective rank of checkpoints (features cached)")
-    e.add_argument("checkpoints", nargs="+", help="checkpoint files (<run>/checkpoints/step_*.pt)")
-    e.add_argument("--layer", default="-1", help="encoder block index (-1 = last) or 'all' for the per-layer profile")
-    e.add_argument("--feature", default="mean", help="pooling: mean (all tokens incl. cls; default) | cls | patch_mean")
-    e.add_argument("--evals", default="knn,probe,rank", help="comma list of knn, probe, rank")
-    e.add_argument("--k", type=int, default=20, help="kNN neighbours (default 20)")
-    e.add_argument("--temperature", type=float, default=0.07, help="kNN vote temperature (default 0.07)")
-    e.add_argument("--probe-epochs", type=int, default=None, help="probe epochs (default 200; 30 for --layer all)")
-    e.add_argument("--probe-norm", default=None, help="none | batchnorm (default: none for the 200-epoch IN-100 recipe, batchnorm for --layer all)")
-    e.add_argument("--rank-exp", action="store_true", help="report exp(effective rank) (Roy & Vetterli) instead of eq. 6")
-    e.add_argument("--max-train", type=int, default=None, help="use the first N training images")
-    e.add_argument("--max-test", type=int, default=None, help="use the first N test images")
-    e.add_argument("--batch-size", type=int, default=256)
-    e.add_argument("--num-workers", type=int, default=0)
-    e.add_argument("--cache-dir", default=None, help="feature cache (default <run>/eval/cache)")
-    e.add_argument("--out", default=None, help="output folder (default <run>/eval)")
-    e.add_argument("--no-baselines", action="store_true",
-                   help="skip the raw-pixel and random-init-encoder rows (measured by default with the same protocol)")
-    e.set_defaults(func=cmd_eval)
-
-    c = sub.add_parser("compare", help="runs side by side (table + bar PNG), refusing unlike protocols")
-    c.add_argument("runs", nargs="+", help="run folders (with eval/eval.json) or eval.json files")
-    c.add_argument("--force", action="store_true", help="show numbers with different protocols, marked")
-    c.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
-    c.set_defaults(func=cmd_compare)
-
-    pl = sub.add_parser("plot", help="Figure 4 and 5c from runs' logged online evaluations (rank, accuracy over epochs); "
-                                          "for diffusion runs, proxy FID and best probe cell over epochs")
-    pl.add_argument("runs", nargs="+", help="run folders pretrained with train.online_eval_every=N")
-    pl.add_argument("--accuracy", default="probe", choices=["probe", "knn"], help="which logged accuracy to plot")
-    pl.add_argument("--out", default="runs/plot", help="output folder (default runs/plot)")
-    pl.set_defaults(func=cmd_plot)
-
-    fg = sub.add_parser("figures", parents=[data_options("dataset (default: the first checkpoint's)")], help="t-SNE, PCA feature maps and reconstructions of checkpoints side by side")
-    fg.add_argument("checkpoints", nargs="+", help="checkpoints to show side by side (e.g. plain and decayed)")
-    fg.add_argument("--layer", default="-1", help="encoder block for t-SNE and PCA maps (default -1, the last)")
-    fg.add_argument("--per-class", type=int, default=30, help="t-SNE images per class (first 10 classes)")
-    fg.add_argument("--images", type=int, default=8, help="images in the PCA and reconstruction grids")
-    fg.add_argument("--seed", type=int, default=0)
-    fg.add_argument("--out", default="runs/figures", help="output folder (default runs/figures)")
-    fg.set_defaults(func=cmd_figures)
+    add_measurement_commands(sub)
 
     cd = sub.add_parser("check-data", parents=[data_options("dataset (default imagefolder with --data-path)"), progress_option()],
                         help="decode every image of a data set in parallel and list every unreadable file at once")
@@ -282,27 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     cd.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. data.path=/data/imagenet")
     cd.set_defaults(func=cmd_check_data)
 
-    iw = sub.add_parser("import-weights", help="convert an MAE / U-Net MAE / timm ViT checkpoint into a resdecay checkpoint",
-                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                        epilog="example:\n  resdecay import-weights mae_pretrain_vit_base.pth --format mae --preset mae-b16-plain "
-                               "--out runs/imported/mae-b16.pt data.path=/data/imagenet")
-    iw.add_argument("src", help="the foreign checkpoint (read with weights_only=True)")
-    iw.add_argument("--format", required=True, help="mae (facebookresearch/mae) | unet-mae (the authors' U-Net MAE) | timm-vit")
-    iw.add_argument("--alpha-min", type=float, default=None, help="the source model's alpha_min (required for unet-mae)")
-    iw.add_argument("--preset", required=True, help="MAE preset for heads, data and training settings (dimensions come from the weights)")
-    iw.add_argument("--out", required=True, help="the resdecay checkpoint to write (.pt)")
-    iw.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. model.num_heads=6 data.path=/data/in100")
-    iw.set_defaults(func=cmd_import_weights)
-
-    ex = sub.add_parser("export", help="export a resdecay encoder as a decayified timm ViT (safetensors)",
-                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                        epilog="example:\n  resdecay export runs/mae-tiny-fmnist/checkpoints/step_00007020.pt --to timm --out vit.safetensors\n"
-                               "  python -c \"import resdecay.interop as i; print(i.load_exported('vit.safetensors'))\"")
-    ex.add_argument("checkpoint", help="a resdecay MAE or classifier checkpoint")
-    ex.add_argument("--to", required=True, choices=["timm"], help="target library (timm)")
-    ex.add_argument("--out", required=True, help="the .safetensors file to write")
-    ex.add_argument("--ema", action="store_true", help="export the EMA weights where the run kept them")
-    ex.set_defaults(func=cmd_export)
+    add_interop_commands(sub)
 
     add_diffusion_commands(sub)
 
