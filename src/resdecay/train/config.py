@@ -81,9 +81,11 @@ class RunConfig:
     def to_dict(self) -> dict:
         return {"preset": self.preset, "model": asdict(self.model), "data": asdict(self.data), "train": asdict(self.train)}
 
+    default_dir: str | None = field(default=None, compare=False, repr=False)  # runs/<preset>_<overrides> (load_config)
+
     @property
     def out_dir(self) -> Path:
-        return Path(self.train.out_dir or f"runs/{self.preset}")
+        return Path(self.train.out_dir or self.default_dir or f"runs/{self.preset}")
 
     def validate(self) -> None:
         try:
@@ -255,9 +257,9 @@ def load_config(preset: str, overrides: list[str] | None = None) -> RunConfig:
     for section, values in extra.items():
         raw.setdefault(section, {}).update(values)
     name = Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset
-    if not (raw.get("train") or {}).get("out_dir"):
-        raw.setdefault("train", {})["out_dir"] = default_out_dir(name, extra)
-    return from_dict(raw, preset=name)
+    cfg = from_dict(raw, preset=name)
+    cfg.default_dir = default_out_dir(name, extra)  # used when train.out_dir is not set
+    return cfg
 
 
 # Overrides that change where or how fast a run goes, not what it computes: not part of its folder name.
