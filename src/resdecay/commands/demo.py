@@ -149,10 +149,11 @@ def closing_note(results: dict) -> str:
     return "\n".join([
         "What this demo shows:", rank, knn,
         "- pca_maps.png: PCA of last-block patch tokens as RGB (paper Figure 3); in our runs the decayed model's first "
-        "component separates the garment from the background (reproduced qualitatively).",
+        "component separates the object from the background (reproduced qualitatively).",
         "What it does not show: better accuracy from the decay. No run we could make on a CPU has shown the decay "
         "winning on kNN or probe accuracy. That holds on clean Fashion-MNIST and on the nuisance-rich Fashion-MNIST-M "
-        "(data.name=fashion-mnist-m), where raw pixels are a poor feature, as on ImageNet. It also holds across "
-        "alpha_min, learning rate, training length and the block probed. Numbers, plots and commands: docs/RESULTS.md, "
+        "(data.name=fashion-mnist-m), where raw pixels are a poor feature, as on ImageNet. It holds for every alpha_min, "
+        "training length, learning rate and probed block we tried. Numbers, plots, what was tried and what was cut: "
+        "docs/RESULTS.md, "
         "section 11, \"Where does the decay help?\".",
     ])
