@@ -35,5 +35,5 @@ def run_folder_options(resume_help: str = "auto (newest checkpoint in the run fo
     p.add_argument("--resume", default=None, help=resume_help)
     p.add_argument("--overwrite", action="store_true", help="start over in a folder that holds a run (deletes that run's files)")
     p.add_argument("--allow-changes", action="store_true",
-                   help="resume although batch / data / seed / length / processes changed (no longer exact)")
+                   help="resume although batch / data / seed / lr / processes changed (no longer exact)")
     return p

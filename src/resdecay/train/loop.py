@@ -38,7 +38,7 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
         online_eval: ``factory(cfg, device) -> hook``, used for ``train.online_eval_every > 0`` when
             no ``on_epoch_end`` is given (``resdecay.commands.pretrain.train`` passes the evaluators).
         overwrite: a fresh start into a folder that holds a run removes that run first (else refused).
-        allow_changes: resume even if batch, data, seed, length or process count changed (no longer exact).
+        allow_changes: resume even if batch, data, seed, lr or process count changed (no longer exact).
     """
     env = dist_env.setup(cfg.train.device)
     if cfg.train.threads:

@@ -3,8 +3,8 @@
 - a fresh start into a folder that holds a run (checkpoints, log, summary) is refused unless the
   user says ``--overwrite`` (then the old run's files are removed first, so no stale eval.json or
   TensorBoard events of the previous run are mixed into the new one);
-- a resume whose settings would make it differ from an uninterrupted run (batch, data, seed, length,
-  number of processes) is refused unless the user says ``--allow-changes``; it then says in one line
+- a resume whose settings would make it differ from an uninterrupted run (batch, data, seed, lr, number
+  of processes) is refused unless the user says ``--allow-changes``; it then says in one line
   what is no longer exact.
 """
 
@@ -16,9 +16,10 @@ from pathlib import Path
 from ..errors import UserError
 
 RUN_FILES = ("checkpoints", "log.jsonl", "summary.json", "tb", "eval", "bad_files.txt")
-# Settings a resumed run may change without changing what it computes.
+# Settings a resumed run may change without being refused: they do not change what it computes, or (epochs)
+# they are how people extend a run; each change is still noted in one line.
 HARMLESS = {"train": {"device", "threads", "log_every", "ckpt_every", "keep_last", "out_dir", "compile",
-                      "online_eval_every", "online_eval_size"},
+                      "online_eval_every", "online_eval_size", "epochs"},
             "data": {"num_workers", "path"}}
 
 
