@@ -81,8 +81,8 @@ def test_sit_starts_at_zero_output_and_scaled_identity_blocks():
     for blk, (a, m) in zip(model.blocks, model.alphas.tolist()):
         assert isinstance(blk, AdaLNBlock)
         torch.testing.assert_close(blk(tokens, c), a * m * tokens)
-    assert all(torch.all(lin.weight == 0) for lin in model.skip_linears)
-    assert not any(torch.all(lin.weight == 0) for lin in sit(depth=6, zero_init=False).skip_linears)
+    assert not any(torch.all(lin.weight == 0) for lin in model.skip_linears)  # the authors' xavier default
+    assert all(torch.all(lin.weight == 0) for lin in sit(depth=6, zero_init=True).skip_linears)
 
 
 def test_skips_add_the_expected_linears():

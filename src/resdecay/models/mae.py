@@ -158,9 +158,10 @@ class MaskedAutoencoder(ViTEncoder):
         # 1. Fixed 2-D sin-cos position tables (cls slot zero), never trained.
         self.pos_embed.data.copy_(sincos_pos_embed_2d(cfg.embed_dim, grid).unsqueeze(0))
         self.decoder_pos_embed.data.copy_(sincos_pos_embed_2d(cfg.decoder_embed_dim, grid).unsqueeze(0))
-        # 2. Every Linear xavier-uniform with zero bias, LayerNorms unit; patch projection like a Linear.
+        # 2. Every Linear xavier-uniform with zero bias, LayerNorms unit; patch projection like a
+        #    Linear, its bias left at PyTorch's default uniform init (facebookresearch/mae does so).
         self.apply(init_linear_xavier)
-        init_patch_embed(self.patch_embed)
+        init_patch_embed(self.patch_embed, zero_bias=False)
         # 3. Learned tokens ~ N(0, 0.02), as MAE.
         for name, param in self.named_parameters():
             if name.endswith(("cls_token", "mask_token")):

@@ -16,6 +16,7 @@ Shapes: images (B, C, H, W); N = (H/p)^2 patch tokens of width D; c = (B, D) con
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn as nn
@@ -44,7 +45,9 @@ class SiTConfig:
     alpha_min: float = 1.0  # shortcut factor of the last sub-block (paper: 0.8 for SiT-XL/2); 1 = plain
     schedule: Schedule = "linear"  # see resdecay.schedule
     skips: bool = True  # additive long skips between mirrored halves (paper-notes §3)
-    zero_init: bool = True  # zero the skip Linears (adaLN-Zero and the zero final layer are always on)
+    zero_init: bool = False  # zero the skip Linears; False = the authors' xavier weights, zero bias
+    #                          (adaLN-Zero and the zero final layer are always on)
+    gelu: Literal["tanh", "exact"] = "tanh"  # MLP activation: tanh approximation as DiT / SiT / the authors
     objective: Objective = "interp-v"  # stored for the loss/sampler module: ddpm-eps | interp-v (SiT's)
     noise_schedule: NoiseSchedule = "linear"  # stored only: linear | cosine (DDPM betas / interpolant path)
 
@@ -66,7 +69,7 @@ class SiT(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, N, D), requires_grad=False)  # fixed sin-cos (DiT)
         self.alphas = alpha_schedule(cfg.depth, cfg.alpha_min, cfg.schedule)  # (depth, 2) over ALL blocks
         self.num_blocks = cfg.depth
-        self.blocks = nn.ModuleList(AdaLNBlock(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, a, m)
+        self.blocks = nn.ModuleList(AdaLNBlock(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, a, m, cfg.gelu)
                                     for a, m in self.alphas.tolist())
         # Long skips (paper-notes §3): decoder block j (second half) adds Linear(D->D) of the output
         # of encoder block depth/2-1-j to its input, U-Net style (deepest encoder block first).
@@ -79,6 +82,7 @@ class SiT(nn.Module):
         cfg = self.cfg
         # 1. DiT's base: every Linear xavier-uniform with zero bias; patch projection like a Linear;
         #    fixed 2-D sin-cos positions (no cls slot); label table and timestep MLP ~ N(0, 0.02).
+        #    The long-skip Linears keep these xavier weights and zero biases, as the authors' SiT.
         self.apply(lambda m: init_linear_xavier(m) if isinstance(m, nn.Linear) else None)
         init_patch_embed(self.patch_embed)
         self.pos_embed.data.copy_(sincos_pos_embed_2d(cfg.embed_dim, self.patch_embed.grid, cls_token=False).unsqueeze(0))
@@ -93,8 +97,8 @@ class SiT(nn.Module):
                     self.final_layer.linear):
             nn.init.zeros_(mod.weight)
             nn.init.zeros_(mod.bias)
-        # 3. zero_init: the skip Linears start silent, so the skips join the network gradually and
-        #    cannot carry a shortcut around the decay at init (paper-notes §1, §3).
+        # 3. zero_init (an option, not the authors' default): the skip Linears start silent, so the
+        #    skips join the network gradually and cannot carry a shortcut around the decay at init.
         if cfg.zero_init:
             for lin in self.skip_linears:
                 nn.init.zeros_(lin.weight)

@@ -63,10 +63,13 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int):
+    """Linear -> GELU -> Linear. ``gelu="exact"`` is ViT's / MAE's; DiT and SiT use the tanh
+    approximation (``"tanh"``). Same parameters either way, outputs differ by ~1e-4."""
+
+    def __init__(self, dim: int, hidden: int, gelu: str = "exact"):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()  # exact GELU, as ViT/MAE
+        self.act = nn.GELU(approximate="none" if gelu == "exact" else gelu)
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -202,11 +205,14 @@ def init_linear_xavier(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-def init_patch_embed(patch_embed: PatchEmbed) -> None:
-    """MAE initialises the patch projection like a Linear (xavier on the flattened kernel)."""
+def init_patch_embed(patch_embed: PatchEmbed, zero_bias: bool = True) -> None:
+    """Initialise the patch projection like a Linear (xavier on the flattened kernel), as MAE and
+    DiT do. DiT / SiT / U-ViT here also zero its bias; MAE leaves the bias at PyTorch's default
+    uniform(+-1/sqrt(fan_in)) init (``zero_bias=False``; facebookresearch/mae ``initialize_weights``)."""
     w = patch_embed.proj.weight.data
     nn.init.xavier_uniform_(w.view(w.shape[0], -1))
-    nn.init.zeros_(patch_embed.proj.bias)
+    if zero_bias:
+        nn.init.zeros_(patch_embed.proj.bias)
 
 
 

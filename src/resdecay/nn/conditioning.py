@@ -81,16 +81,16 @@ class AdaLNBlock(nn.Module):
     The six modulation vectors come from c through SiLU + Linear(D -> 6D). Zeroing that Linear
     (adaLN-Zero) zeroes both gates, so at init the block maps x -> alpha_attn * alpha_mlp * x, the
     same start the paper's branch zero-init gives a pre-LN block (paper-notes §1). The MLP's GELU
-    is the exact one of blocks.Mlp (DiT uses the tanh approximation; same parameters).
+    is the tanh approximation by default, as DiT's and SiT's (``gelu="exact"`` for erf's).
     """
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True,
-                 alpha_attn: float = 1.0, alpha_mlp: float = 1.0):
+                 alpha_attn: float = 1.0, alpha_mlp: float = 1.0, gelu: str = "tanh"):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.attn = Attention(dim, num_heads, qkv_bias)
         self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), gelu)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
         self.alpha_attn, self.alpha_mlp = float(alpha_attn), float(alpha_mlp)  # fixed numbers, not parameters
 

@@ -79,7 +79,17 @@ def load_checkpoint(path: str | Path) -> dict:
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a resdecay checkpoint (no '{FORMAT}' marker); "
                               "pass a file from <run>/checkpoints/")
+    upgrade_config(ckpt.get("config") or {})
     return ckpt
+
+
+def upgrade_config(config: dict) -> None:
+    """Fill in settings whose default changed after a checkpoint was written, with the value that
+    checkpoint was trained under, so it rebuilds the same function (in place)."""
+    model = config.get("model") or {}
+    if model.get("family") == "sit":
+        model.setdefault("gelu", "exact")  # SiT MLPs used exact GELU before the tanh default
+        model.setdefault("zero_init", True)  # and zero-initialised skip Linears
 
 
 def resolve_resume(resume: str | None, ckpt_dir: Path) -> Path | None:
