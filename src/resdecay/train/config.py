@@ -58,9 +58,13 @@ class TrainConfig:
     threads: int | None = None  # torch CPU threads; None = torch's default
     online_eval_every: int = 0  # epochs between online kNN / probe / effective rank (diffusion: proxy FID + probe grid; 0 = off)
     online_eval_size: int = 2000  # fixed labelled subset (first N train and test images) for it; diffusion: also N samples
+    norm_growth_warn: float = 20.0  # warn once when a block's output token RMS grows this many times within
+    norm_growth_window: int = 5     # ... this many log steps (train/stability.py); 0 = no warning, RMS still logged
 
     def validate(self) -> None:
         check_fields(self, "train", positive=("epochs", "batch_size", "accum_steps", "ckpt_every", "keep_last", "log_every"))
+        if self.norm_growth_warn < 0 or self.norm_growth_window < 1:
+            raise ConfigError("train.norm_growth_warn must be >= 0 (0 = off) and train.norm_growth_window >= 1")
         if self.online_eval_every < 0 or self.online_eval_size < 2:
             raise ConfigError("train.online_eval_every must be >= 0 and train.online_eval_size >= 2")
         if self.warmup_epochs < 0:
@@ -264,7 +268,8 @@ def load_config(preset: str, overrides: list[str] | None = None) -> RunConfig:
 
 # Overrides that change where or how fast a run goes, not what it computes: not part of its folder name.
 _NOT_IN_NAME = {"train.device", "train.threads", "train.log_every", "train.ckpt_every", "train.keep_last",
-                "train.compile", "data.num_workers", "data.path", "train.out_dir"}
+                "train.compile", "data.num_workers", "data.path", "train.out_dir",
+                "train.norm_growth_warn", "train.norm_growth_window"}
 
 
 def default_out_dir(preset: str, overrides: dict[str, dict]) -> str:

@@ -24,6 +24,7 @@ from .config import RunConfig
 from .runlog import RunLog, peak_flops, peak_memory_mb
 from .previous_run import check_fresh_start
 from .setup import build_data, build_trainee, lr_at, run_folder, save, settings_warnings
+from .stability import FIX, BlockNormMonitor
 
 
 def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_epoch_end=None, init=None,
@@ -78,6 +79,7 @@ def _train(cfg: RunConfig, env, out, say, resume, progress, on_epoch_end, init, 
     last_ckpt, last_loss = t.resumed_from, float("nan")  # a finished run resumed again reports its checkpoint
     autocast = dict(device_type=env.device.type, dtype=t.amp_dtype or torch.float32, enabled=t.amp_dtype is not None)
     writer = CheckpointWriter()  # checkpoints are written in a background thread, one at a time
+    norms = BlockNormMonitor(t.raw, tc.norm_growth_warn, tc.norm_growth_window)  # block output RMS at log steps
     t.model.train()
     epoch, in_epoch = divmod(t.step, data.steps_per_epoch)
     try:
@@ -87,6 +89,8 @@ def _train(cfg: RunConfig, env, out, say, resume, progress, on_epoch_end, init, 
             batches = iter(data.loader)
             for _ in range(in_epoch, data.steps_per_epoch):
                 lr = lr_at(t.step, data.total_steps, data.warmup_steps, data.peak_lr, tc.min_lr, tc.lr_schedule)
+                if is_log_step(t.step + 1, tc, data.total_steps):
+                    norms.arm()  # record block norms in this step's forwards (no extra pass)
                 for group in t.optimizer.param_groups:
                     group["lr"] = lr * group.get("lr_scale", 1.0)  # layer-wise lr decay when fine-tuning
                 for micro in range(tc.accum_steps):
@@ -117,7 +121,10 @@ def _train(cfg: RunConfig, env, out, say, resume, progress, on_epoch_end, init, 
                     t.ema.update(t.raw, step=t.step)
                 bar.update(1)
 
-                if t.step % tc.log_every == 0 or t.step == data.total_steps or t.step % tc.ckpt_every == 0:
+                if is_log_step(t.step, tc, data.total_steps):
+                    block_rms = norms.read()  # read before the divergence check: its warning comes first
+                    if block_rms is not None and (warning := norms.check(block_rms, t.step)):
+                        say("\n" + warning)
                     if bool(nonfinite):  # the one host-device sync per log window; never checkpoint a diverged model
                         raise TrainingDiverged(t.step)
                     now = time.perf_counter()
@@ -127,6 +134,8 @@ def _train(cfg: RunConfig, env, out, say, resume, progress, on_epoch_end, init, 
                            "img_per_s": img_s, "peak_mem_mb": peak_memory_mb(env.device), "time_s": now - t_start}
                     if gpu_peak:
                         row["mfu"] = flops_per_img * img_s / env.world_size / gpu_peak
+                    if block_rms is not None:
+                        row["block_rms"] = [round(r, 5) for r in block_rms]
                     if data.bad_files is not None and (bad := count_bad_files(data.bad_files)):
                         row["bad_files"] = bad  # unreadable images replaced so far (data.on_bad_file=skip)
                         if bad > bad_seen:
@@ -148,6 +157,7 @@ def _train(cfg: RunConfig, env, out, say, resume, progress, on_epoch_end, init, 
         writer.wait()
         raise TrainingDiverged(diverged_message(t.step, ckpt_dir)) from None
     finally:
+        norms.remove()
         writer.wait()  # never leave a half-written checkpoint behind a crash or Ctrl-C
         bar.close()
         log.close()
@@ -157,11 +167,15 @@ def _train(cfg: RunConfig, env, out, say, resume, progress, on_epoch_end, init, 
     return summary
 
 
+def is_log_step(step: int, tc, total_steps: int) -> bool:
+    """Steps that end with a log line (and the divergence check)."""
+    return step % tc.log_every == 0 or step == total_steps or step % tc.ckpt_every == 0
+
+
 def diverged_message(step: int, ckpt_dir) -> str:
     good = ckpt.list_checkpoints(ckpt_dir)
     keep = f"the last good checkpoint {good[-1]} is kept" if good else "no checkpoint had been written yet"
-    return (f"loss became non-finite by step {step}; {keep}. Likely fixes: raise model.alpha_min (e.g. 0.6 -> 0.7), "
-            "keep model.zero_init=true, lower train.base_lr")
+    return f"loss became non-finite by step {step}; {keep}; {FIX}"
 
 
 def run_summary(cfg: RunConfig, out, data, t, last_loss: float, last_ckpt, seconds: float) -> dict:
