@@ -1,7 +1,9 @@
 """resdecay import-weights: official MAE, the authors' U-Net MAE and timm ViTs into resdecay checkpoints (issue 13, item 3)."""
 
+import argparse
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,8 +34,12 @@ def same_mae_outputs(a, b):
 
 def test_official_mae_checkpoint(capsys, tmp_path):
     src, _ = resdecay_checkpoint(tmp_path / "src.pt", "mae-tiny-digits-plain")
-    # facebookresearch/mae layout: {'model': state_dict} with the same names, plus training extras
-    torch.save({"model": src.state_dict(), "epoch": 799}, tmp_path / "mae_pretrain.pth")
+    # facebookresearch/mae layout: {'model': state_dict} with the same names, plus what its
+    # main_pretrain.py saves beside it (args as an argparse.Namespace, optimizer, scaler, epoch)
+    opt = torch.optim.AdamW(src.parameters())
+    torch.save({"model": src.state_dict(), "optimizer": opt.state_dict(), "epoch": 799, "scaler": {"scale": 65536.0},
+                "args": argparse.Namespace(lr=None, blr=1.5e-4, mask_ratio=0.75, output_dir="./output_dir")},
+               tmp_path / "mae_pretrain.pth")
     code, out, err = run(capsys, "import-weights", str(tmp_path / "mae_pretrain.pth"), "--format", "mae",
                          "--preset", "mae-tiny-digits-plain", "--out", str(tmp_path / "imp.pt"), "model.num_heads=2",
                          "model.decoder_num_heads=2")
@@ -147,3 +153,28 @@ def test_timm_round_trip_through_export(capsys, tmp_path, pool):
     with pytest.raises(CheckpointError, match="qk|q_norm|feature resdecay"):
         torch.save(tiny_timm(qk_norm=True).state_dict(), tmp_path / "qk.pth")
         import_weights(tmp_path / "qk.pth", "timm-vit", "mae-tiny-digits", tmp_path / "x.pt", overrides=TIMM)
+
+
+@pytest.mark.parametrize("layout,fmt", [("mae", "mae"), ("unet", "unet-mae"), ("timm", "timm-vit")])
+def test_eval_of_a_foreign_checkpoint_names_the_import_command(capsys, tmp_path, layout, fmt):
+    """Issue 13 item 6: loading a timm / MAE checkpoint into `resdecay eval` printed raw ANSI escape
+    codes and a sentence cut off in the middle. Now: one line naming the conversion."""
+    src, _ = resdecay_checkpoint(tmp_path / "src.pt", "mae-tiny-digits", ["alpha_min=0.7"])
+    sd = {"mae": {k: v for k, v in src.state_dict().items() if not k.startswith("skip_fusions")},
+          "unet": _authors_unet_layout(src.state_dict()),
+          "timm": {k: v for k, v in src.state_dict().items() if not k.startswith(("decoder", "skip", "mask"))}}[layout]
+    foreign = tmp_path / "foreign.pth"
+    torch.save({"model": sd, "epoch": 3, "args": argparse.Namespace(lr=1e-3), "metric": np.float64(0.5)}, foreign)
+    code, out, err = run(capsys, "eval", str(foreign), "--no-progress")
+    assert_one_line_error(code, err, f"import-weights {foreign} --format {fmt}")
+    assert "\x1b" not in err and "weights_only" not in err
+
+
+def test_code_bearing_checkpoint_is_refused_in_plain_words(capsys, tmp_path):
+    bad = tmp_path / "bad.pth"
+    torch.save({"model": {}, "hook": print}, bad)  # a global weights_only does not admit
+    for cmd in (["eval", str(bad)], ["import-weights", str(bad), "--format", "mae", "--preset", "mae-tiny-digits",
+                                     "--out", str(tmp_path / "x.pt")]):
+        code, out, err = run(capsys, *cmd)
+        assert_one_line_error(code, err, "code-bearing Python objects such as print")
+        assert "\x1b" not in err and "(1)" not in err

@@ -6,12 +6,14 @@ read files without importing each other (the latent cache once pulled ``data`` u
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import re
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
 
@@ -72,15 +74,24 @@ def sweep_stale_temps(folder: Path, owned: bool = False) -> list[Path]:
     return gone
 
 
+def training_script_globals() -> list:
+    """Python objects the field's training scripts store beside the weights, none of which can run
+    code when unpickled: ``argparse.Namespace`` (the ``args`` of facebookresearch/mae's and timm's
+    checkpoints) and NumPy scalars and dtypes (metrics such as timm's ``metric``)."""
+    dtypes = {type(np.dtype(t)) for t in ("float16", "float32", "float64", "int32", "int64", "bool")}
+    return [argparse.Namespace, np.dtype, *dtypes, getattr(np, "_core", np).multiarray.scalar]
+
+
 def safe_load(path: str | Path, error: type[Exception], message: str):
     """``torch.load(path, weights_only=True)`` on the CPU, or ``error(message)`` as one line.
 
-    weights_only: a file from elsewhere cannot run code. In ``message``, ``{reason}`` becomes the
-    loader's own complaint (shortened) and ``{kind}`` its exception class.
+    weights_only: a file from elsewhere cannot run code. Besides tensors and containers it admits
+    only ``training_script_globals()``, so an official MAE or timm checkpoint loads. In ``message``,
+    ``{reason}`` becomes the loader's complaint in words and ``{kind}`` its exception class.
     """
     try:
-        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr: not one line
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(), torch.serialization.safe_globals(training_script_globals()):
+            warnings.simplefilter("ignore")  # torch warns about pickle protocols on stderr: not one line
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         reason = load_failure(path, e)

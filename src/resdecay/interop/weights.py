@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import CheckpointError
-from ..io import atomic_save
+from ..io import atomic_save, safe_load
 from ..nn.decayify import decayify
 from ..schedule import BRANCHES, SCHEDULES
 
@@ -70,11 +70,7 @@ def read_weights_file(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist; pass a checkpoint file")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        reason = " ".join(str(e).split())[:160]
-        raise CheckpointError(f"{path} is not a readable weights file ({reason}); only plain tensors and dicts load") from None
+    return safe_load(path, CheckpointError, f"{path} is not a readable weights file ({{reason}})")
 
 
 def state_dict_of(obj: Any, source: str) -> dict[str, torch.Tensor]:

@@ -77,10 +77,30 @@ def load_checkpoint(path: str | Path) -> dict:
         raise CheckpointError(f"checkpoint {path} does not exist")
     ckpt = safe_load(path, CheckpointError, f"{path} is not a readable resdecay checkpoint ({{reason}})")
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        foreign = foreign_format(ckpt)
+        if foreign:
+            raise CheckpointError(f"{path} looks like a {foreign[1]} checkpoint, not a resdecay one; convert it first: "
+                                  f"resdecay import-weights {path} --format {foreign[0]} --preset PRESET --out imported.pt")
         raise CheckpointError(f"{path} is not a resdecay checkpoint (no '{FORMAT}' marker); "
                               "pass a file from <run>/checkpoints/")
     upgrade_config(ckpt.get("config") or {})
     return ckpt
+
+
+def foreign_format(obj) -> tuple[str, str] | None:
+    """(``import-weights --format``, description) when ``obj`` holds a ViT state_dict in a known
+    foreign key layout: the authors' U-Net MAE, facebookresearch/mae, or timm."""
+    if not isinstance(obj, dict):
+        return None
+    weights = next((obj[k] for k in ("model", "state_dict") if isinstance(obj.get(k), dict)), obj)
+    keys = {k for k in weights if isinstance(k, str)}
+    if not any(k.startswith("blocks.0.") for k in keys):
+        return None
+    if any(k.startswith("skip.") for k in keys):
+        return "unet-mae", "U-Net MAE (the authors' key layout; give --alpha-min)"
+    if any(k.startswith("decoder_") for k in keys):
+        return "mae", "facebookresearch/mae pretraining"
+    return "timm-vit", "timm ViT"
 
 
 def upgrade_config(config: dict) -> None:
