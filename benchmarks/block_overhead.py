@@ -25,6 +25,9 @@ How to read the numbers
     python benchmarks/block_overhead.py                       # CPU, small shapes
     python benchmarks/block_overhead.py --device cuda         # ViT-B shapes, bf16
     python benchmarks/block_overhead.py --shape 8,197,768,12 --json out.json
+    python benchmarks/block_overhead.py --compile             # both blocks through torch.compile
+                                                              # (inductor fuses the alpha scale of the
+                                                              # identity gradient into a neighbouring kernel)
 """
 
 from __future__ import annotations
@@ -95,6 +98,8 @@ def bench_shape(shape, device, args) -> dict:
     err = check_same_weights(plain, decayed, x[:2].detach())
     if err > 1e-4:
         raise SystemExit(f"decayed block does not compute {ALPHA_ATTN}*x + Attn(LN x), ... (max err {err:.2e})")
+    if args.compile:  # each block gets its own compiled graph (the alphas are constants in it)
+        plain, decayed = torch.compile(plain), torch.compile(decayed)
 
     for blk in (plain, decayed):
         fwd_bwd_ms(blk, x, g, args.warmup, amp)
@@ -124,6 +129,7 @@ def main() -> int:
     ap.add_argument("--threshold", type=float, default=1.01, help="largest acceptable decayed/plain ratio")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) (CPU)")
     ap.add_argument("--strict", action="store_true", help="exit 1 if any row fails the threshold")
+    ap.add_argument("--compile", action="store_true", help="torch.compile both blocks (warmup includes compilation)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args()
 
@@ -142,7 +148,7 @@ def main() -> int:
 
     name = torch.cuda.get_device_name(device) if cuda else (platform.processor() or platform.machine())
     print(f"block_overhead | torch {torch.__version__} | {args.device} ({name}) | "
-          f"{'bf16 autocast' if cuda else 'fp32'} | threads {torch.get_num_threads()}")
+          f"{'bf16 autocast' if cuda else 'fp32'} | threads {torch.get_num_threads()} | {'compiled' if args.compile else 'eager'}")
     print(f"decayed Block (alpha_attn={ALPHA_ATTN}, alpha_mlp={ALPHA_MLP}) vs plain Block (1.0, 1.0), same weights; "
           f"forward+backward, {args.repeats} interleaved rounds x {args.iters} iters, {args.warmup} warmup")
     head = f"{'shape (B, T, D, heads)':<24} {'plain ms':>10} {'decayed ms':>11} {'ratio':>7} {'+-':>6}  verdict (<= {args.threshold})"
@@ -160,7 +166,7 @@ def main() -> int:
 
     if args.json:
         meta = {"benchmark": "block_overhead", "torch": torch.__version__, "device": args.device, "device_name": name,
-                "dtype": "bf16-autocast" if cuda else "fp32", "threads": torch.get_num_threads(),
+                "dtype": "bf16-autocast" if cuda else "fp32", "threads": torch.get_num_threads(), "compiled": args.compile,
                 "alpha_attn": ALPHA_ATTN, "alpha_mlp": ALPHA_MLP, "threshold": args.threshold,
                 "warmup": args.warmup, "iters": args.iters, "repeats": args.repeats}
         with open(args.json, "w") as f:

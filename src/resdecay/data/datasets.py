@@ -37,7 +37,7 @@ from .fast_images import BadImage, Uint8View, bad_image_reason, decode_uint8
 DatasetName = Literal["digits", "fashion-mnist", "fashion-mnist-m", "cifar10", "cifar100", "imagefolder", "synthetic", "latents"]
 Normalize = Literal["dataset", "symmetric"]
 Augment = Literal["none", "flip", "mae", "randaug", "cifar"]
-Decoder = Literal["tensor", "pil"]
+Decoder = Literal["tensor", "pil", "dali"]
 DATASETS, NORMALIZE, AUGMENTS = get_args(DatasetName), get_args(Normalize), get_args(Augment)
 FASHION_MNIST_DEBIAN = "/usr/share/datasets/fashion-mnist"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -58,6 +58,7 @@ class DataConfig:
     dataset_seed: int = 0  # fashion-mnist-m: image i of a split is drawn from a generator seeded by (dataset_seed, split, i)
     on_bad_file: Literal["stop", "skip"] = "stop"  # an unreadable image in training: stop the run | skip (replace it deterministically, list it in <run>/bad_files.txt)
     decoder: Decoder = "tensor"  # imagefolder: tensor (uint8 decode + transforms.v2, fast_images.py) | pil (PIL + v1 transforms)
+    #                              | dali (training crops decoded on the GPU by NVIDIA DALI, dali_images.py; optional package)
 
     def validate(self) -> None:
         check_fields(self, "data")
@@ -68,6 +69,11 @@ class DataConfig:
             raise ConfigError(problem)
         if self.train_subset is not None and self.train_subset < 1:
             raise ConfigError(f"data.train_subset must be a positive number of images, got {self.train_subset}")
+        if self.decoder == "dali" and (self.name != "imagefolder" or self.augment not in ("mae", "cifar")
+                                       or self.on_bad_file != "stop"):
+            raise ConfigError("data.decoder=dali decodes ImageFolder training crops (data.name=imagefolder, data.augment "
+                              f"mae or cifar, data.on_bad_file=stop); got {self.name}, {self.augment}, {self.on_bad_file}; "
+                              "use data.decoder=tensor")
 
 
 @dataclass
@@ -280,7 +286,7 @@ def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | No
                 raise DataError(f"data path {root} has no val/ folder for evaluation; add <path>/val/<class>/*")
             sub = root
         mean, std = ((0.5,) * 3, (0.5,) * 3) if symmetric else (IMAGENET_MEAN, IMAGENET_STD)
-        if cfg.decoder == "tensor" and aug != "randaug":  # fine-tuning's RandAugment stays on timm's PIL pipeline
+        if cfg.decoder in ("tensor", "dali") and aug != "randaug":  # fine-tuning's RandAugment stays on timm's PIL pipeline
             ds = _image_folder(sub, Uint8View(aug, img_size, mean, std), loader=decode_uint8)
         else:
             ds = _image_folder(sub, _pil_transform(aug, img_size, mean, std))

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
 from ..data import DeviceLoader, ResumableSampler, SeededSamples, build_dataset, check_first_sample, uint8_batches
+from ..data.dali_images import DaliLoader, folder_samples
 from ..data.badfiles import SkipBadFiles
 from ..errors import CheckpointError, ConfigError, UserError
 from ..io import sweep_stale_temps
@@ -146,11 +147,16 @@ def build_data(cfg: RunConfig, env: dist_env.DistEnv, out: Path | None = None) -
     sampler = ResumableSampler(len(samples), env.rank, env.world_size, seed=tc.seed, shuffle=True)
     workers = cfg.data.num_workers
     uint8_stats = uint8_batches(samples)  # ImageFolder on the uint8 path: batches stay uint8 until the device
-    loader = DataLoader(samples, batch_size=tc.batch_size, sampler=sampler, num_workers=workers, drop_last=True,
-                        pin_memory=env.device.type == "cuda", persistent_workers=workers > 0,
-                        generator=torch.Generator())  # own generator: never draws from the global RNG
-    if uint8_stats is not None:  # a quarter of the bytes to copy; the side-stream copy overlaps compute
-        loader = DeviceLoader(loader, env.device, *uint8_stats)
+    if cfg.data.decoder == "dali":  # the same crops, decoded on the GPU by DALI; workers become its threads
+        scale = (0.2, 1.0) if cfg.data.augment == "mae" else (0.08, 1.0)
+        loader = DaliLoader(folder_samples(samples), sampler, tc.batch_size, cfg.model.img_size, scale, tc.seed,
+                            *uint8_stats, env.device, threads=max(workers, 1))
+    else:
+        loader = DataLoader(samples, batch_size=tc.batch_size, sampler=sampler, num_workers=workers, drop_last=True,
+                            pin_memory=env.device.type == "cuda", persistent_workers=workers > 0,
+                            generator=torch.Generator())  # own generator: never draws from the global RNG
+        if uint8_stats is not None:  # a quarter of the bytes to copy; the side-stream copy overlaps compute
+            loader = DeviceLoader(loader, env.device, *uint8_stats)
     steps_per_epoch = sampler.per_rank // tc.batch_size // tc.accum_steps
     if steps_per_epoch < 1:
         raise ConfigError(f"{cfg.data.name} has {len(samples)} training images, fewer than one optimizer step "
