@@ -122,25 +122,17 @@ def _train(cfg: RunConfig, env, out, say, resume, progress, on_epoch_end, init, 
                 bar.update(1)
 
                 if is_log_step(t.step, tc, data.total_steps):
-                    block_rms = norms.read()  # read before the divergence check: its warning comes first
-                    if block_rms is not None and (warning := norms.check(block_rms, t.step)):
-                        say("\n" + warning)
+                    norm_fields = norms.report(t.step, say)  # block_rms; before the divergence check: warns first
                     if bool(nonfinite):  # the one host-device sync per log window; never checkpoint a diverged model
                         raise TrainingDiverged(t.step)
                     now = time.perf_counter()
                     img_s = window_steps * data.eff_batch / max(now - window_t0, 1e-9)
                     last_loss = float(loss_sum) / window_steps
                     row = {"step": t.step, "epoch": t.step / data.steps_per_epoch, "loss": last_loss, "lr": lr,
-                           "img_per_s": img_s, "peak_mem_mb": peak_memory_mb(env.device), "time_s": now - t_start}
+                           "img_per_s": img_s, "peak_mem_mb": peak_memory_mb(env.device), "time_s": now - t_start, **norm_fields}
                     if gpu_peak:
                         row["mfu"] = flops_per_img * img_s / env.world_size / gpu_peak
-                    if block_rms is not None:
-                        row["block_rms"] = [round(r, 5) for r in block_rms]
-                    if data.bad_files is not None and (bad := count_bad_files(data.bad_files)):
-                        row["bad_files"] = bad  # unreadable images replaced so far (data.on_bad_file=skip)
-                        if bad > bad_seen:
-                            say(f"\nnote: {bad} unreadable image(s) skipped so far; listed in {data.bad_files}")
-                            bad_seen = bad
+                    bad_seen = note_bad_files(data.bad_files, bad_seen, row, say)
                     log.write(row)
                     bar.set_postfix(loss=f"{last_loss:.4f}", lr=f"{lr:.2e}", img_s=f"{img_s:.0f}")
                     loss_sum.zero_()
@@ -165,6 +157,17 @@ def _train(cfg: RunConfig, env, out, say, resume, progress, on_epoch_end, init, 
     summary = run_summary(cfg, out, data, t, last_loss, last_ckpt, time.perf_counter() - t_start)
     dist_env.cleanup(env)
     return summary
+
+
+def note_bad_files(bad_files, seen: int, row: dict, say) -> int:
+    """Under data.on_bad_file=skip: the count of unreadable images replaced so far goes into the log
+    row, and a note is printed when it grew. Returns the new count."""
+    if bad_files is None or not (bad := count_bad_files(bad_files)):
+        return seen
+    row["bad_files"] = bad
+    if bad > seen:
+        say(f"\nnote: {bad} unreadable image(s) skipped so far; listed in {bad_files}")
+    return bad
 
 
 def is_log_step(step: int, tc, total_steps: int) -> bool:

@@ -101,6 +101,17 @@ class BlockNormMonitor:
         self.history.append(rms)
         return warning
 
+    def report(self, step: int, say) -> dict:
+        """At a log step: ``{"block_rms": [...]}`` for the log row (empty if nothing was recorded),
+        after saying the growth warning if this step triggers it."""
+        rms = self.read()
+        if rms is None:
+            return {}
+        warning = self.check(rms, step)
+        if warning:
+            say("\n" + warning)
+        return {"block_rms": [round(r, 5) for r in rms]}
+
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
