@@ -151,3 +151,16 @@ def test_torchrun_two_processes_on_cpu(tmp_path):
     state = ckpt.load_checkpoint(ckpt.list_checkpoints(tmp_path / "ddp" / "checkpoints")[-1])
     assert state["train_state"]["world_size"] == 2 and len(state["rng"]) == 2
     assert state["train_state"]["step"] == 1437 // 2 // 32
+
+
+def test_demo_fashion_mnist_m_reruns_the_study_cell_where_the_decay_won():
+    from resdecay.commands.ablate import load_grid
+    from resdecay.commands.demo import DEMO_DATA, closing_note
+
+    preset, extra, alpha = DEMO_DATA["fashion-mnist-m"]
+    grid = load_grid("where-fmnistm-long")
+    assert preset == grid["preset"] and set(extra) <= set(grid["overrides"]) and alpha == 0.8
+    assert "alpha_min=0.8" in grid["variants"][1]["overrides"]
+    note = closing_note({"plain MAE": {"knn_top1": 0.158, "effective_rank_cls": 2.1},
+                         "U-Net MAE": {"knn_top1": 0.231, "effective_rank_cls": 1.7}}, "fashion-mnist-m")
+    assert "--data fashion-mnist-m" in note and "the decayed encoder is better here" in note

@@ -114,8 +114,8 @@ def cmd_ablate(args) -> None:
 def cmd_demo(args) -> None:
     if args.epochs is not None and args.epochs < 1:
         raise UserError(f"--epochs must be a positive integer, got {args.epochs}")
-    alpha_min = args.alpha_min if args.alpha_min is not None else (0.7 if args.diffusion else 0.6)
-    if not 0 < alpha_min <= 1:
+    alpha_min = args.alpha_min if args.alpha_min is not None or not args.diffusion else 0.7
+    if alpha_min is not None and not 0 < alpha_min <= 1:
         raise UserError(f"--alpha-min must lie in (0, 1], got {alpha_min}")
     if args.diffusion:
         run_diffusion_demo(data=args.data, out_dir=args.out or "runs/demo_diffusion", epochs=args.epochs, alpha_min=alpha_min,
@@ -222,10 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", parents=[progress_option()], help="pretrain a plain and a decayed U-Net MAE (or, --diffusion, U-ViT) on small data and compare them")
     d.add_argument("--diffusion", action="store_true", help="train tiny U-ViTs instead; report proxy FID and the probe grid")
-    d.add_argument("--data", default="auto", help="auto (Fashion-MNIST if its IDX files are installed, else digits), digits, fashion-mnist")
+    d.add_argument("--data", default="auto", help="auto (Fashion-MNIST if its IDX files are installed, else digits), digits, fashion-mnist, "
+                   "fashion-mnist-m (garments on photographs, 16 epochs: where the decay wins; about 2 hours on 2 cores)")
     d.add_argument("--out", default=None, help="output folder (default runs/demo, runs/demo_diffusion with --diffusion)")
     d.add_argument("--epochs", type=int, default=None, help="override the demo's epochs for both models")
-    d.add_argument("--alpha-min", type=float, default=None, help="alpha_min of the decayed model (default 0.6; 0.7 with --diffusion)")
+    d.add_argument("--alpha-min", type=float, default=None, help="alpha_min of the decayed model (default 0.6; 0.8 on fashion-mnist-m; 0.7 with --diffusion)")
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=cmd_demo)
 
