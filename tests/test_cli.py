@@ -88,6 +88,10 @@ def test_demo_closing_note_follows_the_numbers():
     (["pretrain", "--preset", "mae-tiny-digits", "alpha_min=1.5"], ["alpha_min must lie in (0, 1]"]),
     (["pretrain", "--preset", "mae-tiny-digits", "alpha_min=0"], ["alpha_min must lie in (0, 1]"]),
     (["alpha", "--depth", "12", "--alpha-min", "0"], ["alpha_min must lie in (0, 1]"]),
+    (["pretrain", "--preset", "mae-tiny-digits", "train.norm_growth_warn=-1"], ["train.norm_growth_warn must be >= 0"]),
+    (["pretrain", "--preset", "mae-tiny-digits", "train.norm_growth_window=0"], ["train.norm_growth_window >= 1"]),
+    (["pretrain", "--preset", "sit-tiny-fmnist", "model.gelu=relu"], ["model.gelu", "tanh"]),
+    (["pretrain", "--preset", "mae-tiny-digits", "data.decoder=dali"], ["data.decoder=dali decodes ImageFolder"]),
     (["alpha", "--depth", "12", "--target-eff", "3"], ["unreachable"]),
     (["demo", "--alpha-min", "2"], ["--alpha-min must lie in (0, 1]"]),
     (["pretrain", "--preset", "mae-giant"], ["preset 'mae-giant' does not exist", "mae-b16"]),
@@ -164,3 +168,11 @@ def test_demo_fashion_mnist_m_reruns_the_study_cell_where_the_decay_won():
     note = closing_note({"plain MAE": {"knn_top1": 0.158, "effective_rank_cls": 2.1},
                          "U-Net MAE": {"knn_top1": 0.231, "effective_rank_cls": 1.7}}, "fashion-mnist-m")
     assert "--data fashion-mnist-m" in note and "the decayed encoder is better here" in note
+
+
+def test_demo_fashion_mnist_m_without_the_idx_files_is_one_line(capsys, monkeypatch):
+    import resdecay.commands.demo as demo
+
+    monkeypatch.setattr(demo, "fashion_mnist_available", lambda *a: False)
+    code, out, err = run(capsys, "demo", "--data", "fashion-mnist-m", "--no-progress")
+    assert_one_line_error(code, err, "--data fashion-mnist-m", "apt-get install dataset-fashion-mnist")
