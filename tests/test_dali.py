@@ -83,3 +83,12 @@ def test_dali_resumes_mid_epoch_with_the_same_crops(photo_folder):
     full, _, _ = _dali_and_reference(photo_folder)
     tail, _, _ = _dali_and_reference(photo_folder, start=4)
     assert torch.equal(tail, full[4:])
+
+
+def test_dali_names_an_unreadable_file_in_one_line(capsys, photo_folder, tmp_path):
+    pytest.importorskip("nvidia.dali")
+    (photo_folder / "train" / "b" / "zz.jpg").write_text("not an image")
+    code, out, err = run(capsys, "pretrain", "--preset", "mae-tiny-digits", "data.name=imagefolder", f"data.path={photo_folder}",
+                         "data.augment=mae", "data.decoder=dali", "model.img_size=32", "model.in_chans=3",
+                         "train.batch_size=9", "train.epochs=1", f"train.out_dir={tmp_path / 'run'}", "--no-progress")
+    assert_one_line_error(code, err, "cannot read image", "zz.jpg")
