@@ -18,6 +18,7 @@ GPU (``device_id=None``) the same pipeline decodes on the CPU, which is how the 
 
 from __future__ import annotations
 
+import functools
 import io
 
 import numpy as np
@@ -25,6 +26,7 @@ import torch
 
 from ..errors import ConfigError, DataError
 from .fast_images import BadImage, bad_image_reason, decode_uint8, normalize
+from .samplers import sample_seed
 
 INSTALL = "data.decoder=dali needs NVIDIA DALI: pip install nvidia-dali-cuda130 (or use data.decoder=tensor)"
 
@@ -50,15 +52,21 @@ def image_size(raw: bytes, path: str) -> tuple[int, int]:
         raise BadImage(path, bad_image_reason(e)) from None
 
 
+@functools.lru_cache(maxsize=4)
+def _crop(scale: tuple[float, float]):
+    """The uint8 path's RandomResizedCrop (only its parameter draw is used; the size does not matter)."""
+    import torchvision.transforms.v2 as T
+
+    return T.RandomResizedCrop(1, scale=scale)
+
+
 def crop_window(key: tuple[int, int], seed: int, height: int, width: int, scale: tuple[float, float]) -> tuple[int, int, int, int, bool]:
     """(top, left, h, w, flip) of sample ``key = (index, epoch)``: the draws the uint8 path makes
     under ``SeededSamples``' seed (RandomResizedCrop, then RandomHorizontalFlip)."""
-    import torchvision.transforms.v2 as T
-
     index, epoch = key
     with torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
-        p = T.RandomResizedCrop(1, scale=scale).make_params([torch.empty(3, 1, 1, dtype=torch.uint8).expand(3, height, width)])
+        torch.default_generator.manual_seed(sample_seed(seed, epoch, index))
+        p = _crop(tuple(scale)).make_params([torch.empty(3, 1, 1, dtype=torch.uint8).expand(3, height, width)])
         flip = bool(torch.rand(1) < 0.5)  # RandomHorizontalFlip(p=0.5) flips when rand < p
     return p["top"], p["left"], p["height"], p["width"], flip
 

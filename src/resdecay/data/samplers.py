@@ -16,6 +16,11 @@ from ..errors import DataError
 from .datasets import TensorImages
 
 
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The CPU-generator seed of one sample's augmentation: a function of (seed, epoch, index) alone."""
+    return (seed * 1_000_003 + epoch) * 10_000_019 + index
+
+
 class SeededSamples(Dataset):
     """Makes each sample's augmentation a function of (seed, epoch, index) alone.
 
@@ -38,7 +43,7 @@ class SeededSamples(Dataset):
         with torch.random.fork_rng(devices=[]):
             # the CPU generator only: torch.manual_seed would also (lazily) seed every accelerator
             # generator, recording a stack trace each time (a third of a decoded JPEG's cost)
-            torch.default_generator.manual_seed((self.seed * 1_000_003 + epoch) * 10_000_019 + index)
+            torch.default_generator.manual_seed(sample_seed(self.seed, epoch, index))
             return self.dataset[index]
 
 
