@@ -1,0 +1,39 @@
+"""The benchmark scripts the next GPU session will run still run: the two that drive the real
+trainer or sweep batches, each on the smallest CPU setting (tables and JSON, not timings)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_benchmark(script: str, *args: str, tmp_path: Path) -> tuple[str, dict]:
+    out = tmp_path / "result.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args, "--json", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout, json.loads(out.read_text())
+
+
+def test_batch_sweep_lists_every_batch_and_marks_the_fastest(tmp_path):
+    stdout, result = run_benchmark("batch_sweep.py", "--batches", "4,8", "--warmup", "1", "--steps", "1", "--rounds", "1",
+                                   "--threads", "1", tmp_path=tmp_path)
+    assert [r["batch"] for r in result["rows"]] == [4, 8]
+    assert all(r["img_per_s"] > 0 and r["ms_per_step"] > 0 for r in result["rows"])
+    assert stdout.count("<- fastest") == 1
+
+
+def test_end_to_end_trains_from_jpegs_with_each_decoder(tmp_path):
+    stdout, result = run_benchmark("train_end_to_end.py", "--images", "16", "--batch-size", "4", "--epochs", "2",
+                                   "--log-every", "1", "--rounds", "1", "--decoders", "pil,tensor", tmp_path=tmp_path)
+    rows = {r["decoder"]: r for r in result["rows"]}
+    assert set(rows) == {"pil", "tensor"}
+    assert all(len(r["windows"]) == 7 and r["img_per_s"] > 0 for r in rows.values())  # 8 logged steps, the first dropped
+    assert rows["pil"]["ratio_to_pil"] == 1.0
+    assert "data.decoder" not in " ".join(result["overrides"])  # the decoder is set per row, not globally
