@@ -4,7 +4,10 @@
 # rows first. Results (JSON + the printed tables) go to $OUT (default: ./gpu-rows).
 #
 #   bash benchmarks/gpu_rows.sh                 # on the GPU machine, from the repository root
+#   bash benchmarks/gpu_rows.sh mae_throughput batch_sweep     # only these rows (each fits a 10-minute command)
 #   SMOKE=1 bash benchmarks/gpu_rows.sh         # the same sequence on the CPU with tiny settings (checks the script)
+#
+# Rows: mae_throughput block_overhead block_overhead_compiled batch_sweep data_throughput train_end_to_end eval_speed
 #
 # On the GPU machine, install first with its own PyTorch: pip install --no-deps -e .
 # (and pip install nvidia-dali-cuda130 for the DALI rows, where the package can be had).
@@ -15,9 +18,11 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python}
 B=benchmarks
 
-row() {  # row NAME SECONDS COMMAND...: run, keep its output, never stop the sequence
+WANTED=" $* "
+row() {  # row NAME SECONDS COMMAND...: run (if wanted), keep its output, never stop the sequence
     local name=$1 limit=$2
     shift 2
+    [ "$WANTED" = "  " ] || [[ "$WANTED" == *" $name "* ]] || return 0
     echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*" | tee -a "$OUT/summary.txt"
     timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
     local rc=$?
@@ -40,7 +45,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
 fi
 
 # 1. The headline: mae-b16 vs the SDPA references, eager and compiled, MFU.
-row mae_throughput 600 $PY $B/mae_throughput.py --preset mae-b16 --device cuda --batch-size 256 --compile --naive \
+row mae_throughput 570 $PY $B/mae_throughput.py --preset mae-b16 --device cuda --batch-size 256 --compile --naive \
     --json "$OUT/mae_throughput.json"
 # 2. Item 5: the decayed add on ViT-B shapes, eager and compiled.
 row block_overhead 240 $PY $B/block_overhead.py --device cuda --json "$OUT/block_overhead.json"
@@ -50,7 +55,7 @@ row batch_sweep 480 $PY $B/batch_sweep.py --preset mae-b16 --device cuda --batch
     --json "$OUT/batch_sweep.json"
 # 4. From JPEG files: per-core decode rates (DALI on nvJPEG when installed), then the real trainer.
 row data_throughput 300 $PY $B/data_throughput.py --images 512 --rounds 3 --json "$OUT/data_throughput.json"
-row train_end_to_end 600 $PY $B/train_end_to_end.py --preset mae-b16 --workers "$(( $(nproc) - 1 ))" --images 4096 \
+row train_end_to_end 570 $PY $B/train_end_to_end.py --preset mae-b16 --workers "$(( $(nproc) - 1 ))" --images 4096 \
     --batch-size 256 --epochs 3 --log-every 4 --rounds 1 --model-only --json "$OUT/train_end_to_end.json"
 # 5. Evaluation with TF32 matmuls (the 1.28M-bank kNN).
 row eval_speed 300 $PY $B/eval_speed.py --device cuda --sections knn --json "$OUT/eval_speed.json"
