@@ -14,6 +14,8 @@ CPU ("vmhwm")      growth of the process's peak resident set: ``malloc_trim(0)``
 CPU ("maxrss")     fallback where clear_refs cannot be written: growth of ``ru_maxrss``, which
                    cannot be reset, so it under-reports every measurement after the first.
 
+``bad_input(message)`` ends a benchmark on a wrong argument: one line on stderr, exit status 2.
+
 Used by scripts run as ``python benchmarks/x.py`` (this folder is then on sys.path).
 """
 
@@ -21,12 +23,35 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import re
 import resource
+import sys
 
 import torch
 
 MEM_LABEL = {"cuda": "peak MB (cuda max alloc)", "vmhwm": "peak MB (VmHWM growth)", "maxrss": "peak MB (maxrss growth)"}
+
+
+def bad_input(message: str):
+    """A wrong argument: ``<script>: error: <message>`` on stderr, exit status 2 (no usage dump, no traceback)."""
+    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def mae_config(preset: str, overrides: list[str] | None = None):
+    """The run config of an MAE preset, or ``bad_input`` naming the problem (unknown preset, bad
+    override, a preset of another family: these benchmarks time the MAE's training step)."""
+    from resdecay.errors import ConfigError
+    from resdecay.train.config import load_config
+
+    try:
+        cfg = load_config(preset, overrides or [])
+    except (ConfigError, ValueError, OSError) as e:
+        bad_input(str(e).splitlines()[0] if str(e) else repr(e))
+    if cfg.model.family != "mae":
+        bad_input(f"preset {preset!r} is a {cfg.model.family} model; this benchmark times MAE presets (e.g. mae-b16)")
+    return cfg
 
 
 def sync(device: torch.device) -> None:

@@ -21,10 +21,9 @@ import sys
 
 import torch
 
-from _measure import MEM_LABEL, sync, timed_steps
+from _measure import MEM_LABEL, bad_input, mae_config, sync, timed_steps
 from mae_throughput import Variant
 from resdecay.models import build_model
-from resdecay.train.config import load_config
 
 
 def is_oom(e: BaseException) -> bool:
@@ -45,11 +44,14 @@ def main() -> int:
     args = ap.parse_args()
     try:
         batches = [int(b) for b in args.batches.split(",")]
-        assert batches and min(batches) > 0
-    except (ValueError, AssertionError):
-        ap.error(f"--batches must be positive integers separated by commas, got {args.batches!r}")
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1:
+        bad_input(f"--batches must be positive integers separated by commas, got {args.batches!r}")
+    if args.rounds < 1 or (args.steps is not None and args.steps < 1) or (args.warmup is not None and args.warmup < 0):
+        bad_input("--rounds and --steps must be at least 1, --warmup at least 0")
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device visible")
+        bad_input("--device cuda: no CUDA device visible; run on the CPU (the default) or on a machine with a GPU")
     device, cuda = torch.device(args.device), args.device == "cuda"
     warmup = args.warmup if args.warmup is not None else (10 if cuda else 3)
     steps = args.steps if args.steps is not None else (20 if cuda else 5)
@@ -57,7 +59,7 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    cfg = load_config(args.preset)
+    cfg = mae_config(args.preset)
     mc = cfg.model
     torch.manual_seed(0)
     model = build_model(mc)
