@@ -44,7 +44,10 @@ from pathlib import Path
 
 import torch
 
+from _measure import bad_input, mae_config, timed_steps
 from data_throughput import dali_available, make_jpegs
+from mae_throughput import Variant
+from resdecay.models import build_model
 
 # A small RGB U-Net MAE for the CPU (the digits architecture on 32x32 RGB crops, 16 patches of 8x8): its
 # step is cheap enough that the data path, not the model, decides the rate on a laptop.
@@ -57,36 +60,22 @@ def pretrain(preset: str, overrides: list[str], out: Path, env: dict) -> list[fl
     cmd = [sys.executable, "-m", "resdecay", "pretrain", "--no-progress", "--preset", preset, *overrides,
            f"train.out_dir={out}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode == 2:  # resdecay refused a setting in one line: pass that line on
+        bad_input(proc.stderr.strip().splitlines()[-1].removeprefix("resdecay: error: "))
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if line.strip()]
     return [r["img_per_s"] for r in rows if "img_per_s" in r]
 
 
-def model_only(preset: str, overrides: list[str], batch: int, steps: int, device: torch.device) -> float:
-    """img/s of the trainer's own step (model, AdamW, autocast) on one batch already on the device."""
-    from resdecay.train.config import load_config
-    from resdecay.train.setup import autocast_dtype, make_optimizer
-    from resdecay.models import build_model
-    from resdecay.train import param_groups
-
-    cfg = load_config(preset, [o for o in overrides if o.startswith(("model.", "train."))])
-    net = build_model(cfg.model).to(device)
-    opt = make_optimizer(param_groups(net, cfg.train.weight_decay), cfg.train, 1e-4, device)
-    amp = autocast_dtype(cfg.train.precision, device)
+def model_only(cfg, batch: int, steps: int, device: torch.device) -> float:
+    """img/s of the training step ``mae_throughput.py`` times (model, AdamW as the trainer makes it,
+    bf16 autocast on CUDA) on one batch already on the device."""
+    torch.manual_seed(0)
     imgs = torch.randn(batch, cfg.model.in_chans, cfg.model.img_size, cfg.model.img_size, device=device)
-    times = []
-    for i in range(steps + 3):
-        t0 = time.perf_counter()
-        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            loss = net(imgs)[0]
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i >= 3:
-            times.append(time.perf_counter() - t0)
+    v = Variant("model only", "U-Net", None, lambda: build_model(cfg.model).to(device), True, cfg, imgs, device)
+    v.build(warmup=3)
+    times = timed_steps(v.step, 0, steps, device)[0]
     return batch / statistics.median(times)
 
 
@@ -107,6 +96,11 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
+    for name in ("images", "epochs", "log_every", "rounds"):
+        if getattr(args, name) < 1:
+            bad_input(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if (args.workers is not None and args.workers < 0) or (args.batch_size is not None and args.batch_size < 1):
+        bad_input("--workers must be >= 0 and --batch-size >= 1")
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     preset = args.preset or ("mae-b16" if cuda else CPU_PRESET)
@@ -121,11 +115,12 @@ def main() -> int:
         overrides.append(f"train.threads={threads}")
     if args.compile:
         overrides.append("train.compile=true")
+    cfg = mae_config(preset, [o for o in overrides if o.startswith(("model.", "train."))])  # refuses a bad preset now
     decoders = args.decoders.split(",") if args.decoders else ["pil", "tensor"] + (["dali"] if dali_available() else [])
     bad = [d for d in decoders if d not in ("pil", "tensor", "dali")]
     if bad or ("dali" in decoders and not dali_available()):
-        ap.error(f"--decoders: unknown or unavailable {bad or ['dali']}; choose from pil,tensor"
-                 + (",dali" if dali_available() else " (dali needs: pip install nvidia-dali-cuda130)"))
+        bad_input(f"--decoders: unknown or unavailable {bad or ['dali']}; choose from pil,tensor"
+                  + (",dali" if dali_available() else " (dali needs: pip install nvidia-dali-cuda130)"))
 
     name = torch.cuda.get_device_name(device) if cuda else (platform.processor() or platform.machine())
     load = os.getloadavg()
@@ -147,7 +142,7 @@ def main() -> int:
                 rates[dec] += windows[1:]  # the first window holds start-up
     for dec, v in rates.items():
         if not v:
-            raise SystemExit(f"{dec}: fewer than two log windows; raise --epochs or --images, or lower --log-every")
+            bad_input(f"{dec}: fewer than two log windows; raise --epochs or --images, or lower --log-every")
     ref = statistics.median(rates["pil"]) if "pil" in rates else None
     rows = []
     head = f"{'decoder':<14}{'img/s end to end':>18}{'min..max':>16}{'windows':>9}{'vs pil':>9}"
@@ -162,13 +157,9 @@ def main() -> int:
               "cpus": os.cpu_count(), "load_average": load, "preset": preset, "overrides": overrides,
               "images": args.images, "rounds": args.rounds, "rows": rows}
     if args.model_only:
-        batch = args.batch_size or (32 if preset == CPU_PRESET and args.preset is None else None)
-        if batch is None:
-            from resdecay.train.config import load_config
-            batch = load_config(preset).train.batch_size
         if threads and not cuda:
             torch.set_num_threads(threads)
-        rate = result["model_only_img_per_s"] = model_only(preset, overrides, batch, 10, device)
+        rate = result["model_only_img_per_s"] = model_only(cfg, cfg.train.batch_size, 10, device)
         print(f"{'model only':<14}{rate:>18.1f}{'':>16}{'':>9}{'':>9}   (one synthetic batch on the device, no data)")
     print(f"{workers} data workers | {args.images} JPEGs ~500x375 | {args.epochs} epochs per run | median over log windows "
           f"of {args.log_every} steps, the first of each run dropped | {time.perf_counter() - t0:.0f} s")
