@@ -12,6 +12,13 @@
 # On the GPU machine, install first with its own PyTorch: pip install --no-deps -e .
 # (and pip install nvidia-dali-cuda130 for the DALI rows, where the package can be had).
 set -u
+ROWS=" mae_throughput block_overhead block_overhead_compiled batch_sweep data_throughput train_end_to_end eval_speed "
+for name in "$@"; do
+    if [[ "$ROWS" != *" $name "* ]]; then
+        echo "gpu_rows.sh: error: unknown row '$name'; rows are:$ROWS" >&2
+        exit 2
+    fi
+done
 OUT=${OUT:-gpu-rows}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"

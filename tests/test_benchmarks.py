@@ -61,3 +61,10 @@ def test_bad_arguments_are_one_line_exit_2(script, args, needle):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith(f"{script}: error: ") and needle in lines[0], lines[0]
+
+
+def test_gpu_rows_refuses_an_unknown_row_before_doing_anything(tmp_path):
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_rows.sh"), "mae_throughput", "nope"], capture_output=True,
+                          text=True, cwd=tmp_path, env={**os.environ, "OUT": str(tmp_path / "rows")}, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown row 'nope'" in proc.stderr
+    assert not (tmp_path / "rows").exists()
