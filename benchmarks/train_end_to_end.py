@@ -25,7 +25,7 @@ The images
     sample photographs, quality 90) in a temporary ImageFolder with 4 classes.
 
     python benchmarks/train_end_to_end.py                                  # CPU: a small RGB MAE
-    python benchmarks/train_end_to_end.py --preset mae-b16 --workers 16 --images 4096 \\
+    python benchmarks/train_end_to_end.py --preset mae-b16 --workers 15 --images 4096 \\
         --batch-size 256 --epochs 3 --model-only                            # one H100 with 16 cores
 """
 
