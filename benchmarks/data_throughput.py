@@ -50,6 +50,8 @@ from torch.utils.data import default_collate
 
 from resdecay.data import DataConfig, SeededSamples, build_dataset, uint8_batches
 
+from _measure import bad_input
+
 SIZES = [(500, 375), (375, 500), (500, 333), (640, 480), (400, 300), (500, 400)]
 
 
@@ -113,6 +115,11 @@ def main() -> None:
     ap.add_argument("--img-size", type=int, default=224)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    for k in ("images", "batch", "rounds", "img_size"):
+        if getattr(args, k) < 1:
+            bad_input(f"--{k.replace('_', '-')} must be a positive integer, got {getattr(args, k)}")
+    if args.images < args.batch:  # else no whole batch is timed and every rate is 0 img/s
+        bad_input(f"--images {args.images} is fewer than one batch (--batch {args.batch})")
     torch.set_num_threads(1)  # a DataLoader worker's setting
 
     with tempfile.TemporaryDirectory() as tmp:

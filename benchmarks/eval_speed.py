@@ -42,12 +42,14 @@ How to read the numbers
     growth of the process's peak resident set (VmHWM, reset through /proc/self/clear_refs;
     fallback: ru_maxrss growth, which under-reports every call after the first), an
     approximation that includes allocator slack. PASS/FAIL compare resdecay's row with the target
-    stated for the default size; with --bank/--queries/--dim/--classes the target is still
-    printed but was set for the default size. The exit status is 1 on a MISMATCH, and on a FAIL
+    stated for the default size; with --bank/--queries/--dim/--classes, --probe-train/--probe-test
+    or --rank-rows the target is still printed but was set for the default size. The exit status is 1 on a MISMATCH, and on a FAIL
     with --strict.
 
     python benchmarks/eval_speed.py                              # CPU defaults (~2.5 min on 2 cores)
     python benchmarks/eval_speed.py --probe-epochs 10            # quick check
+    python benchmarks/eval_speed.py --bank 2000 --queries 200 --probe-epochs 1 --probe-train 2000 --probe-test 500 \
+        --rank-rows 2000 --repeats 1                             # smoke run (seconds; tests/test_benchmarks.py)
     python benchmarks/eval_speed.py --device cuda --json eval_speed.json
     python benchmarks/eval_speed.py --sections knn --bank 200000 --queries 20000 --dim 384 --classes 100
 """
@@ -71,7 +73,7 @@ from resdecay.eval.probe import IN100_RECIPE, linear_probe
 from resdecay.eval.rank import effective_rank
 
 from _eval_references import KNN_K, KNN_T, knn_reference, probe_reference, rank_covariance, rank_gram
-from _measure import MEM_LABEL, mem_peak, mem_start, proc_kb, sync
+from _measure import MEM_LABEL, bad_input, mem_peak, mem_start, proc_kb, sync
 
 KNN_DEFAULTS = {"cpu": dict(bank=60_000, queries=10_000, dim=192, classes=10, target_s=30.0),
                 "cuda": dict(bank=1_281_167, queries=50_000, dim=768, classes=1000, target_s=10.0)}
@@ -219,7 +221,7 @@ def section_knn(args, device, mem_label) -> dict:
     passed = ours["seconds"] < target
     print(f"check: identical top-1/top-5 -> {check}{speed}")
     print(f"target: resdecay < {target:g} s -> {verdict(passed)}" + (" (target set for the default size)" if custom else ""))
-    del bank, queries
+    # no `del bank, queries` here: reference() and the lambda above close over them, and returning frees them
     return {"bank": N, "queries": Q, "dim": D, "classes": C, "k": KNN_K, "temperature": KNN_T, "sep": KNN_SEP,
             "bayes_top1": bayes, "reference_needs_gb": need, "rows": rows, "check": check, "target_s": target,
             "pass": passed, "custom_size": custom}
@@ -230,6 +232,8 @@ def section_probe(args, device) -> dict:
     epochs = args.probe_epochs
     recipe = dataclasses.replace(IN100_RECIPE, epochs=epochs)
     n_tr, n_te, D, C = (PROBE_SIZE[k] for k in ("train", "test", "dim", "classes"))
+    custom = (args.probe_train, args.probe_test) != (None, None)
+    n_tr, n_te = args.probe_train or n_tr, args.probe_test or n_te
     g = torch.Generator().manual_seed(args.seed + 1)
     means = PROBE_SEP * torch.randn(C, D, generator=g)
     xtr, ytr = class_data(n_tr, means, g)
@@ -257,15 +261,18 @@ def section_probe(args, device) -> dict:
         print(f"target: resdecay < {PROBE_TARGET_S:g} s on CPU -> n/a on cuda")
     else:
         passed = ours["seconds"] < PROBE_TARGET_S
-        note = "" if epochs == IN100_RECIPE.epochs else f" (target set for {IN100_RECIPE.epochs} epochs)"
+        note = "" if epochs == IN100_RECIPE.epochs and not custom else \
+            f" (target set for {IN100_RECIPE.epochs} epochs on {PROBE_SIZE['train']:,} features)"
         print(f"target: resdecay < {PROBE_TARGET_S:g} s -> {verdict(passed)}{note}")
     return {"train": n_tr, "test": n_te, "dim": D, "classes": C, "sep": PROBE_SEP, "epochs": epochs, "steps": steps,
-            "recipe": recipe.card(), "bayes_top1": bayes, "rows": rows, "target_s": PROBE_TARGET_S, "pass": passed}
+            "recipe": recipe.card(), "bayes_top1": bayes, "rows": rows, "target_s": PROBE_TARGET_S, "pass": passed,
+            "custom_size": custom}
 
 
-def section_rank(args, device) -> dict:
-    g = torch.Generator(device=device).manual_seed(args.seed + 2)
-    N, D = RANK_SIZE
+def rank_large(args, device, g: torch.Generator) -> tuple[list, float, bool]:
+    """The timed rows of section 3 on RANK_SIZE features (``--rank-rows`` of them): (rows, |difference|, ok).
+    A function of its own so that the large features, which the timed lambdas close over, are freed when it returns."""
+    N, D = args.rank_rows or RANK_SIZE[0], RANK_SIZE[1]
     x = spectrum_feats(N, D, g, device)
     effective_rank(x[:512, :64]), rank_covariance(x[:512, :64])  # warm-up
     print(f"\n== 3. effective rank (paper eq. 6, rho = -sum p log p): {N:,} x {D} features (power-law spectrum, random basis), "
@@ -283,8 +290,13 @@ def section_rank(args, device) -> dict:
     ok = diff < RANK_TOL
     print(f"check: |difference| {diff:.1e} -> {'OK' if ok else 'MISMATCH'} (< {RANK_TOL:g}); "
           f"resdecay takes {rows[0]['seconds'] / rows[1]['seconds']:.2f}x the reference's time")
-    del x
+    return rows, diff, ok
 
+
+def section_rank(args, device) -> dict:
+    g = torch.Generator(device=device).manual_seed(args.seed + 2)
+    N, D = args.rank_rows or RANK_SIZE[0], RANK_SIZE[1]
+    rows, diff, ok = rank_large(args, device, g)
     n, d = RANK_SMALL
     xs = spectrum_feats(n, d, g, device)
     small = {"svd (resdecay)": effective_rank(xs), "covariance D x D": rank_covariance(xs), "Gram N x N": rank_gram(xs)}
@@ -305,6 +317,9 @@ def main() -> int:
     ap.add_argument("--dim", type=int, default=None, help="kNN feature width (default cpu 192, cuda 768)")
     ap.add_argument("--classes", type=int, default=None, help="kNN classes (default cpu 10, cuda 1000)")
     ap.add_argument("--probe-epochs", type=int, default=IN100_RECIPE.epochs, help="probe epochs (default: the recipe's 200)")
+    ap.add_argument("--probe-train", type=int, default=None, help="probe train features (default 60,000)")
+    ap.add_argument("--probe-test", type=int, default=None, help="probe test features (default 10,000)")
+    ap.add_argument("--rank-rows", type=int, default=None, help="rows of the timed effective-rank case (default 50,000)")
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per kNN and rank row; medians over these")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) (CPU)")
     ap.add_argument("--seed", type=int, default=0)
@@ -314,16 +329,18 @@ def main() -> int:
 
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     if not sections or set(sections) - {"knn", "probe", "rank"}:
-        ap.error(f"--sections {args.sections!r}: choose from knn,probe,rank")
+        bad_input(f"--sections {args.sections!r}: choose from knn,probe,rank")
     if args.repeats < 1 or args.probe_epochs < 1:
-        ap.error("--repeats and --probe-epochs must be at least 1")
-    for k in ("bank", "queries", "dim", "classes"):
+        bad_input("--repeats and --probe-epochs must be at least 1")
+    for k in ("bank", "queries", "dim", "classes", "probe_train", "probe_test"):
         if getattr(args, k) is not None and getattr(args, k) < 1:
-            ap.error(f"--{k} must be positive")
+            bad_input(f"--{k.replace('_', '-')} must be positive")
+    if args.rank_rows is not None and args.rank_rows < 2:
+        bad_input("--rank-rows must be at least 2 (a covariance needs two rows)")
     if args.bank is not None and args.bank < KNN_K:
-        ap.error(f"--bank must hold at least k={KNN_K} entries")
+        bad_input(f"--bank must hold at least k={KNN_K} entries")
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device visible")
+        bad_input("--device cuda: no CUDA device visible; run on the CPU (the default) or on a machine with a GPU")
     if args.threads:
         torch.set_num_threads(args.threads)
     device, cuda = torch.device(args.device), args.device == "cuda"

@@ -48,6 +48,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
     row data_throughput 300 $PY $B/data_throughput.py --images 8 --batch 4 --rounds 1 --json "$OUT/data_throughput.json"
     row train_end_to_end 300 $PY $B/train_end_to_end.py --images 16 --batch-size 4 --epochs 2 --log-every 1 --rounds 1 \
         --json "$OUT/train_end_to_end.json"
+    row eval_speed 300 $PY $B/eval_speed.py --threads 1 --bank 2000 --queries 200 --probe-epochs 1 --probe-train 2000 \
+        --probe-test 500 --rank-rows 2000 --repeats 1 --json "$OUT/eval_speed.json"
     exit 0
 fi
 

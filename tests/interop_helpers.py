@@ -1,5 +1,7 @@
 """Small models and checkpoints for the interop tests (built here, nothing downloaded)."""
 
+import re
+
 import timm
 import torch
 
@@ -45,3 +47,26 @@ def timm_blocks(vit, x):
     for blk in vit.blocks:
         t = blk(t)
     return t
+
+
+def authors_unet_layout(state):
+    """A resdecay U-Net MAE state_dict under the authors' key names (``skip.{i}.fc.0`` ...)."""
+    theirs = {"fc1": "fc.0", "fc2": "fc.2"}
+    out = {}
+    for key, value in state.items():
+        m = re.match(r"skip_fusions\.(\d+)\.(fc1|fc2|mask_token)(.*)$", key)
+        out[f"skip.{m[1]}.{theirs.get(m[2], m[2])}{m[3]}" if m else key] = value
+    return out
+
+
+DIGITS = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(2))
+
+
+def same_mae_outputs(a, b, imgs=DIGITS):
+    """Loss, predictions and mask of two MAEs under the same random mask."""
+    with torch.no_grad():
+        torch.manual_seed(7)
+        la, pa, ma = a(imgs)
+        torch.manual_seed(7)
+        lb, pb, mb = b(imgs)
+    return torch.equal(ma, mb) and torch.allclose(pa, pb, atol=1e-6) and torch.allclose(la, lb, atol=1e-6)

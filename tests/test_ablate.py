@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from resdecay.commands.ablate import load_grid, list_grids, run_grid, shared_init
+from resdecay.commands.ablate import load_grid, list_grids, shared_init
 from resdecay.train.config import load_config
 from resdecay.models import MAEConfig, MaskedAutoencoder, build_model
 from resdecay.schedule import shortcut_factors

@@ -1,5 +1,5 @@
-"""The benchmark scripts the next GPU session will run still run: the two that drive the real
-trainer or sweep batches, each on the smallest CPU setting (tables and JSON, not timings)."""
+"""Every benchmark script still runs (issue 23, "every benchmark script has a smoke run"): each on its
+smallest CPU setting, checking its table and JSON and the correctness checks it carries, not its timings."""
 
 from __future__ import annotations
 
@@ -47,6 +47,69 @@ def test_end_to_end_trains_from_jpegs_with_each_decoder(tmp_path):
     assert result["model_only_img_per_s"] > 0 and "model only" in stdout
 
 
+def test_block_overhead_times_both_blocks_per_shape(tmp_path):
+    stdout, result = run_benchmark("block_overhead.py", "--shape", "2,8,32,2", "--shape", "2,4,16", "--warmup", "1",
+                                   "--iters", "1", "--repeats", "2", "--threads", "1", tmp_path=tmp_path)
+    rows = result["rows"]
+    assert [(r["batch"], r["tokens"], r["width"], r["heads"]) for r in rows] == [(2, 8, 32, 2), (2, 4, 16, 1)]
+    for r in rows:
+        assert len(r["plain_ms_all"]) == len(r["decayed_ms_all"]) == 2 and r["plain_ms"] > 0 and r["decayed_ms"] > 0
+        assert r["pass"] == (r["ratio"] <= result["threshold"])
+    assert "(2, 8, 32, 2)" in stdout and "(2, 4, 16, 1)" in stdout
+
+
+def test_mae_throughput_checks_each_architecture_against_its_reference(tmp_path):
+    stdout, result = run_benchmark("mae_throughput.py", "--batch-size", "4", "--warmup", "1", "--steps", "1",
+                                   "--rounds", "1", "--threads", "1", tmp_path=tmp_path)
+    assert set(result["checks"]) == {"U-Net", "plain"}
+    assert all(c["ok"] for c in result["checks"].values()), result["checks"]  # same loss, prediction and grads
+    variants = {r["variant"]: r for r in result["rows"]}
+    assert {"resdecay U-Net", "reference U-Net SDPA", "resdecay plain", "reference plain SDPA"} <= set(variants)
+    assert all(r["img_per_s"] > 0 for r in variants.values())
+    assert stdout.count("-> OK") == 2
+
+
+def test_diffusion_throughput_rows_decayed_and_plain_per_preset(tmp_path):
+    stdout, result = run_benchmark("diffusion_throughput.py", "--batch-size", "4", "--warmup", "1", "--steps", "1",
+                                   "--sample-n", "2", "--sample-steps", "2", "--threads", "1", tmp_path=tmp_path)
+    by_preset: dict[str, list] = {}
+    for r in result["rows"]:
+        by_preset.setdefault(r["preset"], []).append(r)
+        assert r["img_per_s"] == pytest.approx(r["batch"] * r["steps_per_s"]) and r["sample_img_per_s"] > 0
+    assert set(by_preset) == {"uvit-tiny-fmnist", "sit-tiny-fmnist"}
+    for rows in by_preset.values():
+        decayed, plain = rows
+        assert decayed["row"].startswith("resdecay") and plain["row"].startswith("reference")
+        assert decayed["params"] > plain["params"]  # the long skips' fusion layers are the only extra parameters
+
+
+def test_eval_speed_sections_agree_with_their_references(tmp_path):
+    """The script named undefined names at HEAD (issue 23.1: `bank`, `queries`, `x` in closures after `del`)."""
+    stdout, result = run_benchmark("eval_speed.py", "--bank", "2000", "--queries", "200", "--probe-epochs", "1",
+                                   "--probe-train", "2000", "--probe-test", "500", "--rank-rows", "2000", "--repeats", "1",
+                                   "--threads", "1", tmp_path=tmp_path)
+    assert result["knn"]["check"] == "OK" and result["knn"]["bank"] == 2000
+    assert result["probe"]["train"] == 2000 and result["probe"]["custom_size"]
+    assert all(0 < r["top1"] <= 1 for r in result["probe"]["rows"])
+    assert result["rank"]["ok"] and result["rank"]["small"]["ok"] and result["rank"]["n"] == 2000
+    assert "MISMATCH" not in stdout and "target set for 200 epochs on 60,000 features" in stdout
+
+
+def test_gpu_rows_smoke_mode_runs_data_throughput_on_every_decoder_path(tmp_path):
+    """SMOKE=1 runs the GPU sequence's rows on the CPU with tiny settings; here its data_throughput row (the
+    script's smoke run too: the other rows' scripts are run above)."""
+    out = tmp_path / "rows"
+    env = {**os.environ, "OUT": str(out), "SMOKE": "1", "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_rows.sh"), "data_throughput"], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "--- data_throughput: exit 0" in (out / "summary.txt").read_text()
+    rows = {r["path"]: r for r in json.loads((out / "data_throughput.json").read_text())["rows"]}
+    assert {"pil (before)", "tensor, uint8 out", "tensor, float out"} <= set(rows)
+    assert rows["pil (before)"]["ratio_to_pil"] == 1.0
+    assert all(r["img_per_s_per_core"] > 0 for r in rows.values())
+
+
 @pytest.mark.parametrize("script, args, needle", [
     ("batch_sweep.py", ["--batches", "4,x"], "--batches must be positive integers"),
     ("batch_sweep.py", ["--preset", "sit-tiny-fmnist"], "times MAE presets"),
@@ -55,6 +118,9 @@ def test_end_to_end_trains_from_jpegs_with_each_decoder(tmp_path):
     # refused by `resdecay pretrain` itself (4 images, batch 32): its one line is passed on
     ("train_end_to_end.py", ["--images", "4", "--epochs", "1", "--rounds", "1", "--decoders", "tensor"],
      "fewer than one optimizer step needs"),
+    # no whole batch: every rate was 0 img/s, then a ZeroDivisionError traceback
+    ("data_throughput.py", ["--images", "2", "--batch", "4"], "--images 2 is fewer than one batch (--batch 4)"),
+    ("eval_speed.py", ["--rank-rows", "1"], "--rank-rows must be at least 2"),
 ])
 def test_bad_arguments_are_one_line_exit_2(script, args, needle):
     proc = run_script(script, *args)

@@ -104,3 +104,23 @@ def test_preset_from_yaml_file(tmp_path):
 
 def test_parse_overrides_sections():
     assert parse_overrides(["depth=6", "train.seed=3"], "mae") == {"model": {"depth": 6}, "train": {"seed": 3}}
+
+
+@pytest.mark.parametrize("text,fragments", [
+    ("model: {depth: [1, 2\n", ["is not valid YAML", "line 2, column 1", "fix the file"]),
+    ("model:\n  depth: 3\n   x: 4\n", ["is not valid YAML: mapping values are not allowed here at line 3"]),
+    ("train: !!python/object/apply:os.system ['echo never-run']\n",
+     ["the tag !!python/object/apply:os.system at line 1, column 8 is refused", "safe loader", "remove the tag"]),
+    ("- 1\n- 2\n", ["must be a mapping of sections (model:, data:, train:), got list"]),
+    ("train: 5\n", ["section 'train' must be a mapping of settings, got 5"]),
+])
+def test_malformed_or_hostile_preset_files_are_one_line(capsys, tmp_path, text, fragments):
+    """Issue 23.12: a malformed preset YAML ended in the parser's traceback, and one holding
+    !!python/object/apply was refused as a traceback too."""
+    from test_cli import assert_one_line_error, run
+
+    path = tmp_path / "preset.yaml"
+    path.write_text(text)
+    code, out, err = run(capsys, "pretrain", "--preset", str(path))
+    assert_one_line_error(code, err, f"preset file {path}", *fragments)
+    assert "never-run" not in out

@@ -4,7 +4,6 @@ missing. The pipeline tests run DALI's CPU decoder (device_id=None) where the pa
 
 import sys
 
-import numpy as np
 import pytest
 import torch
 

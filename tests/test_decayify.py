@@ -35,7 +35,7 @@ def test_alpha_one_is_exactly_the_original_model(which, request):
         assert torch.equal(d(x), before)
     assert list(d.state_dict()) == keys
     d.load_state_dict(model.state_dict(), strict=True)  # pretrained weights load without missing/unexpected keys
-    assert d.resdecay_spec == {"alpha_min": 1.0, "schedule": "linear", "zero_init": False, "branches": "both"}
+    assert d.resdecay_spec == {"alpha_min": 1.0, "schedule": "linear", "branches": "both"}
 
 
 def test_timm_vit_decay_is_alpha_x_plus_branch(vit):
@@ -90,7 +90,7 @@ def test_branches_and_resdecay_blocks():
 
 
 def test_unsupported_models_get_one_clear_error(resnet):
-    with pytest.raises(TypeError, match="no supported residual block in Linear; supported: resdecay.blocks.Block, timm"):
+    with pytest.raises(TypeError, match="no supported residual block in Linear; supported: resdecay.nn.blocks.Block, timm"):
         decayify(torch.nn.Linear(3, 3), 0.6)
     with pytest.raises(ValueError, match="one residual add"):
         decayify(copy.deepcopy(resnet), 0.6, branches="attn")

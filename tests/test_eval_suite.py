@@ -8,7 +8,6 @@ import sys
 import pytest
 import torch
 
-from resdecay.cli import main
 from resdecay.train.config import load_config
 from resdecay.eval import suite
 from resdecay.eval.suite import EvalSettings, evaluate_checkpoint

@@ -3,15 +3,13 @@ the 'where does the decay help?' grids."""
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
 from resdecay.commands.ablate import load_grid, run_grid
 from resdecay.data import DataConfig, build_dataset
 from resdecay.eval.baselines import baseline_value, random_init_model
-from resdecay.eval.suite import EvalSettings, evaluate_checkpoint
-from resdecay.data.fashion_mnist_m import NUISANCES, composite
+from resdecay.data.fashion_mnist_m import composite
 
 from conftest import TINY
 from test_cli import assert_one_line_error, run

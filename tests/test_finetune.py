@@ -25,6 +25,7 @@ def test_classifier_rebuilds_the_pretrained_encoder(tiny_checkpoints):
     assert [b.alpha_mlp for b in model.blocks] == [b[1] for b in model.alphas.tolist()]
     assert model.blocks[-1].alpha_mlp == 0.6
     assert model.blocks[-1].drop_path.drop_prob == pytest.approx(0.2) and isinstance(model.blocks[0].drop_path, torch.nn.Identity)
+    assert cfg.train.min_lr == 1e-6  # issue 23.9: main_finetune.py --min_lr 1e-6 (the preset had 0)
 
 
 def test_layer_wise_lr_decay_groups(tiny_checkpoints):
@@ -47,6 +48,8 @@ def test_linear_probe_freezes_the_encoder_and_uses_lars(tiny_checkpoints):
     model = build_model(cfg.model)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == {"head.weight", "head.bias"} and cfg.train.optimizer == "lars"
+    # issue 23.9: MAE's main_linprobe.py crops at torchvision's default scale (0.08, 1), not pretraining's (0.2, 1)
+    assert cfg.data.augment == "rrc" and cfg.data.name == "digits"
     model.train()
     assert not model.blocks[0].training and model.fc_norm.training  # frozen encoder stays in eval mode
 

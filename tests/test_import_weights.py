@@ -1,7 +1,6 @@
 """resdecay import-weights: official MAE, the authors' U-Net MAE and timm ViTs into resdecay checkpoints (issue 13, item 3)."""
 
 import argparse
-import re
 
 import numpy as np
 import pytest
@@ -13,23 +12,13 @@ from resdecay.errors import CheckpointError
 from resdecay.interop.import_weights import import_weights
 from resdecay.interop import save_decayified
 
-from interop_helpers import resdecay_checkpoint, timm_blocks, tiny_timm
+from interop_helpers import authors_unet_layout, resdecay_checkpoint, same_mae_outputs, timm_blocks, tiny_timm
 from test_cli import assert_one_line_error, run
 
-IMGS = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(2))
 # the encoder's dimensions come from the timm weights; heads and a small decoder from here
 TIMM = ["model.num_heads=3", "model.decoder_embed_dim=32", "model.decoder_depth=2", "model.decoder_num_heads=2"]
 RGB = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
-
-
-def same_mae_outputs(a, b):
-    """Loss and predictions of two MAEs with the same random mask."""
-    with torch.no_grad():
-        torch.manual_seed(7)
-        la, pa, ma = a(IMGS)
-        torch.manual_seed(7)
-        lb, pb, mb = b(IMGS)
-    return torch.equal(ma, mb) and torch.allclose(pa, pb, atol=1e-6) and torch.allclose(la, lb, atol=1e-6)
+_authors_unet_layout = authors_unet_layout  # its old name here, which tests/test_readme_commands.py imports
 
 
 def test_official_mae_checkpoint(capsys, tmp_path):
@@ -55,18 +44,9 @@ def test_official_mae_checkpoint(capsys, tmp_path):
     assert (tmp_path / "ev").is_dir()
 
 
-def _authors_unet_layout(state):
-    out = {}
-    for k, v in state.items():
-        k = re.sub(r"^skip_fusions\.(\d+)\.fc1\.", r"skip.\1.fc.0.", k)
-        k = re.sub(r"^skip_fusions\.(\d+)\.fc2\.", r"skip.\1.fc.2.", k)
-        out[re.sub(r"^skip_fusions\.(\d+)\.mask_token", r"skip.\1.mask_token", k)] = v
-    return out
-
-
 def test_authors_unet_mae_checkpoint(capsys, tmp_path):
     src, _ = resdecay_checkpoint(tmp_path / "src.pt", "mae-tiny-digits", ["alpha_min=0.7"])
-    theirs = _authors_unet_layout(src.state_dict())
+    theirs = authors_unet_layout(src.state_dict())
     assert "skip.0.fc.0.weight" in theirs and not any(k.startswith("skip_fusions") for k in theirs)
     torch.save({"model": theirs}, tmp_path / "unet.pth")
     base = ["import-weights", str(tmp_path / "unet.pth"), "--format", "unet-mae", "--preset", "mae-tiny-digits",
@@ -84,7 +64,7 @@ def test_authors_unet_mae_checkpoint(capsys, tmp_path):
 
 def test_foreign_checkpoints_that_do_not_fit_are_refused(capsys, tmp_path):
     src, _ = resdecay_checkpoint(tmp_path / "src.pt", "mae-tiny-digits", ["alpha_min=0.7"])
-    theirs = _authors_unet_layout(src.state_dict())
+    theirs = authors_unet_layout(src.state_dict())
     base = ["--format", "unet-mae", "--alpha-min", "0.7", "--preset", "mae-tiny-digits", "--out", str(tmp_path / "o.pt"),
             "model.num_heads=2", "model.decoder_num_heads=2"]
     cases = [
@@ -161,7 +141,7 @@ def test_eval_of_a_foreign_checkpoint_names_the_import_command(capsys, tmp_path,
     codes and a sentence cut off in the middle. Now: one line naming the conversion."""
     src, _ = resdecay_checkpoint(tmp_path / "src.pt", "mae-tiny-digits", ["alpha_min=0.7"])
     sd = {"mae": {k: v for k, v in src.state_dict().items() if not k.startswith("skip_fusions")},
-          "unet": _authors_unet_layout(src.state_dict()),
+          "unet": authors_unet_layout(src.state_dict()),
           "timm": {k: v for k, v in src.state_dict().items() if not k.startswith(("decoder", "skip", "mask"))}}[layout]
     foreign = tmp_path / "foreign.pth"
     torch.save({"model": sd, "epoch": 3, "args": argparse.Namespace(lr=1e-3), "metric": np.float64(0.5)}, foreign)

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from resdecay import alphas_of, decayify
-from resdecay.train.checkpoint import load_model
-from resdecay.errors import CheckpointError, UserError
+from resdecay.errors import CheckpointError
 from resdecay.interop.weights import SpecIgnoredWarning
 from resdecay.interop import load_decayified, load_exported, load_weights, save_decayified
 
@@ -21,7 +20,7 @@ def test_spec_is_stored_and_reapplied(tmp_path):
     src = decayify(tiny_timm(), alpha_min=0.6, branches="mlp")
     path = save_decayified(src, tmp_path / "d.pt")
     blob = torch.load(path, weights_only=True)
-    assert blob["resdecay_spec"] == {"alpha_min": 0.6, "schedule": "linear", "zero_init": False, "branches": "mlp"}
+    assert blob["resdecay_spec"] == {"alpha_min": 0.6, "schedule": "linear", "branches": "mlp"}
     fresh = tiny_timm(seed=1)
     with torch.no_grad():
         assert not torch.allclose(fresh(X), src(X))

@@ -9,22 +9,25 @@
     resdecay.effective_rank(feats[11])
 
 Everything here is a thin, documented front to the same functions the CLI uses, so numbers from a
-notebook equal numbers from ``resdecay eval`` with the same protocol.
+notebook equal numbers from ``resdecay eval`` with the same protocol. Features, labels and images may be
+torch tensors or numpy arrays (converted with ``torch.from_numpy``: same dtype, no copy when contiguous).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from .errors import UserError
 from .eval.features import POOLINGS
 from .eval.features import extract_features as _extract
-from .eval.knn import knn_accuracy
-from .eval.probe import linear_probe
-from .eval.rank import effective_rank
+from .eval.knn import knn_accuracy as _knn_accuracy
+from .eval.probe import IN100_RECIPE, ProbeRecipe
+from .eval.probe import linear_probe as _linear_probe
+from .eval.rank import effective_rank as _effective_rank
 from .models import build_model
 from .models.common import BlockIndexError, resolve_blocks
 from .train.checkpoint import load_model
@@ -57,17 +60,21 @@ def _yaml(value: Any) -> str:
     return "null" if value is None else str(value)
 
 
-def extract_features(model: torch.nn.Module, data: Dataset | torch.Tensor, labels: torch.Tensor | None = None,
+def extract_features(model: torch.nn.Module, data: Dataset | torch.Tensor | np.ndarray,
+                     labels: torch.Tensor | np.ndarray | None = None,
                      layer: int | list[int] = -1, pooling: str = "mean", batch_size: int = 256,
                      device: str | torch.device = "cpu", progress: bool = False) -> dict[int, torch.Tensor]:
     """Frozen features of every image, keyed by the resolved (non-negative) block index.
 
     Args:
         model: any resdecay encoder-bearing model (MAE, classifier, U-ViT, SiT, ResNet).
-        data: a dataset of (image, label) pairs, or an image tensor (N, C, H, W) already normalised.
+        data: a dataset of (image, label) pairs, or normalised float images (N, C, H, W), tensor or numpy.
         labels: labels for a tensor input (optional; only the features are returned).
         layer: a block index or a list of them (negative counts from the end).
         pooling: ``mean`` (all tokens incl. cls, the authors' choice) | ``cls`` | ``patch_mean``.
+        batch_size: images per forward pass.
+        device: where the model runs.
+        progress: show a progress bar.
     """
     if pooling not in POOLINGS:
         raise UserError(f"pooling {pooling!r} is unknown; choose one of {', '.join(POOLINGS)}")
@@ -77,9 +84,80 @@ def extract_features(model: torch.nn.Module, data: Dataset | torch.Tensor, label
         resolved = resolve_blocks(layers, depth) if depth is not None else layers
     except BlockIndexError as e:
         raise UserError(str(e)) from None
+    if isinstance(data, np.ndarray):
+        data = _tensor(data, "images", "extract_features")
     if isinstance(data, torch.Tensor):
         if data.ndim != 4:
             raise UserError(f"extract_features takes images (N, C, H, W) or a dataset; got a tensor of shape {tuple(data.shape)}")
-        data = TensorDataset(data, labels if labels is not None else torch.zeros(len(data), dtype=torch.long))
+        if not data.is_floating_point():  # a uint8 batch would reach the model unnormalised
+            raise UserError(f"extract_features takes normalised float images; got {data.dtype}: normalise them as the "
+                            "model's dataset does (e.g. (x / 255 - mean) / std)")
+        labels = torch.zeros(len(data), dtype=torch.long) if labels is None else _tensor(labels, "labels", "extract_features")
+        data = TensorDataset(data.float(), labels)
     feats, _ = _extract(model, data, resolved, (pooling,), batch_size, device, progress=progress)
     return {idx: feats[(idx, pooling)] for idx in resolved}
+
+
+Array = torch.Tensor | np.ndarray
+
+
+def _tensor(x: Any, what: str, fn: str) -> torch.Tensor:
+    """A tensor as it is; a numpy array as ``torch.from_numpy`` makes it; anything else refused in one line
+    (the eval functions would fail deep inside with an AttributeError)."""
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray) and (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
+        return torch.from_numpy(np.ascontiguousarray(x))
+    kind = f"a numpy array of {x.dtype}" if isinstance(x, np.ndarray) else type(x).__name__
+    raise UserError(f"{fn}: {what} must be a torch.Tensor or a numeric numpy array, got {kind}")
+
+
+def _pairs(fn: str, train_feats: Array, train_labels: Array, test_feats: Array, test_labels: Array) -> tuple:
+    return (_tensor(train_feats, "train_feats", fn), _tensor(train_labels, "train_labels", fn),
+            _tensor(test_feats, "test_feats", fn), _tensor(test_labels, "test_labels", fn))
+
+
+def knn_accuracy(train_feats: Array, train_labels: Array, test_feats: Array, test_labels: Array, k: int = 20,
+                 temperature: float = 0.07, chunk_size: int = 1024) -> float:
+    """Top-1 accuracy (0..1) of the weighted cosine kNN vote (DINO / solo-learn) of the test features on the bank.
+
+    Args:
+        train_feats: the bank, (N, D) features (tensor or numpy array).
+        train_labels: (N,) integer labels of the bank.
+        test_feats: the queries, (M, D) features.
+        test_labels: (M,) integer labels of the queries.
+        k: neighbours that vote.
+        temperature: votes are weighted exp(cos / temperature).
+        chunk_size: queries per similarity block (memory, not results).
+    """
+    args = _pairs("knn_accuracy", train_feats, train_labels, test_feats, test_labels)
+    return _knn_accuracy(*args, k=k, temperature=temperature, chunk_size=chunk_size)
+
+
+def linear_probe(train_feats: Array, train_labels: Array, test_feats: Array, test_labels: Array,
+                 recipe: ProbeRecipe = IN100_RECIPE, device: str | torch.device = "cpu", num_classes: int | None = None,
+                 progress: bool = False) -> dict:
+    """Train one linear classifier on frozen features: test top-1 / top-5, train top-1 and the final loss.
+
+    Args:
+        train_feats: (N, D) training features (tensor or numpy array).
+        train_labels: (N,) integer labels.
+        test_feats: (M, D) test features.
+        test_labels: (M,) integer labels.
+        recipe: the probe recipe (default: the authors' ImageNet-100 one, 200 epochs of AdamW).
+        device: where the probe trains.
+        num_classes: classes of the head (default: the largest label + 1).
+        progress: show a progress bar.
+    """
+    args = _pairs("linear_probe", train_feats, train_labels, test_feats, test_labels)
+    return _linear_probe(*args, recipe=recipe, device=device, num_classes=num_classes, progress=progress)
+
+
+def effective_rank(feats: Array, exp: bool = False) -> float:
+    """Effective rank of (N, D) features, paper eq. 6 (see ``resdecay.eval.rank.effective_rank``).
+
+    Args:
+        feats: (N, D) features, N >= 2 (tensor or numpy array).
+        exp: return exp(rho) (Roy & Vetterli, between 1 and D) instead of the entropy rho (between 0 and log D).
+    """
+    return _effective_rank(_tensor(feats, "feats", "effective_rank"), exp=exp)

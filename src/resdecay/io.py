@@ -7,19 +7,37 @@ read files without importing each other (the latent cache once pulled ``data`` u
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import os
 import re
+import shutil
+import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
+from tqdm.autonotebook import tqdm as _tqdm_base  # tqdm.notebook's widget in Jupyter, tqdm.std elsewhere
+
+from .errors import UserError
 
 
-def atomic_save(obj, path: Path) -> None:
+class NoSpaceLeft(UserError, OSError):
+    """A write that failed because the disk is full; the message names the file and the space it
+    needs. Also an ``OSError``, so code that tolerates a failed cache write still catches it."""
+
+
+def atomic_save(obj, path: Path, fix: str = "free some space there or write to another disk") -> None:
     """Write to a temporary file in the same folder, fsync, then rename over ``path``: a run
-    killed mid-write leaves the previous checkpoint intact, never a truncated one."""
+    killed mid-write leaves the previous checkpoint intact, never a truncated one.
+
+    Args:
+        obj: what ``torch.save`` writes.
+        path: the destination.
+        fix: the advice that ends the one-line ``NoSpaceLeft`` raised when the disk is full.
+    """
     path = Path(path)
     tmp = temp_path(path)
     try:
@@ -28,9 +46,70 @@ def atomic_save(obj, path: Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)  # before measuring the free space: the partial file is not kept
+        if is_disk_full(e):
+            raise NoSpaceLeft(no_space_message(path, tensor_bytes(obj), fix)) from None
+        raise
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a full disk or quota: ``OSError`` ENOSPC / EDQUOT, or
+    the ``RuntimeError`` torch's zip writer raises when a write comes up short ("unexpected pos")."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(exc, RuntimeError) and any(s in str(exc) for s in ("unexpected pos", "No space left", "file write failed")):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def tensor_bytes(obj) -> int:
+    """Bytes of the tensor storages in a nested dict / list / tuple (what ``torch.save`` writes, give
+    or take the small pickle around them); a storage shared by several tensors counts once."""
+    seen, total, todo = set(), 0, [obj]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, torch.Tensor):
+            storage = x.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        elif isinstance(x, dict):
+            todo.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            todo.extend(x)
+    return total
+
+
+def format_bytes(n: float) -> str:
+    """``1536`` -> ``'1.5 KiB'``: sizes in messages."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def no_space_message(path: Path, need: int, fix: str) -> str:
+    try:
+        free = f"{format_bytes(shutil.disk_usage(Path(path).parent).free)} free there"
+    except OSError:
+        free = "the free space could not be read"
+    return f"no space left on the device while writing {path}: it needs about {format_bytes(need)}, {free}; {fix}"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """``path.write_text(text)`` through a temporary file and a rename: readers never see half a file."""
+    path = Path(path)
+    tmp = temp_path(path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 _TEMP_FILE = re.compile(r"^\..+\.tmp-(\d+)$")
@@ -161,3 +240,26 @@ def run_dir_of(checkpoint: Path) -> Path:
     """The run folder of ``<run>/checkpoints/step_*.pt`` (or the checkpoint's own folder)."""
     checkpoint = Path(checkpoint)
     return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+
+
+def interactive_stderr() -> bool:
+    """Whether a progress bar can redraw itself: stderr is a terminal, or Jupyter shows tqdm's widget."""
+    if _tqdm_base.__module__ == "tqdm.notebook":
+        return True
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # stderr replaced by an object without isatty, or closed
+        return False
+
+
+def progress_bar(iterable=None, disable: bool = False, **kwargs) -> tqdm:
+    """``tqdm(iterable, **kwargs)`` where a bar can redraw itself, a silent pass-through elsewhere: a log
+    redirected to a file or a pipe gets no carriage-return frames (pip does the same). Every bar of the
+    package goes through here.
+
+    Args:
+        iterable: what to iterate over; None for a manual bar (``total=``, ``update``).
+        disable: no bar in any case (the callers' ``progress=False``, ranks other than 0).
+        **kwargs: passed to tqdm (``desc``, ``total``, ``leave``, ``unit``, ...).
+    """
+    return tqdm(iterable, disable=disable or not interactive_stderr(), **kwargs)

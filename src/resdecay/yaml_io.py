@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from .errors import ConfigError
+
 FLOAT_TAG = "tag:yaml.org,2002:float"
 
 # YAML 1.1's float forms plus exponents without a dot (YAML 1.2 core schema) and an optional
@@ -59,3 +61,42 @@ def load(text: str) -> Any:
         The parsed value (dict, list, str, int, float, bool or None).
     """
     return yaml.load(text, Loader=Loader)
+
+
+def load_document(text: str, where: str) -> Any:
+    """``load`` for a whole file a user wrote (a preset, a grid): a syntax error or a refused tag
+    becomes one ``ConfigError`` line naming the file, the line and the fix, not a parser traceback.
+
+    Args:
+        text: the file's YAML source.
+        where: how to name the file in the error (its path or preset name).
+
+    Returns:
+        The parsed value.
+    """
+    try:
+        return load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(describe_error(e, where)) from None
+
+
+def describe_error(exc: yaml.YAMLError, where: str) -> str:
+    """One line for a YAML error: where it is and what to do. A tag such as
+    ``!!python/object/apply:os.system`` is named as refused: the safe loader builds plain values
+    only, so such a file never runs code; it just cannot be a preset.
+
+    Args:
+        exc: the error PyYAML raised.
+        where: how to name the file.
+    """
+    mark = getattr(exc, "problem_mark", None)
+    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    tag = re.search(r"constructor for the tag '([^']+)'", problem)
+    if tag:
+        name = tag.group(1).replace("tag:yaml.org,2002:", "!!")
+        return (f"{where}: the tag {name}{at} is refused: resdecay reads YAML with the safe loader, which builds "
+                "plain values only (numbers, strings, lists, mappings); remove the tag")
+    context = getattr(exc, "context", None)
+    during = f" ({' '.join(str(context).split())})" if context else ""
+    return f"{where} is not valid YAML: {problem}{at}{during}; fix the file (presets are mappings like 'train: {{epochs: 5}}')"

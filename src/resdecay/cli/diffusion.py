@@ -12,6 +12,7 @@ from ..data import DataConfig
 from ..data.vae import encode_dataset
 from ..diffusion.samplers import SAMPLERS
 from ..errors import UserError
+from ..eval.inputs import check_data_path
 from ..train.distributed import resolve_device
 from .parents import data_options, device_option, progress_option
 
@@ -21,6 +22,7 @@ def _data_cfg(name: str | None, path: str | None, normalize: str = "dataset"):
         if path:
             raise UserError("--data-path needs --data (digits, fashion-mnist, cifar10, cifar100, imagefolder, latents)")
         return None
+    check_data_path(name, path)  # digits reads no folder: a path beside it would be silently ignored
     cfg = DataConfig(name=name, path=path, normalize=normalize)
     cfg.validate()
     return cfg
@@ -72,9 +74,15 @@ def cmd_eval_diffusion(args) -> None:
 
 
 def cmd_fid(args) -> None:
-    r = run_fid(args.samples, ref=args.ref, data_path=args.data_path, inception_weights=args.inception_weights,
+    if len(args.samples) > 2:
+        raise UserError(f"fid compares two image sets at most, got {len(args.samples)}: fid A B, or fid A --ref STATS|DATASET")
+    if len(args.samples) == 2 and args.ref:
+        raise UserError(f"two image sets are compared with each other, so --ref {args.ref} would be a third: "
+                        "drop --ref or the second set")
+    ref = args.samples[1] if len(args.samples) == 2 else args.ref
+    r = run_fid(args.samples[0], ref=ref, data_path=args.data_path, inception_weights=args.inception_weights,
                 proxy=args.proxy, batch_size=args.batch_size, device=args.device, ref_out=args.ref_out,
-                allow_few=args.allow_few, progress=not args.no_progress, img_size=args.img_size)
+                allow_few=args.allow_few, progress=not args.no_progress, img_size=args.img_size, data=args.data)
     print(f"{r['label']}: {r['value']:.4f}")
     print(json.dumps(r["protocol"], indent=1))
 
@@ -99,16 +107,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--out", default=None, help="output folder (default <run>/samples)")
     s.set_defaults(func=cmd_sample)
 
-    f = sub.add_parser("fid", parents=[device_option(), progress_option()], help="FID (Inception weights from a local file) or proxy FID of samples against a reference")
-    f.add_argument("samples", help="an ADM-format .npz (arr_0: uint8 NHWC), e.g. from `resdecay sample`")
-    f.add_argument("--ref", required=True, help="reference statistics file (.pt) or a dataset name to build them from")
-    f.add_argument("--data-path", default=None, help="dataset folder when --ref is a dataset name")
+    f = sub.add_parser("fid", parents=[device_option(), progress_option()], help="FID (Inception weights from a local file) or proxy FID of samples against a reference or a second image set")
+    f.add_argument("samples", nargs="+", metavar="IMAGES",
+                   help="an ADM-format .npz (arr_0: uint8 NHWC, e.g. from `resdecay sample`) or a folder of PNG/JPEG images; "
+                        "a second one is the reference (fid A.npz B.npz, fid dirA dirB)")
+    f.add_argument("--ref", default=None, help="reference: statistics file (.pt), a dataset name to build them from, or an image set")
+    f.add_argument("--data", default=None, help="with --proxy and two image sets: the dataset whose proxy network to use")
+    f.add_argument("--data-path", default=None, help="dataset folder when --ref is a dataset name, or to train the proxy")
     f.add_argument("--ref-out", default=None, help="where to save statistics built from a dataset (default runs/fid_refs/...)")
     f.add_argument("--inception-weights", default=None, help="FID Inception weights file (pt_inception-2015-12-05-*.pth)")
     f.add_argument("--proxy", action="store_true", help="proxy FID: features of a small classifier trained on the dataset")
     f.add_argument("--batch-size", type=int, default=200, help="extraction batch size (fixed; recorded)")
     f.add_argument("--allow-few", action="store_true", help="allow fewer samples than feature dimensions")
-    f.add_argument("--img-size", type=int, default=256, help="reference resolution for --ref imagefolder (resize + centre crop)")
+    f.add_argument("--img-size", type=int, default=None, help="reference resolution for --ref imagefolder (resize + centre crop; default 256)")
     f.set_defaults(func=cmd_fid)
 
     la = sub.add_parser("latents", parents=[device_option(), progress_option()], help="encode a dataset once with a local VAE for latent diffusion")

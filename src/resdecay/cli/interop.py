@@ -19,7 +19,9 @@ def add_interop_commands(sub) -> None:
     iw = sub.add_parser("import-weights", help="convert an MAE / U-Net MAE / timm ViT checkpoint into a resdecay checkpoint")
     iw.add_argument("src", help="the foreign checkpoint (read with weights_only=True)")
     iw.add_argument("--format", required=True, help="mae (facebookresearch/mae) | unet-mae (the authors' U-Net MAE) | timm-vit")
-    iw.add_argument("--alpha-min", type=float, default=None, help="the source model's alpha_min (required for unet-mae)")
+    iw.add_argument("--alpha-min", type=float, default=None,
+                    help="the source model's alpha_min, for a file that does not store it (a unet-mae file without its "
+                         "training 'args'); the file's own value wins and a different one is refused")
     iw.add_argument("--preset", required=True, help="MAE preset for heads, data and training settings (dimensions come from the weights)")
     iw.add_argument("--out", required=True, help="the resdecay checkpoint to write (.pt)")
     iw.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. model.num_heads=6 data.path=/data/in100")

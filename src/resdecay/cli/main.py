@@ -83,7 +83,8 @@ def cmd_check_data(args) -> None:
     elif args.data or args.data_path:
         if args.overrides:
             raise UserError(f"key=value overrides ({args.overrides[0]}) need --preset; with --data give the folder as --data-path")
-        data, img = DataConfig(name=args.data or "imagefolder", path=args.data_path), 224
+        # no model: in-memory data sets are read at their own size (issue 23.13), image folders need none
+        data, img = DataConfig(name=args.data or "imagefolder", path=args.data_path), None
     else:
         raise UserError("check-data needs a data set: --data-path DIR (an ImageFolder), --data NAME --data-path DIR, "
                         "or --preset NAME [data.path=DIR]")
@@ -119,10 +120,15 @@ def cmd_demo(args) -> None:
         raise UserError(f"--alpha-min must lie in (0, 1], got {alpha_min}")
     if args.diffusion:
         run_diffusion_demo(data=args.data, out_dir=args.out or "runs/demo_diffusion", epochs=args.epochs, alpha_min=alpha_min,
-                           seed=args.seed, progress=not args.no_progress)
+                           seed=args.seed, progress=not args.no_progress, samples=args.samples, max_images=args.max_images)
         return
+    for flag, value in (("--samples", args.samples), ("--max-images", args.max_images)):
+        if value is not None:
+            raise UserError(f"{flag} is an option of the diffusion demo: use it with --diffusion")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be a positive integer, got {args.threads}")
     run_demo(data=args.data, out_dir=args.out or "runs/demo", epochs=args.epochs, alpha_min=alpha_min, seed=args.seed,
-             progress=not args.no_progress)
+             progress=not args.no_progress, threads=args.threads)
 
 
 def cmd_eval(args) -> None:
@@ -228,6 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--epochs", type=int, default=None, help="override the demo's epochs for both models")
     d.add_argument("--alpha-min", type=float, default=None, help="alpha_min of the decayed model (default 0.6; 0.8 on fashion-mnist-m; 0.7 with --diffusion)")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--samples", type=int, default=None, help="with --diffusion: images sampled per model for the proxy FID "
+                   "(default 1000 on fashion-mnist, 500 on digits; at least 129)")
+    d.add_argument("--max-images", type=int, default=None, help="with --diffusion: cap the training images and the probe "
+                   "grid's train/test images (a quick run)")
+    d.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's, i.e. the cores); "
+                   "the decayed model's exact numbers depend on it (README, 'What the numbers depend on')")
     d.set_defaults(func=cmd_demo)
 
     a = sub.add_parser("alpha", help="print and plot an alpha schedule, or solve alpha_min for a target alpha_eff")

@@ -5,24 +5,43 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
+from pathlib import Path
 
 from ..data import DataConfig, build_dataset
 from ..data.badfiles import image_files, scan_images
 from ..errors import DataError
 
 
-def check_data(data: DataConfig, img_size: int = 224, workers: int | None = None, progress: bool = True,
+def check_data(data: DataConfig, img_size: int | None = None, workers: int | None = None, progress: bool = True,
                stop: bool = True) -> list[tuple[str, str]]:
     """Scan ``data``; print a table of the unreadable files and return them as (path, reason).
 
-    stop: raise one DataError when any file is bad (the data set cannot be trained on as it is).
+    Args:
+        data: the data set to check.
+        img_size: the model's input side (a preset's ``model.img_size``); None when there is no model
+            (``check-data --data NAME``): in-memory data sets are then read at their own size.
+        workers: decoding threads for image folders (default 2 x CPU cores, at most 64).
+        progress: print a progress line on stderr.
+        stop: raise one DataError when any file is bad (the data set cannot be trained on as it is).
+
+    Returns:
+        The unreadable files as (path, reason), in folder order.
     """
     files = image_files(data)
     if not files:  # held in memory: building the splits reads (and checks) every image
-        sizes = {split: len(build_dataset(data, split, img_size, augment=False)[0]) for split in ("train", "test")}
+        # no model to fit (issue 23.13): read at the native size; img_size only shapes transforms, not applied here
+        cfg, size = (data, img_size) if img_size is not None else (replace(data, resize=True), 32)
+        sizes = {split: len(build_dataset(cfg, split, size, augment=False)[0]) for split in ("train", "test")}
         print(f"check-data: {data.name}: {sizes['train']} train + {sizes['test']} test images, all readable "
               "(an in-memory data set, decoded when it is loaded)")
         return []
+    empty = [split for split, paths in files.items() if not paths]
+    if empty:  # nothing to decode is not a pass (issue 23.13): training would fail on the same folder
+        root = Path(data.path).expanduser()
+        folder = root / empty[0] if (root / empty[0]).is_dir() else root
+        raise DataError(f"{folder} holds no images in class folders; expected {root}/train/<class>/<image>.jpg "
+                        f"(and val/<class>/...), or <class>/<image>.jpg directly under {root}")
     total, t0, bad = sum(map(len, files.values())), time.perf_counter(), []
     for split, paths in files.items():
         def show(done, split=split, n=len(paths)):

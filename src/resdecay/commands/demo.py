@@ -22,6 +22,7 @@ from ..eval import effective_rank, extract_features, knn_accuracy
 from ..viz.figures import plot_pca_maps
 from ..viz.plots import plot_alpha_schedules, plot_loss_curves, plot_reconstructions, reconstruct
 from ..train.runlog import read_log
+from ..train.environment import numerics_environment
 from .pretrain import train
 
 # (preset, overrides, the decayed model's default alpha_min). digits and fashion-mnist are sized so that
@@ -70,7 +71,7 @@ def measure(model, cfg, progress: bool) -> dict:
 
 
 def run_demo(data: str = "auto", out_dir: str = "runs/demo", epochs: int | None = None, alpha_min: float | None = None,
-             seed: int = 0, progress: bool = True) -> dict:
+             seed: int = 0, progress: bool = True, threads: int | None = None) -> dict:
     name = pick_data(data)
     preset, extra, default_alpha = DEMO_DATA[name]
     alpha_min = default_alpha if alpha_min is None else alpha_min
@@ -78,6 +79,8 @@ def run_demo(data: str = "auto", out_dir: str = "runs/demo", epochs: int | None 
     common = [*extra, f"train.seed={seed}", "train.ckpt_every=100000"]
     if epochs is not None:
         common.append(f"train.epochs={epochs}")
+    if threads is not None:  # the decayed row's exact numbers depend on it (README, "what the numbers depend on")
+        common.append(f"train.threads={threads}")
     variants = {
         "plain MAE": (f"{preset}-plain", []),
         f"U-Net MAE, alpha_min {alpha_min}": (preset, [f"model.alpha_min={alpha_min}"]),
@@ -99,7 +102,7 @@ def run_demo(data: str = "auto", out_dir: str = "runs/demo", epochs: int | None 
 
     figures = write_figures(out, models, logs, name)
     report = {"demo": {"data": name, "seed": seed, "total_time_s": time.time() - t0, "host": platform.node(),
-                       "torch": torch.__version__, "threads": torch.get_num_threads()},
+                       "numerics": numerics_environment()},
               "results": results, "figures": [str(f) for f in figures]}
     (out / "results.json").write_text(json.dumps(report, indent=2))
     print("\n" + format_table(results, name))

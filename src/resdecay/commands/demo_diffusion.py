@@ -16,7 +16,10 @@ from pathlib import Path
 
 import torch
 
+from ..errors import UserError
+from ..eval.fid import ProxyCNN
 from ..train.config import load_config
+from ..viz.plots import plot_sample_grids
 from .demo import pick_data
 from .evaluate import run_eval_diffusion
 from .fid import run_fid
@@ -33,9 +36,43 @@ LEVELS = (0.0, 0.1, 0.25, 0.5)
 
 
 def run_diffusion_demo(data: str = "auto", out_dir: str = "runs/demo_diffusion", epochs: int | None = None,
-                       alpha_min: float = 0.7, seed: int = 0, progress: bool = True) -> dict:
+                       alpha_min: float = 0.7, seed: int = 0, progress: bool = True,
+                       samples: int | None = None, max_images: int | None = None) -> dict:
+    """Train, sample, score and probe a plain and a decayed tiny U-ViT; write ``results.json`` and figures.
+
+    Args:
+        data: ``auto`` (Fashion-MNIST when installed, else digits), ``digits`` or ``fashion-mnist``.
+        out_dir: folder for both runs, their samples, the probe grids and ``results.json``.
+        epochs: training epochs of both models (default: the demo's, per data set).
+        alpha_min: alpha of the decayed model's last sub-block.
+        seed: training and sampling seed, the same for both models.
+        progress: show progress bars.
+        samples: images sampled per model for the proxy FID (default 1000 on fashion-mnist, 500 on digits).
+        max_images: cap on the training images and on the probe grid's train and test images (quick runs);
+            the proxy FID's reference stays the whole training split.
+
+    Returns:
+        The report written to ``results.json``.
+    """
+    if data not in ("auto", *DEMO_DATA):  # the MAE demo's fashion-mnist-m has no diffusion recipe here
+        raise UserError(f"--data {data!r} is not a diffusion demo dataset; choose auto, {', '.join(DEMO_DATA)}")
     name = pick_data(data)
     extra, n_samples, max_train, max_test = DEMO_DATA[name]
+    if samples is not None:
+        # checked before any training: n images give a covariance of rank <= n - 1, so the proxy FID of
+        # fewer than dim + 1 samples would be refused only after both models had trained and sampled
+        dim = ProxyCNN(1, 1).head.in_features
+        if samples <= dim:
+            raise UserError(f"--samples {samples} is too few for a proxy FID on {dim}-d features: "
+                            f"pass --samples {dim + 1} or more (default {n_samples})")
+        n_samples = samples
+    if max_images is not None:
+        batch = max(load_config(p, list(extra)).train.batch_size for p in ("uvit-tiny-fmnist-plain", "uvit-tiny-fmnist"))
+        if max_images < batch:  # the demo has no batch-size knob, so say it here rather than in train()
+            raise UserError(f"--max-images {max_images} is fewer than one training batch of the demo: "
+                            f"pass --max-images {batch} or more")
+        extra = [*extra, f"data.train_subset={max_images}"]  # after the demo's own subset, so it wins
+        max_train, max_test = (min(m or max_images, max_images) for m in (max_train, max_test))
     out = Path(out_dir)
     common = [*extra, f"train.seed={seed}", "train.ckpt_every=100000"]
     if epochs is not None:

@@ -14,38 +14,81 @@ from torch.utils.data import Subset
 from ..data import build_dataset
 from ..errors import UserError
 from ..eval.compare import compare_reports, format_comparison, load_report
-from ..eval.diffusion_probe import FAST_RECIPE, NOISE_LEVELS, probe_grid
-from ..eval.suite import EvalSettings, evaluate_checkpoint, format_report
+from ..eval.diffusion_probe import FAST_RECIPE, NOISE_LEVELS, check_levels, probe_grid
+from ..eval.inputs import check_data_path, check_writable, write_failure
+from ..eval.suite import EvalSettings, checked_checkpoint, evaluate_checkpoint, format_report
 from ..io import run_dir_of
 from ..models import is_diffusion
 from ..train import distributed as D
 from ..train.checkpoint import load_checkpoint, load_model
+from ..train.config import from_dict
 from ..train.distributed import resolve_device
 from ..viz.plots import plot_bars, plot_grid, plot_profile
+
+
+def _report_dir(ckpt: str, out: str | None) -> Path:
+    return Path(out) / run_dir_of(Path(ckpt)).name if out else run_dir_of(Path(ckpt)) / "eval"
+
+
+def check_eval_inputs(checkpoints: list[str], settings: EvalSettings, out: str | None = None) -> None:
+    """Every checkpoint, option and output folder, checked before the first feature is extracted:
+    a bad second checkpoint, a U-ViT among MAEs or a read-only run folder must not cost the first
+    checkpoint's evaluation (issue 23.8, 23.12/13)."""
+    for ckpt in checkpoints:
+        checked_checkpoint(ckpt, settings)
+    fix = "pass --out DIR (a folder you can write)" if out is None else "pass --out with a folder you can write"
+    for ckpt in checkpoints:
+        check_writable(_report_dir(ckpt, out), fix)
+    if settings.layer == "all" and len(checkpoints) > 1:
+        check_writable(Path(out or "runs/eval"), fix)
+
+
+def _write_report(folder: Path, name: str, report: dict, layer) -> None:
+    text = json.dumps(report, indent=2)
+    try:
+        (folder / f"{name}.json").write_text(text)
+        if layer == "all":
+            plot_profile({report["label"]: report["profile"]}, folder / "profile.png")
+    except OSError as e:  # checked writable up front; a disk that filled up since still ends in one line
+        raise UserError(write_failure(folder / f"{name}.json", e, "free some space or pass --out DIR", len(text))) from None
+
+
+def _bad_files_note(report: dict) -> str | None:
+    """One line when the run's data.on_bad_file=skip replaced images: the numbers are of that data set."""
+    if "bad_files" not in report or not report["results"]:
+        return None
+    card = report["results"][0]["protocol"]
+    n = {split: card[split].get("unreadable_replaced", 0) for split in ("train", "test")}
+    if not any(n.values()):
+        return None
+    return (f"note: {n['train']} train and {n['test']} test image(s) were unreadable and replaced by the next readable one "
+            f"(the run's data.on_bad_file=skip); listed in {report['bad_files']['train']} and {report['bad_files']['test']}")
 
 
 def run_eval(checkpoints: list[str], settings: EvalSettings, out: str | None = None) -> dict:
     """Evaluate each checkpoint, write ``eval.json`` (or ``profile.json`` + PNG with ``layer="all"``)
     and, for several profiles, an overlay. Under torchrun every rank extracts, rank 0 reports."""
     layer = settings.layer
+    check_eval_inputs(checkpoints, settings, out)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     env = D.setup("cpu" if settings.device == "cpu" else "auto") if distributed else None
     profiles, reports = {}, {}
     for ckpt in checkpoints:
-        report = evaluate_checkpoint(ckpt, settings)
+        folder = _report_dir(ckpt, out)
+        report = evaluate_checkpoint(ckpt, settings, folder)
         if report is None:  # a non-zero torchrun rank: it only helped extract features
             continue
-        folder = Path(out) / run_dir_of(Path(ckpt)).name if out else run_dir_of(Path(ckpt)) / "eval"
-        folder.mkdir(parents=True, exist_ok=True)
         name = "profile" if layer == "all" else "eval"
-        (folder / f"{name}.json").write_text(json.dumps(report, indent=2))
+        _write_report(folder, name, report, layer)
         print(format_report(report))
         if layer == "all":
             profiles[report["label"]] = report["profile"]
-            plot_profile({report["label"]: report["profile"]}, folder / "profile.png")
+        note = _bad_files_note(report)
+        if note:
+            print(note)
         hits = report["cache"]
         print(f"wrote {folder / (name + '.json')} (feature cache: train {'hit' if hits['train_hit'] else 'new'}, "
-              f"test {'hit' if hits['test_hit'] else 'new'}, in {hits['dir']})\n")
+              f"test {'hit' if hits['test_hit'] else 'new'}, in {hits['dir']}{'' if hits['written'] else ', not written'})\n")
         reports[str(ckpt)] = report
     if len(profiles) > 1:
         path = plot_profile(profiles, Path(out or "runs/eval") / "profile_overlay.png",
@@ -94,13 +137,23 @@ def run_eval_diffusion(checkpoint: str, data=None, out: str | None = None, layer
                        levels: tuple[float, ...] = NOISE_LEVELS, max_train: int | None = None,
                        max_test: int | None = None, device: str = "auto", batch_size: int = 256,
                        progress: bool = True) -> dict:
-    """``resdecay eval-diffusion``: the probe grid of one checkpoint (EMA weights where kept)."""
+    """``resdecay eval-diffusion``: the probe grid of one checkpoint (EMA weights where kept).
+    Every input is checked before the model is built or a feature extracted (issue 23.8)."""
+    for name, value in (("--batch-size", batch_size), ("--max-train", max_train), ("--max-test", max_test)):
+        if value is not None and value < 1:
+            raise UserError(f"{name} must be a positive integer, got {value}")
+    check_levels(levels)
     dev = resolve_device(device, "--device")
     state = load_checkpoint(checkpoint)
-    model, cfg = load_model(checkpoint, dev, ema=True, state=state)
-    if not is_diffusion(cfg.model.family):
-        raise UserError(f"{checkpoint} is a {cfg.model.family} model; eval-diffusion probes diffusion models "
+    family = from_dict(state["config"]).model.family
+    if not is_diffusion(family):
+        raise UserError(f"{checkpoint} is a {family} model; eval-diffusion probes diffusion models "
                         "(uvit, sit); use `resdecay eval` for encoders")
+    if data is not None:
+        check_data_path(data.name, data.path)
+    out_dir = check_writable(Path(out) if out else run_dir_of(Path(checkpoint)) / "eval_diffusion",
+                             "pass --out DIR (a folder you can write)")
+    model, cfg = load_model(checkpoint, dev, ema=True, state=state)
     data_cfg = replace(data or cfg.data, train_subset=None)
     train_set, _ = build_dataset(data_cfg, "train", cfg.model.img_size, augment=False)
     test_set, _ = build_dataset(data_cfg, "test", cfg.model.img_size, augment=False)
@@ -115,9 +168,10 @@ def run_eval_diffusion(checkpoint: str, data=None, out: str | None = None, layer
                           "feature": "mean of all tokens of the block output", "probe": FAST_RECIPE.card(),
                           "noise": f"{cfg.model.objective}: level = fraction of the diffusion time (0 clean, 1 pure noise), "
                                    "one seeded noise draw per image", "labels": "null label (no class leak)"}
-    out_dir = Path(out) if out else run_dir_of(Path(checkpoint)) / "eval_diffusion"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "probe_grid.json").write_text(json.dumps(result, indent=2))
-    plot_grid(result, out_dir / "probe_grid.png", f"{cfg.preset} (alpha_min {cfg.model.alpha_min:g}), step {step}")
+    try:
+        (out_dir / "probe_grid.json").write_text(json.dumps(result, indent=2))
+        plot_grid(result, out_dir / "probe_grid.png", f"{cfg.preset} (alpha_min {cfg.model.alpha_min:g}), step {step}")
+    except OSError as e:
+        raise UserError(write_failure(out_dir / "probe_grid.json", e, "free some space or pass --out DIR")) from None
     result["paths"] = {"json": str(out_dir / "probe_grid.json"), "png": str(out_dir / "probe_grid.png")}
     return result

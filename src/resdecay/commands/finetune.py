@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
+from ..io import progress_bar
 
 from ..train.checkpoint import load_checkpoint, load_model
 from ..train.config import _read_preset, from_dict, parse_overrides
@@ -66,7 +66,7 @@ def test_accuracy(checkpoint: Path, device: torch.device, batch_size: int = 256,
     model, cfg = load_model(checkpoint, device)
     dataset, _ = build_dataset(cfg.data, "test", cfg.model.img_size, augment=False)
     scores, labels = [], []
-    for images, y in tqdm(DataLoader(dataset, batch_size=batch_size), desc="test", disable=not progress, leave=False):
+    for images, y in progress_bar(DataLoader(dataset, batch_size=batch_size), desc="test", disable=not progress, leave=False):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             scores.append(model(images.to(device)).float().cpu())
         labels.append(torch.as_tensor(y))

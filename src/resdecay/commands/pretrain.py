@@ -3,9 +3,6 @@ evaluators attached, which every command that trains goes through."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import yaml
 
 from ..eval.online import online_evaluator
@@ -32,8 +29,8 @@ def run_pretrain(preset: str, overrides: list[str], resume: str | None = None, p
     if check and is_main_process():  # every unreadable file at once, before hours of training
         check_data(cfg.data, cfg.model.img_size, progress=progress, stop=cfg.data.on_bad_file == "stop")
     summary = train(cfg, resume=resume, progress=progress, overwrite=overwrite, allow_changes=allow_changes)
-    if summary.get("checkpoint"):
-        print(f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
+    # the loop wrote summary.json (rank 0); one "done" line, from rank 0, for a run that trained now
+    if is_main_process() and summary.get("checkpoint") and not summary.get("already_finished"):
+        print(f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f} (last log window), "
               f"{summary['train_time_s']:.0f}s; checkpoint {summary['checkpoint']}")
-        (Path(summary["out_dir"]) / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

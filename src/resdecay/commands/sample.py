@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.vae import decode
+from ..data.vae import decode, load_vae
 from ..diffusion.samplers import DEFAULT_SAMPLER, DEFAULT_STEPS, ODE_ATOL, ODE_RTOL, sample, save_npz, to_uint8
 from ..errors import UserError
+from ..eval.inputs import check_writable
 from ..io import run_dir_of
 from ..models import is_diffusion
 from ..train import distributed as D
@@ -34,8 +35,12 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
                labels: list[int] | None = None, seed: int = 0, batch_size: int = 256, vae: str | None = None,
                out: str | None = None, device: str = "auto", use_ema: bool = True, progress: bool = True,
                atol: float | None = None, rtol: float | None = None) -> dict:
+    """``resdecay sample``: every input (checkpoint, sampler options, VAE, output folder) is checked
+    before the first network evaluation, so a typo never costs a sampling run (issue 23.8)."""
     if n < 1:
         raise UserError(f"--n must be a positive number of samples, got {n}")
+    if batch_size < 1:
+        raise UserError(f"--batch-size must be a positive integer, got {batch_size}")
     env = D.setup(device)
     model, cfg = load_model(checkpoint, env.device, ema=use_ema)
     m = cfg.model
@@ -44,6 +49,12 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
     latent = cfg.data.name == "latents"
     if latent and not vae:
         raise UserError(f"{checkpoint} was trained on VAE latents: pass --vae PATH (the VAE used by `resdecay latents`) to decode")
+    if vae and not latent:  # it would be silently unused
+        raise UserError(f"{checkpoint} was trained on pixels ({cfg.data.name}), so there is nothing to decode: drop --vae")
+    if latent:
+        load_vae(vae)  # a wrong VAE folder is found now, not after sampling; decode() loads it again
+    out_dir = check_writable(Path(out) if out else run_dir_of(Path(checkpoint)) / "samples",
+                             "pass --out DIR (a folder you can write)")
     sampler = sampler or DEFAULT_SAMPLER[m.objective]
     steps = steps if steps is not None else DEFAULT_STEPS.get(sampler, 50)
     if sampler != "dopri5" and (atol is not None or rtol is not None):  # silently unused otherwise
@@ -71,8 +82,6 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
     if env.is_main:
         order = np.concatenate([np.arange(r, n, env.world_size) for r in range(env.world_size)]).argsort()
         allimgs = np.concatenate(pieces)[order]
-        out_dir = Path(out) if out else run_dir_of(Path(checkpoint)) / "samples"
-        out_dir.mkdir(parents=True, exist_ok=True)
         how = f"atol{atol:g}-rtol{rtol:g}" if sampler == "dopri5" else f"{steps}steps"
         tag = f"{sampler}-{how}-cfg{cfg_scale:g}-n{n}-seed{seed}"
         npz, png = out_dir / f"samples_{tag}.npz", out_dir / f"samples_{tag}.png"

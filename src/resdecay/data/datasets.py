@@ -32,11 +32,11 @@ from ..errors import ConfigError, DataError, check_fields
 from ..io import safe_load
 from ..safe_pickle import load_data_pickle
 from .fashion_mnist_m import NUISANCES, composite, validate_knobs
-from .fast_images import BadImage, Uint8View, bad_image_reason, decode_uint8
+from .fast_images import BadImage, Uint8View, bad_image_reason, crop_scale, decode_uint8
 
 DatasetName = Literal["digits", "fashion-mnist", "fashion-mnist-m", "cifar10", "cifar100", "imagefolder", "synthetic", "latents"]
 Normalize = Literal["dataset", "symmetric"]
-Augment = Literal["none", "flip", "mae", "randaug", "cifar"]
+Augment = Literal["none", "flip", "mae", "rrc", "randaug", "cifar"]
 Decoder = Literal["tensor", "pil", "dali"]
 DATASETS, NORMALIZE, AUGMENTS = get_args(DatasetName), get_args(Normalize), get_args(Augment)
 FASHION_MNIST_DEBIAN = "/usr/share/datasets/fashion-mnist"
@@ -48,7 +48,9 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 class DataConfig:
     name: DatasetName = "digits"
     path: str | None = None  # dataset folder; fashion-mnist defaults to the Debian path
-    augment: Augment = "none"  # none | flip | mae (RandomResizedCrop 0.2-1 + flip) | randaug (fine-tuning) | cifar (pad-4 crop + flip)
+    augment: Augment = "none"  # none | flip | mae (RandomResizedCrop 0.2-1 + flip: MAE pretraining) | rrc (0.08-1 + flip:
+    #                            MAE's linear probe, supervised ImageNet) | randaug (fine-tuning) | cifar (pad-4 crop + flip,
+    #                            in-memory data sets only: one meaning everywhere, issue 23.9)
     num_workers: int = 0  # DataLoader worker processes (0 = load in the main process)
     train_subset: int | None = None  # use only the first N training images (quick runs)
     resize: bool = False  # resize fixed-size datasets to model.img_size instead of refusing
@@ -69,10 +71,14 @@ class DataConfig:
             raise ConfigError(problem)
         if self.train_subset is not None and self.train_subset < 1:
             raise ConfigError(f"data.train_subset must be a positive number of images, got {self.train_subset}")
-        if self.decoder == "dali" and (self.name != "imagefolder" or self.augment not in ("mae", "cifar")
+        if self.name == "imagefolder" and self.augment == "cifar":
+            raise ConfigError("data.augment=cifar is CIFAR's pad-4 random crop + flip of in-memory data sets (cifar10/100, "
+                              "fashion-mnist, digits); for an ImageFolder use data.augment=rrc (RandomResizedCrop 0.08-1 + "
+                              "flip) or mae (RandomResizedCrop 0.2-1 + flip)")
+        if self.decoder == "dali" and (self.name != "imagefolder" or self.augment not in ("mae", "rrc")
                                        or self.on_bad_file != "stop"):
             raise ConfigError("data.decoder=dali decodes ImageFolder training crops (data.name=imagefolder, data.augment "
-                              f"mae or cifar, data.on_bad_file=stop); got {self.name}, {self.augment}, {self.on_bad_file}; "
+                              f"mae or rrc, data.on_bad_file=stop); got {self.name}, {self.augment}, {self.on_bad_file}; "
                               "use data.decoder=tensor")
 
 
@@ -163,6 +169,23 @@ def _load_digits(train: bool):
     return torch.from_numpy(images[sel]).unsqueeze(1), torch.from_numpy(d.target[sel].astype(np.int64))
 
 
+def _cifar_fields(entry, f: Path, name: str):
+    """(images, labels) of one unpickled CIFAR batch. Keys may be str (the files read with
+    encoding="latin1", as torchvision does) or bytes (b"data": the same Python-2 pickles read with
+    encoding="bytes", as CIFAR's own page shows, and copies re-pickled from such a load); both are
+    accepted (issue 23.13)."""
+    if not isinstance(entry, dict):
+        raise DataError(f"cannot read {f} as a {name} batch: it holds a {type(entry).__name__}, not the dict of "
+                        "'data' and 'labels' of torchvision's format")
+    entry = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in entry.items()}
+    label_key = next((k for k in ("labels", "fine_labels") if k in entry), None)
+    if "data" not in entry or label_key is None:
+        found = ", ".join(sorted(map(repr, entry))[:8]) or "none"
+        raise DataError(f"cannot read {f} as a {name} batch: it has no 'data' and 'labels' (or 'fine_labels') keys "
+                        f"(found {found}); use the batches of CIFAR's python version (torchvision's format)")
+    return entry["data"], entry[label_key]
+
+
 def _load_cifar(path: str | None, name: str, train: bool):
     """torchvision's on-disk CIFAR format, read directly (python pickles of uint8 rows); no md5
     check, so copies re-pickled by other tools load too. The pickles are read by a restricted
@@ -181,10 +204,10 @@ def _load_cifar(path: str | None, name: str, train: bool):
         f = root / fname
         if not f.is_file():
             raise DataError(f"{name}: {f} is missing; data.path must contain {folder}/ in torchvision's format")
-        entry = load_data_pickle(f, f"{name} batch")
+        data, batch_labels = _cifar_fields(load_data_pickle(f, f"{name} batch"), f, name)
         try:
-            images.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-            labels.extend(entry["labels"] if "labels" in entry else entry["fine_labels"])
+            images.append(np.asarray(data, dtype=np.uint8).reshape(-1, 3, 32, 32))
+            labels.extend(batch_labels)
         except Exception as e:
             raise DataError(f"cannot read {f} as a {name} batch ({type(e).__name__}: {e})") from None
     return torch.from_numpy(np.concatenate(images)), torch.as_tensor(labels, dtype=torch.int64)
@@ -234,8 +257,8 @@ def _tensor_transform(augment: str, size: int, native: int, resize: bool):
     import torchvision.transforms.v2 as T
 
     ops = []
-    if augment in ("mae", "randaug"):  # MAE pretraining crops 0.2-1; fine-tuning (timm) 0.08-1
-        scale = (0.2, 1.0) if augment == "mae" else (0.08, 1.0)
+    if augment in ("mae", "rrc", "randaug"):  # MAE pretraining crops 0.2-1; linear probe and fine-tuning 0.08-1
+        scale = crop_scale(augment)
         ops.append(T.RandomResizedCrop(size, scale=scale, interpolation=T.InterpolationMode.BICUBIC, antialias=True))
     elif native != size and resize:
         ops.append(T.Resize(size, interpolation=T.InterpolationMode.BICUBIC, antialias=True))
@@ -257,9 +280,8 @@ def _pil_transform(augment: str, size: int, mean, std):
 
         return create_transform(size, is_training=True, auto_augment="rand-m9-mstd0.5-inc1", interpolation="bicubic",
                                 re_prob=0.25, re_mode="pixel", re_count=1, mean=mean, std=std)
-    if augment in ("mae", "cifar"):
-        ops = [T.RandomResizedCrop(size, scale=(0.2, 1.0) if augment == "mae" else (0.08, 1.0), interpolation=bicubic),
-               T.RandomHorizontalFlip()]
+    if augment in ("mae", "rrc"):
+        ops = [T.RandomResizedCrop(size, scale=crop_scale(augment), interpolation=bicubic), T.RandomHorizontalFlip()]
     else:  # evaluation view (MAE: resize to 256/224 of the side, centre crop)
         ops = [T.Resize(int(math.ceil(size * 256 / 224)), interpolation=bicubic), T.CenterCrop(size)]
         if augment == "flip":
@@ -315,7 +337,7 @@ def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | No
     if len(images) == 0:
         raise DataError(f"{cfg.name} at {cfg.path} holds no images")
     native = int(images.shape[-1])
-    if native != img_size and not cfg.resize and aug != "mae":
+    if native != img_size and not cfg.resize and aug not in ("mae", "rrc"):  # a resized crop makes img_size pixels
         raise DataError(
             f"{cfg.name} images are {native}x{native} but model.img_size is {img_size}; "
             f"set model.img_size={native} (with a patch_size that divides it) or data.resize=true"

@@ -2,11 +2,14 @@
 libpng bindings straight into uint8 tensors, crop/resize/flip with ``transforms.v2`` on uint8,
 and leave the float conversion and normalisation to the device.
 
-* ``decode_uint8(path)``: JPEG and PNG files (by their first bytes, not their names) through
-  ``torchvision.io.decode_image`` in RGB mode; anything it cannot read (CMYK or odd JPEGs, BMP,
-  TIFF, a PNG-named JPEG it refuses) through PIL's ``convert("RGB")``, as before. A file neither
-  reads raises the same ``DataError`` as the PIL path: ``cannot read image <path>: <PIL's
-  reason>; remove or replace the file``.
+* ``decode_uint8(path)``: JPEG and 8-bit PNG files (by their first bytes, not their names) through
+  TorchCodec's ``decode_image`` in RGB mode when TorchCodec (>= 0.16) is installed, everything
+  else (and everything when it is not) through PIL's ``convert("RGB")``. torchvision's own image
+  decoders (``torchvision.io.decode_image`` and friends) are deprecated since torchvision 0.29
+  (issue 23.13: they emit a DeprecationWarning on every call) and are not used; both decoders
+  here give the same pixels as PIL on JPEG and PNG (libjpeg-turbo / libpng underneath). A file
+  neither reads raises the same ``DataError`` as the PIL path: ``cannot read image <path>:
+  <PIL's reason>; remove or replace the file``.
 * ``Uint8View``: the transform. It returns normalised float images (the dataset contract every
   evaluator relies on) unless ``uint8_out`` is set, which ``uint8_batches`` does for training.
 * ``DeviceLoader``: wraps the training DataLoader of uint8 batches; on CUDA it copies the next
@@ -20,9 +23,10 @@ per (seed, epoch, index): a resumed run sees the same crops, whatever the number
 
 from __future__ import annotations
 
+import io
 import math
-
 import re
+from functools import lru_cache
 
 import torch
 
@@ -48,38 +52,69 @@ class BadImage(DataError):
 
 
 def bad_image_reason(e: Exception) -> str:
-    """PIL's reason, without the file object's repr (the path is already in the message)."""
-    return re.sub(r"\s*<_io\.\w+ name=[^>]*>", "", " ".join(f"{type(e).__name__}: {e}".split()))[:200]
+    """PIL's reason, without the file object's repr (the path is already in the message; a
+    BytesIO's repr carries an address that would make the same file's reason differ per run)."""
+    return re.sub(r"\s*<_io\.\w+[^>]*>", "", " ".join(f"{type(e).__name__}: {e}".split()))[:200]
 
 
-def _pil_rgb(path: str) -> torch.Tensor:
+def _pil_rgb(path: str, raw: bytes | None = None) -> torch.Tensor:
+    """(3, H, W) uint8 RGB by PIL, from ``raw`` (the file's bytes, already read) or the file."""
     from PIL import Image
 
     try:
-        with open(path, "rb") as f:
+        with (io.BytesIO(raw) if raw is not None else open(path, "rb")) as f:
             img = Image.open(f).convert("RGB")
     except Exception as e:
         raise BadImage(str(path), bad_image_reason(e)) from None
     return torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).view(img.height, img.width, 3).permute(2, 0, 1)
 
 
-def decode_uint8(path: str) -> torch.Tensor:
-    """(3, H, W) uint8 RGB of an image file (module docstring)."""
-    from torchvision.io import ImageReadMode, decode_image
+@lru_cache(maxsize=1)
+def _torchcodec_decoder():
+    """TorchCodec's ``decode_image`` (the supported successor of torchvision's), or None when
+    TorchCodec is not installed or cannot load its image library."""
+    try:
+        from torchcodec.decoders import decode_image
+    except Exception:  # not installed, or its native library does not load on this machine
+        return None
+    return decode_image
 
+
+def _is_8bit_png(raw: bytes) -> bool:
+    """PNG whose IHDR bit depth (byte 24) is at most 8: 16-bit PNGs go to PIL, whose RGB
+    conversion the ``pil`` decoder and ``check-data`` use too."""
+    return raw.startswith(_PNG) and len(raw) > 24 and raw[24] <= 8
+
+
+def decode_uint8(path: str) -> torch.Tensor:
+    """(3, H, W) uint8 RGB of an image file (module docstring).
+
+    Args:
+        path: the image file.
+
+    Returns:
+        The decoded image, uint8, channels first.
+    """
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except OSError:
         return _pil_rgb(path)  # the PIL path words the error as before
-    if raw.startswith(_JPEG) or raw.startswith(_PNG):
+    decode = _torchcodec_decoder() if raw.startswith(_JPEG) or _is_8bit_png(raw) else None
+    if decode is not None:
         try:
-            img = decode_image(torch.frombuffer(bytearray(raw), dtype=torch.uint8), mode=ImageReadMode.RGB)
-            if img.dtype == torch.uint8:  # 16-bit PNGs come out uint16: PIL converts them as before
+            img = decode(raw, mode="RGB")
+            if img.dtype == torch.uint8 and img.dim() == 3:
                 return img
         except (RuntimeError, ValueError):
             pass  # CMYK / corrupt / unusual: PIL decides, and words the error
-    return _pil_rgb(path)
+    return _pil_rgb(path, raw)
+
+
+def crop_scale(augment: str) -> tuple[float, float]:
+    """RandomResizedCrop's area range: MAE pretraining (main_pretrain.py) 0.2-1; MAE's linear probe
+    (main_linprobe.py, torchvision's default) and fine-tuning (timm) 0.08-1."""
+    return (0.2, 1.0) if augment == "mae" else (0.08, 1.0)
 
 
 class Uint8View:
@@ -89,9 +124,9 @@ class Uint8View:
         import torchvision.transforms.v2 as T
 
         bicubic = T.InterpolationMode.BICUBIC
-        if augment in ("mae", "cifar"):  # the PIL path's choices, on uint8 tensors
-            ops = [T.RandomResizedCrop(size, scale=(0.2, 1.0) if augment == "mae" else (0.08, 1.0), interpolation=bicubic,
-                                       antialias=True), T.RandomHorizontalFlip()]
+        if augment in ("mae", "rrc"):  # the PIL path's choices, on uint8 tensors
+            ops = [T.RandomResizedCrop(size, scale=crop_scale(augment), interpolation=bicubic, antialias=True),
+                   T.RandomHorizontalFlip()]
         else:  # evaluation view (MAE: resize to 256/224 of the side, centre crop)
             ops = [T.Resize(int(math.ceil(size * 256 / 224)), interpolation=bicubic, antialias=True), T.CenterCrop(size)]
             if augment == "flip":

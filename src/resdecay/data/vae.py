@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
+from ..io import progress_bar
 
 from ..errors import UserError
 from ..io import atomic_save, first_sentence
@@ -57,7 +57,7 @@ def encode_dataset(data_cfg, vae_path: str, out: str | Path, img_size: int, batc
     for split in SPLITS:
         ds, info = build_dataset(cfg, split, img_size, augment=False)
         lat, labels = [], []
-        for x, y in tqdm(DataLoader(ds, batch_size=batch_size), desc=f"encode {split}", disable=not progress, leave=False):
+        for x, y in progress_bar(DataLoader(ds, batch_size=batch_size), desc=f"encode {split}", disable=not progress, leave=False):
             if x.shape[1] == 1:  # grayscale datasets: the VAE wants RGB
                 x = x.repeat(1, 3, 1, 1)
             lat.append((vae.encode(x.to(device)).latent_dist.mean * scale).to(torch.float16).cpu())

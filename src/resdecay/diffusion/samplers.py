@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, UserError
+from ..io import progress_bar
 from .objectives import NUM_TIMESTEPS, LinearInterpolant, cached_objective, model_config
 
 SAMPLERS: dict[str, str] = {  # sampler -> the objective it fits
@@ -88,8 +89,7 @@ def _guided(model, num_classes: int, y: torch.Tensor | None, scale: float):
 def _progress(seq, progress: bool, desc: str):
     if not progress:
         return seq
-    from tqdm import tqdm
-    return tqdm(seq, desc=desc, leave=False)
+    return progress_bar(seq, desc=desc, leave=False)
 
 
 # ------------------------------------------------------------------ ddpm-eps: diffusers schedulers

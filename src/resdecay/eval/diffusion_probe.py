@@ -40,6 +40,16 @@ class NoisedFeatures(nn.Module):
         return self.model.forward_intermediates(x_t, t, None, layers)
 
 
+def check_levels(levels: tuple[float, ...]) -> None:
+    """Noise levels are fractions of the diffusion time: each in [0, 1], at least one.
+
+    Args:
+        levels: the levels asked for.
+    """
+    if not levels or any(not 0.0 <= lv <= 1.0 for lv in levels):
+        raise UserError(f"noise levels must lie in [0, 1] (0 = clean, 1 = pure noise), got {list(levels)}")
+
+
 def probe_grid(model: nn.Module, train_set, test_set, layers: list[int] | None = None,
                levels: tuple[float, ...] = NOISE_LEVELS, device: str | torch.device = "cpu", batch_size: int = 256,
                progress: bool = True, seed: int = 0) -> dict:
@@ -49,8 +59,7 @@ def probe_grid(model: nn.Module, train_set, test_set, layers: list[int] | None =
     bad = [l for l in layers if not -depth <= l < depth]
     if bad:
         raise UserError(f"layer {bad[0]} is out of range: the model has blocks 0..{depth - 1}")
-    if any(not 0.0 <= lv <= 1.0 for lv in levels):
-        raise UserError(f"noise levels must lie in [0, 1] (0 = clean, 1 = pure noise), got {list(levels)}")
+    check_levels(levels)
     grid = torch.zeros(len(layers), len(levels))
     for j, level in enumerate(levels):
         view = NoisedFeatures(model, level, seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Subset
-from tqdm.auto import tqdm
+from ..io import progress_bar
 
 POOLINGS = ("mean", "cls", "patch_mean")
 
@@ -43,7 +43,7 @@ def extract_features(model: torch.nn.Module, dataset: Dataset, layers: list[int]
     out: dict = {(l, p): [] for l in layers for p in pools}
     labels = []
     device = torch.device(device)
-    for images, y in tqdm(loader, desc=desc, disable=not progress or rank != 0, leave=False):
+    for images, y in progress_bar(loader, desc=desc, disable=not progress or rank != 0, leave=False):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             blocks = model.forward_intermediates(images.to(device), layers)
         for l, tokens in zip(layers, blocks):

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from ..data import DataConfig, build_dataset
 from ..errors import UserError, one_line
-from ..io import atomic_save, file_sha256, first_sentence, safe_load
+from ..io import atomic_save, file_sha256, first_sentence, progress_bar, safe_load
 from .knn import tf32_matmuls
 
 BATCH_SIZE = 100  # fixed: features (and so FID) must not depend on how the caller chunked the images
@@ -267,14 +267,13 @@ def feature_stats(images, extractor: nn.Module, batch_size: int = BATCH_SIZE, de
     """Mean and covariance (float64) of the extractor's features over all images, with their protocol.
 
     ``reference``: stats these images will be compared with; a mismatch stops at the first batch."""
-    from tqdm.auto import tqdm
 
     name = getattr(extractor, "name", type(extractor).__name__)
     ext_id = feature_stats_id(extractor)
     extractor = extractor.eval().to(device)
     shift = total = cross = resolution = None
     n = 0
-    for raw in tqdm(_rebatch(_chunks(images), batch_size), desc="FID features", disable=not progress, leave=False):
+    for raw in progress_bar(_rebatch(_chunks(images), batch_size), desc="FID features", disable=not progress, leave=False):
         x = _as_float(raw)
         if resolution is None:
             resolution, expected = tuple(x.shape[1:]), getattr(extractor, "resolution", None)
@@ -326,17 +325,26 @@ def load_stats(path) -> dict:
     return _checked_stats(st, str(path))
 
 
+def check_count(n: int, dim: int, label: str, what: str, allow_few: bool = False) -> None:
+    """Refuse too few images for ``dim``-dimensional features: n images give a covariance of rank <= n - 1.
+
+    Args:
+        n: the number of images; dim: the feature dimension; label: the metric's label;
+        what: "samples" or "reference"; allow_few: accept n <= dim (but never n < 2).
+    """
+    if n < 2 or (n <= dim and not allow_few):
+        raise UserError(f"{label}: the {what} have {n} images but {dim}-dimensional features need at least {dim + 1} "
+                        "(else the covariance is rank-deficient): use more images"
+                        + (" or pass --allow-few (allow_few=True)" if n >= 2 else ""))
+
+
 def fid(sample_stats: dict, ref_stats: dict, allow_few: bool = False) -> float:
     """Fréchet distance between two stats dicts (torchmetrics' ``_compute_fid``, in float64)."""
     from torchmetrics.image.fid import _compute_fid
 
     _check_pair(ref_stats, sample_stats["extractor_id"], sample_stats["resolution"])
-    dim = len(ref_stats["mu"])
     for st, what in ((sample_stats, "samples"), (ref_stats, "reference")):
-        if st["n"] < 2 or (st["n"] <= dim and not allow_few):  # n images give a covariance of rank <= n - 1
-            raise UserError(f"{st['label']}: the {what} have {st['n']} images but {dim}-dimensional features need at "
-                            f"least {dim + 1} (else the covariance is rank-deficient): use more images"
-                            + (" or pass --allow-few (allow_few=True)" if st["n"] >= 2 else ""))
+        check_count(st["n"], len(ref_stats["mu"]), st["label"], what, allow_few)
     value = float(_compute_fid(sample_stats["mu"].double(), sample_stats["sigma"].double(),
                                ref_stats["mu"].double(), ref_stats["sigma"].double()))
     if not math.isfinite(value):

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from ..io import progress_bar
 
 from .knn import topk_accuracy
 
@@ -70,7 +70,7 @@ def linear_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_fea
     total = recipe.epochs * steps_per_epoch
     step = 0
     model.train()
-    for _ in tqdm(range(recipe.epochs), desc=f"probe ({recipe.name})", disable=not progress, leave=False):
+    for _ in progress_bar(range(recipe.epochs), desc=f"probe ({recipe.name})", disable=not progress, leave=False):
         order = torch.randperm(n, generator=g).to(device)
         for i in range(0, n, bs):
             idx = order[i:i + bs]

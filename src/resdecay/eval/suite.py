@@ -11,22 +11,24 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from ..data import DataConfig, build_dataset, check_first_sample
-from ..errors import UserError, one_line
-from ..io import atomic_save, file_sha256, run_dir_of, safe_load, sweep_stale_temps
+from ..data import DataConfig, check_first_sample
+from ..errors import UserError
+from ..io import file_sha256, run_dir_of
 from ..nn.blocks import block_statistics as record_block_statistics
 from ..nn.decayify import alphas_of
 from ..train.checkpoint import load_checkpoint, load_model
-from ..train.config import shortcut_tag
+from ..train.config import from_dict, shortcut_tag
 from ..train.distributed import resolve_device
 from . import baselines as bl
+from .feature_cache import FeatureCache
 from .features import POOLINGS, extract_features
+from .inputs import (bad_files_list, check_data_path, check_encoder_family, check_writable, eval_split,
+                     replaced_count, replaced_list, restore_replaced)
 from .knn import knn_topk
 from .probe import FAST_RECIPE, IN100_RECIPE, linear_probe
 from .rank import effective_rank
@@ -79,46 +81,36 @@ def _data_card(data: DataConfig, split: str, n: int, img_size: int) -> dict:
 
 
 def cached_features(model, ckpt_sha: str, data: DataConfig, split: str, img_size: int, layers: list[int],
-                    pools: tuple[str, ...], limit: int | None, s: EvalSettings, cache_dir: Path, device) -> tuple:
+                    pools: tuple[str, ...], limit: int | None, s: EvalSettings, cache: FeatureCache, device,
+                    bad_files: Path | None = None) -> tuple:
     """Features of one split, from the cache when the same checkpoint, data and protocol were
-    extracted before. Returns (feats, labels, data card, cache hit)."""
-    dataset, _ = build_dataset(data, split, img_size, augment=False)
+    extracted before. ``bad_files``: the folder listing unreadable images replaced under the run's
+    ``data.on_bad_file=skip``. Returns (feats, labels, data card, cache hit)."""
+    dataset = eval_split(data, split, img_size, bad_files)
     check_first_sample(dataset, model.cfg.in_chans, img_size, data.name)
     if limit:
         dataset = torch.utils.data.Subset(dataset, range(min(limit, len(dataset))))
+    if split == "train" and "knn" in s.evals and s.knn_k > len(dataset):  # before extracting, not after
+        raise UserError(f"--k {s.knn_k} is larger than the kNN bank ({len(dataset)} training images); lower --k")
     card = _data_card(data, split, len(dataset), img_size)
     key = {"format": FEATURE_FORMAT, "checkpoint_sha256": ckpt_sha, **card, "layers": layers, "pools": sorted(pools)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    file = cache_dir / f"{split}-{digest}.pt"
-    sweep_stale_temps(cache_dir)  # left by an eval killed while writing
-    cached = load_cached(file, [(l, p) for l in layers for p in pools], len(dataset))
+    file = cache.dir / f"{split}-{digest}.pt"
+    cached = cache.load(file, [(l, p) for l in layers for p in pools], len(dataset))
+    skip = data.on_bad_file == "skip" and bad_files is not None
     if cached is not None:
-        return *cached, card, True
+        feats, labels, blob = cached
+        if skip:  # extracted under the same policy: the files it replaced are kept with the features
+            card["unreadable_replaced"] = restore_replaced(bad_files, split, blob.get("unreadable_list", ""))
+        return feats, labels, card, True
     feats, labels = extract_features(model, dataset, layers, tuple(sorted(pools)), s.batch_size, device,
                                      s.num_workers, s.progress, desc=f"features ({split})")
+    if skip:  # in the card: these numbers are of a data set where some images stand in for unreadable ones
+        card["unreadable_replaced"] = replaced_count(bad_files, split)
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        atomic_save({"feats": {f"{l}:{p}": v for (l, p), v in feats.items()}, "labels": labels, "key": json.dumps(key)}, file)
+        cache.save({"feats": {f"{l}:{p}": v for (l, p), v in feats.items()}, "labels": labels, "key": json.dumps(key),
+                    "unreadable_list": replaced_list(bad_files, split) if skip else ""}, file)
     return feats, labels, card, False
-
-
-def load_cached(file: Path, wanted: list[tuple], n: int) -> tuple | None:
-    """(feats, labels) from a cache file, or None when there is none. A damaged file (truncated,
-    empty, not a cache, wrong shapes) is reported in one line, deleted and recomputed."""
-    if not file.exists():
-        return None
-    try:
-        blob = safe_load(file, UserError, "{reason}")
-        feats = {(int(k.split(":")[0]), k.split(":")[1]): v for k, v in blob["feats"].items()}
-        labels = blob["labels"]
-        if not (isinstance(labels, torch.Tensor) and len(labels) == n
-                and all(isinstance(feats.get(k), torch.Tensor) and len(feats[k]) == n for k in wanted)):
-            raise ValueError(f"it does not hold features of the {n} images")
-    except (UserError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        print(f"resdecay: warning: feature cache {file} is damaged ({one_line(e)}); recomputing it", file=sys.stderr)
-        file.unlink(missing_ok=True)
-        return None
-    return feats, labels
 
 
 @torch.no_grad()
@@ -133,29 +125,76 @@ def block_statistics(model, dataset, n: int, device) -> list[dict]:
              "shortcut_ratio_mlp": st["shortcut_mlp"] / max(st["branch_mlp"], 1e-12)} for st in stats]
 
 
-def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
-    """Evaluate one checkpoint; returns the report (None on non-zero torchrun ranks)."""
+def checked_checkpoint(checkpoint: str | Path, s: EvalSettings) -> tuple[dict, object, DataConfig]:
+    """What can be checked before a feature is extracted: the settings, the file, the model family
+    and the data path (issue 23.8: bad input costs a second, not an evaluation).
+
+    Args:
+        checkpoint: a resdecay checkpoint.
+        s: the evaluation settings.
+
+    Returns:
+        (checkpoint state, its RunConfig, the data config the evaluation reads).
+    """
     s.validate()
-    checkpoint = Path(checkpoint)
-    device = resolve_device(s.device, "--device")
     state = load_checkpoint(checkpoint)
-    model, cfg = load_model(checkpoint, device, state=state)
+    cfg = from_dict(state["config"])
+    check_encoder_family(checkpoint, cfg.model.family)
+    if s.data is not None:
+        check_data_path(s.data.name, s.data.path)
+        return state, cfg, s.data
+    check_data_path(cfg.data.name, s.data_path)
+    return state, cfg, replace(cfg.data, augment="none", train_subset=None, path=s.data_path or cfg.data.path)
+
+
+def _layers(model, layer: int | str) -> list[int]:
     depth = len(model.blocks)
-    if s.layer == "all":
-        layers = list(range(depth))
-    else:
-        if not -depth <= int(s.layer) < depth:
-            raise UserError(f"--layer {s.layer} is out of range: the encoder has {depth} blocks (0..{depth - 1}, or -1 for the last)")
-        layers = [int(s.layer) % depth]
-    data = s.data or replace(cfg.data, augment="none", train_subset=None, path=s.data_path or cfg.data.path)
+    if layer == "all":
+        return list(range(depth))
+    if not -depth <= int(layer) < depth:
+        raise UserError(f"--layer {layer} is out of range: the encoder has {depth} blocks (0..{depth - 1}, or -1 for the last)")
+    return [int(layer) % depth]
+
+
+def _bad_files_folder(data: DataConfig, report_dir: Path) -> Path | None:
+    """Under the run's ``data.on_bad_file=skip``: the report folder, where the replaced files are
+    listed (fresh lists for this evaluation); None under ``stop``."""
+    if data.on_bad_file != "skip":
+        return None
+    check_writable(report_dir, "pass --out DIR")
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        for split in ("train", "test"):
+            bad_files_list(report_dir, split).unlink(missing_ok=True)
+    if torch.distributed.is_initialized():  # no rank lists a file before rank 0 cleared the old lists
+        torch.distributed.barrier()
+    return report_dir
+
+
+def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str | Path | None = None) -> dict | None:
+    """Evaluate one checkpoint; returns the report (None on non-zero torchrun ranks).
+
+    Args:
+        checkpoint: a resdecay checkpoint of an encoder (MAE, classifier, ResNet).
+        s: the evaluation settings.
+        report_dir: where the report goes (default ``<run>/eval``); lists of unreadable images
+            replaced under the run's ``data.on_bad_file=skip`` are written there.
+    """
+    checkpoint = Path(checkpoint)
+    state, cfg, data = checked_checkpoint(checkpoint, s)
+    device = resolve_device(s.device, "--device")
+    model, cfg = load_model(checkpoint, device, state=state)
+    layers = _layers(model, s.layer)
+    bad_files = _bad_files_folder(data, Path(report_dir) if report_dir else run_dir_of(checkpoint) / "eval")
     sha = file_sha256(checkpoint)
-    cache_dir = Path(s.cache_dir) if s.cache_dir else run_dir_of(checkpoint) / "eval" / "cache"
+    cache = FeatureCache.open(Path(s.cache_dir) if s.cache_dir else run_dir_of(checkpoint) / "eval" / "cache")
     pools = {s.feature, "cls"} if "rank" in s.evals else {s.feature}
     img = cfg.model.img_size
-    train, train_y, train_card, hit_tr = cached_features(model, sha, data, "train", img, layers, pools, s.max_train, s, cache_dir, device)
-    test, test_y, test_card, hit_te = cached_features(model, sha, data, "test", img, layers, pools, s.max_test, s, cache_dir, device)
+    train, train_y, train_card, hit_tr = cached_features(model, sha, data, "train", img, layers, pools, s.max_train, s,
+                                                         cache, device, bad_files)
+    test, test_y, test_card, hit_te = cached_features(model, sha, data, "test", img, layers, pools, s.max_test, s,
+                                                      cache, device, bad_files)
     # every torchrun rank helps extract the random encoder's features too; only rank 0 measures
-    untrained = random_init_features(cfg, data, s, layers, pools, cache_dir, device) if s.baselines else None
+    untrained = random_init_features(cfg, data, s, layers, pools, cache, device, bad_files) if s.baselines else None
     if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
         return None
     if train_y.unique().numel() < 2:
@@ -171,8 +210,6 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
         row = {"layer": layer}
         card = {**base, "layer": layer, "feature": s.feature}
         if "knn" in s.evals:
-            if s.knn_k > len(train_y):
-                raise UserError(f"--k {s.knn_k} is larger than the kNN bank ({len(train_y)} training images); lower --k")
             v = knn_topk(train[(layer, s.feature)], train_y, test[(layer, s.feature)], test_y, s.knn_k, s.knn_temperature)
             results.append({"metric": "knn", "layer": layer, "feature": s.feature, "values": v,
                             "protocol": {**card, "k": s.knn_k, "temperature": s.knn_temperature, "vote": "exp(cos/T)"}})
@@ -194,12 +231,15 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
     report = {"resdecay_eval": 1, "checkpoint": str(checkpoint), "checkpoint_sha256": sha,
               "alphas": {name: list(a) for name, a in alphas_of(model)},  # in use (learned values if learnable)
               "step": state["train_state"]["step"], "preset": cfg.preset, "label": _label(cfg),
-              "model": dataclasses.asdict(cfg.model), "cache": {"dir": str(cache_dir), "train_hit": hit_tr, "test_hit": hit_te},
-              "results": results}
+              "model": dataclasses.asdict(cfg.model), "results": results,
+              "cache": {"dir": str(cache.dir), "train_hit": hit_tr, "test_hit": hit_te, "written": cache.writable}}
+    if bad_files is not None:
+        report["bad_files"] = {"policy": "data.on_bad_file=skip (the run's): an unreadable image is replaced by the next readable one",
+                               **{split: str(bad_files_list(bad_files, split)) for split in ("train", "test")}}
     if s.baselines:
-        report["baselines"] = baseline_rows(cfg, data, s, layers, untrained, recipe, base, device)
+        report["baselines"] = baseline_rows(cfg, data, s, layers, untrained, recipe, base, device, bad_files)
     if s.layer == "all":
-        test_ds, _ = build_dataset(data, "test", img, augment=False)
+        test_ds = eval_split(data, "test", img, bad_files)
         for row, st in zip(profile, block_statistics(model, test_ds, STATS_IMAGES, device)):
             row.update(st)
         report["profile"] = profile
@@ -208,24 +248,24 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings) -> dict | None:
     return report
 
 
-def random_init_features(cfg, data: DataConfig, s: EvalSettings, layers: list[int], pools: set, cache_dir: Path,
-                         device) -> tuple:
+def random_init_features(cfg, data: DataConfig, s: EvalSettings, layers: list[int], pools: set, cache: FeatureCache,
+                         device, bad_files: Path | None = None) -> tuple:
     """Features of the run's randomly initialised encoder (cached beside the model's, in random-init/)."""
     model = bl.random_init_model(cfg).to(device)
     key, img = bl.random_init_key(cfg), cfg.model.img_size
     train, train_y, _, _ = cached_features(model, key, data, "train", img, layers, pools, s.max_train, s,
-                                           cache_dir / "random-init", device)
+                                           cache.sub("random-init"), device, bad_files)
     test, test_y, _, _ = cached_features(model, key, data, "test", img, layers, pools, s.max_test, s,
-                                         cache_dir / "random-init", device)
+                                         cache.sub("random-init"), device, bad_files)
     return train, train_y, test, test_y
 
 
 def baseline_rows(cfg, data: DataConfig, s: EvalSettings, layers: list[int], untrained: tuple, recipe, base: dict,
-                  device) -> list[dict]:
+                  device, bad_files: Path | None = None) -> list[dict]:
     """The same measurements on raw pixels and on the run's randomly initialised encoder."""
     img = cfg.model.img_size
     card = {k: v for k, v in base.items() if k != "checkpoint_sha256"}
-    (tr, tr_y), (te, te_y) = (bl.pixel_features(build_dataset(data, split, img, augment=False)[0], limit)
+    (tr, tr_y), (te, te_y) = (bl.pixel_features(eval_split(data, split, img, bad_files), limit)
                               for split, limit in (("train", s.max_train), ("test", s.max_test)))
     rows = bl.measure("pixels", None, "pixels", tr, tr_y, te, te_y, None, s.evals, s, recipe, card, device)
     train, train_y, test, test_y = untrained

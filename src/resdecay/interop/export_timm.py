@@ -31,8 +31,9 @@ import torch.nn as nn
 
 from ..errors import CheckpointError, UserError
 from ..nn.decayify import alphas_of, decayify
-from ..train.checkpoint import load_model
-from .weights import check_spec, load_strict
+from ..train.checkpoint import load_checkpoint, load_model
+from .files import check_out_file, write_bytes_atomically
+from .weights import check_spec, load_strict, read_safetensors
 
 FORMAT = "resdecay-timm-export-v1"
 TIMM_MODEL = "vit_base_patch16_224"  # architecture template only: timm_kwargs set every dimension
@@ -53,8 +54,8 @@ def spec_of(enc) -> dict:
     if getattr(enc, "shortcut", "decay") != "decay":
         raise UserError(f"model.shortcut={enc.shortcut} has no decayify form (only fixed decayed shortcuts do); "
                         "export a model trained with model.shortcut=decay")
-    return {"alpha_min": float(enc.alpha_min), "schedule": enc.schedule, "zero_init": bool(enc.zero_init),
-            "branches": getattr(enc, "decay_branches", "both")}
+    # the structure only: the model's zero-init happened before training (issue 23.3)
+    return {"alpha_min": float(enc.alpha_min), "schedule": enc.schedule, "branches": getattr(enc, "decay_branches", "both")}
 
 
 def timm_kwargs(enc, head: dict | None) -> dict:
@@ -97,8 +98,7 @@ def build_timm(kwargs: dict, spec: dict, state: dict, source: str) -> nn.Module:
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{source}: timm cannot build a ViT with {kwargs} ({e})") from None
     load_strict(model, state, source)
-    decayify(model, spec["alpha_min"], spec["schedule"], zero_init=False, branches=spec["branches"])
-    model.resdecay_spec = spec
+    decayify(model, **spec)  # spec: alpha_min, schedule, branches (check_spec drops a legacy zero_init)
     return model.eval()
 
 
@@ -108,30 +108,34 @@ def export_to_timm(checkpoint: str | Path, out: str | Path, ema: bool = False) -
     Args:
         checkpoint: a resdecay checkpoint (``<run>/checkpoints/step_*.pt`` or ``import-weights`` output).
         out: the ``.safetensors`` file to write.
-        ema: export the EMA weights where the run kept them.
+        ema: export the EMA weights; refused when the run kept none.
 
     Returns:
         The path written.
     """
-    from safetensors.torch import save_file
-
+    from safetensors.torch import save
 
     out = Path(out)
     if out.suffix != ".safetensors":
         raise UserError(f"--out {out} must end in .safetensors")
-    model, cfg = load_model(checkpoint, ema=ema)
+    check_out_file(out)
+    state = load_checkpoint(checkpoint)
+    if ema and "ema" not in state:  # load_model would fall back to the raw weights without a word
+        raise UserError(f"{checkpoint} holds no EMA weights (the run was trained with train.ema_decay=0); "
+                        "drop --ema to export its weights")
+    model, cfg = load_model(checkpoint, ema=ema, state=state)
     enc, head = encoder_settings(cfg.model)
     spec, kwargs = spec_of(enc), timm_kwargs(enc, head)
-    state = timm_state(model.state_dict(), head)
-    vit = build_timm(kwargs, spec, state, str(checkpoint))
+    vit = build_timm(kwargs, spec, timm_state(model.state_dict(), head), str(checkpoint))
     got = torch.tensor([a for _, a in alphas_of(vit)], dtype=torch.float64)
     if got.shape != model.alphas.shape or not torch.equal(got, model.alphas.to(torch.float64)):
         raise UserError(f"decayify cannot reproduce the alphas of {checkpoint} exactly (schedule {spec['schedule']}, "
                         f"branches {spec['branches']}); it was not exported")
-    out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"format": FORMAT, "timm_model": TIMM_MODEL, "timm_kwargs": json.dumps(kwargs),
             "resdecay_spec": json.dumps(spec), "source": str(checkpoint), "weights": "ema" if ema else "model"}
-    save_file(vit.state_dict(), str(out), metadata=meta)
+    # bytes written like every other output (atomically, mode 0666 & ~umask); safetensors' own
+    # save_file creates its file 0600 (issue 23.10)
+    write_bytes_atomically(save(vit.state_dict(), metadata=meta), out)
     return out
 
 
@@ -141,24 +145,30 @@ def load_exported(path: str | Path) -> nn.Module:
     Args:
         path: the ``.safetensors`` file.
     """
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist; pass a file written by resdecay export --to timm")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-        state = load_file(str(path))
-    except Exception as e:
-        raise CheckpointError(f"{path} is not a readable safetensors file ({' '.join(str(e).split())[:120]})") from None
+    blob = read_safetensors(path)
+    meta = blob["metadata"]
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path} was not written by resdecay export --to timm (no '{FORMAT}' metadata)")
-    if "resdecay_spec" not in meta:
+    if "resdecay_spec" not in blob:
         raise CheckpointError(f"{path} carries no resdecay_spec, so its alphas are unknown; export it again")
+    kwargs = exported_kwargs(meta, str(path))
+    return build_timm(kwargs, check_spec(blob["resdecay_spec"], str(path)), blob["model"], str(path))
+
+
+def exported_kwargs(meta: dict, source: str) -> dict:
+    """The ``timm_kwargs`` of an export's metadata (every dimension, the heads included), checked.
+
+    Args:
+        meta: the safetensors metadata ``resdecay export`` wrote.
+        source: the file, for the error message.
+    """
     try:
-        kwargs, spec = json.loads(meta["timm_kwargs"]), json.loads(meta["resdecay_spec"])
+        kwargs = json.loads(meta["timm_kwargs"])
     except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{path}: unreadable export metadata ({e}); export it again") from None
-    return build_timm(kwargs, check_spec(spec, str(path)), state, str(path))
+        raise CheckpointError(f"{source}: unreadable export metadata ({e}); export it again") from None
+    if not isinstance(kwargs, dict):
+        raise CheckpointError(f"{source}: export metadata timm_kwargs is not a dict; export it again")
+    return kwargs

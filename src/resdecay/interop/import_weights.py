@@ -8,7 +8,8 @@ Formats (``--format``):
               resdecay's (``blocks.i.attn.qkv``, ``mask_token``, ``decoder_*``): nothing is renamed.
     unet-mae  the authors' U-Net MAE: ``skip.{i}.fc.0`` / ``skip.{i}.fc.2`` / ``skip.{i}.mask_token``
               become ``skip_fusions.{i}.fc1`` / ``fc2`` / ``mask_token``; the rest is resdecay's.
-              Their files do not store alpha, so ``--alpha-min`` is required.
+              alpha_min is the ``args.min_decay`` their training script saves; ``--alpha-min``
+              is needed only for a file that carries no ``args``. Their schedule is linear.
     timm-vit  a timm VisionTransformer state_dict (or ``save_decayified`` output, whose spec is used)
               -> a classifier checkpoint when it has a head, else an MAE checkpoint whose decoder
               is newly initialised (the encoder is what eval and finetune use). LayerScale gammas
@@ -16,9 +17,11 @@ Formats (``--format``):
               ``fc_norm.*`` means ``global_pool='avg'`` (resdecay ``patch_mean``), a head without it
               timm's default ``'token'`` (resdecay ``cls``, the final norm becoming the head's).
 
-Dimensions (width, depth, patch, image size, MLP ratio, decoder) come from the weights; the
-number of heads, the data and the training settings from ``--preset`` and ``key=value``
-overrides. Every mismatch is refused in one line.
+Dimensions (width, depth, patch, image size, MLP ratio, decoder) come from the weights; what the
+file states beside them (alpha, schedule, mask ratio, loss, the number of heads: see
+``file_meta``) from the file; the rest (heads the file does not state, data, training) from
+``--preset`` and ``key=value`` overrides. A flag or override that contradicts the file, and every
+mismatch, is refused in one line.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ from ..models import ClassifierConfig, build_model
 from ..models.mae import choose_skip_sources
 from ..train.checkpoint import FORMAT, load_model
 from ..train.config import _read_preset, from_dict, parse_overrides
-from .weights import check_spec, load_strict, read_weights_file, state_dict_of
+from .file_meta import Stated, check_against_weights, describe, stated_by_file
+from .files import check_out_file, make_parent, unwritable
+from .weights import load_strict, read_weights_file, state_dict_of
 
 FORMATS = ("mae", "unet-mae", "timm-vit")
 
@@ -120,29 +125,45 @@ def _timm_head(state: dict, source: str) -> tuple[dict, dict | None]:
     return enc, {"num_classes": num_classes, "pool": "cls", "weights": head}
 
 
-def _alpha_settings(fmt: str, alpha_min: float | None, blob, source: str) -> dict:
-    """alpha_min / schedule / branches for the imported model, from the flag or a stored spec."""
-    spec = blob.get("resdecay_spec") if isinstance(blob, dict) else None
+def _alpha_flag(flag: float | None, override: object) -> tuple[float | None, str]:
+    """The alpha the user gave, as ``--alpha-min`` or as ``model.alpha_min=`` (the same setting), and
+    how they gave it."""
+    if override is not None and flag is not None and override != flag:
+        raise UserError(f"--alpha-min {flag:g} and model.alpha_min={override} disagree; give one")
+    if override is not None and (isinstance(override, bool) or not isinstance(override, (int, float))):
+        raise UserError(f"model.alpha_min must be a number in (0, 1], got {override!r}")
+    return (flag, "--alpha-min") if flag is not None else (override, "model.alpha_min")
+
+
+def _alpha_settings(fmt: str, alpha_min: float | None, stated: Stated, source: str, flag: str = "--alpha-min") -> dict:
+    """alpha_min for the imported model when the file does not state it, from the flag; a flag
+    that contradicts the file is refused (issue 23.2: a wrong --alpha-min once wrote a wrong model)."""
+    if alpha_min is not None and not 0 < alpha_min <= 1:
+        raise UserError(f"{flag} must lie in (0, 1], got {alpha_min}")
+    if "alpha_min" in stated:
+        value, where = stated["alpha_min"]
+        if alpha_min is not None and alpha_min != value:
+            raise UserError(f"{source} stores alpha_min {value:g} but {flag} is {alpha_min:g}; drop {flag}: "
+                            f"the file's value ({where}) is the one its model was trained with")
+        return {}
     if fmt == "mae":
         if alpha_min not in (None, 1.0):
-            raise UserError("--alpha-min applies to --format unet-mae or timm-vit; the official MAE is a plain (alpha 1) model")
+            raise UserError("--alpha-min applies to --format unet-mae or timm-vit (so does model.alpha_min); the official "
+                            "MAE is a plain (alpha 1) model")
         return {"alpha_min": 1.0}
     if fmt == "unet-mae" and alpha_min is None:
-        raise UserError("--format unet-mae needs --alpha-min: the authors' checkpoints do not store the alpha they were "
-                        "trained with (e.g. --alpha-min 0.6)")
-    if spec is not None:
-        spec = check_spec(spec, source)
-        if alpha_min is not None and alpha_min != spec["alpha_min"]:
-            raise UserError(f"{source} stores alpha_min {spec['alpha_min']:g} but --alpha-min is {alpha_min:g}; drop --alpha-min")
-        return {"alpha_min": spec["alpha_min"], "schedule": spec["schedule"], "decay_branches": spec["branches"]}
-    if alpha_min is not None and not 0 < alpha_min <= 1:
-        raise UserError(f"--alpha-min must lie in (0, 1], got {alpha_min}")
+        raise UserError(f"--format unet-mae needs --alpha-min for {source}: it carries no args.min_decay (the authors' "
+                        "training script saves it in 'args'; this file has none), e.g. --alpha-min 0.6")
     return {"alpha_min": 1.0 if alpha_min is None else float(alpha_min)}
 
 
-def _model_fields(fmt: str, state: dict, alpha: dict, source: str) -> tuple[dict, dict, dict | None]:
+# what a format implies where its files say nothing: ahead of the preset, behind a key=value override
+FORMAT_DEFAULTS = {"unet-mae": {"schedule": "linear", "decay_branches": "both", "decoder_decay": False}}
+
+
+def _model_fields(fmt: str, state: dict, source: str) -> tuple[dict, dict, dict | None]:
     """(MAE config fields the weights fix, weights under resdecay's names, timm head or None)."""
-    fields = {**infer_encoder(state, source), "shortcut": "decay", "zero_init": False, **alpha}
+    fields = {**infer_encoder(state, source), "shortcut": "decay"}
     if fmt == "timm-vit":
         weights, head = _timm_head(fold_layer_scale(state, source), source)
         return {**fields, "encoder_norm": "norm.weight" in weights}, weights, head
@@ -159,22 +180,28 @@ def _check_fusions(cfg, state: dict, source: str) -> None:
                         f"gives {wanted}; set model.skip_sources=[...] to the authors' source blocks")
 
 
-def _run_config(preset: str, fields: dict, overrides: list[str]):
-    """The preset with the weights' dimensions, then the user's overrides, checked."""
+def _run_config(preset: str, fixed: dict, where: dict, defaults: dict, given: dict[str, dict]):
+    """The preset, then the format's defaults, the user's overrides and what the weights and the
+    file fix (``fixed``; an override that contradicts one is refused, naming ``where`` it comes from)."""
     raw = _read_preset(preset)
     family = (raw.get("model") or {}).get("family", "mae")
     if family != "mae":
         raise UserError(f"--preset must be an MAE preset (its heads, data and training settings), not family {family!r}")
-    given = parse_overrides(overrides, "mae")
+    for key, value in given.get("model", {}).items():
+        if key in fixed and value != fixed[key]:
+            raise UserError(f"{where.get(key, 'the weights')} set model.{key} = {fixed[key]} for this import; "
+                            f"drop the override model.{key}={value}")
     preset_model = raw.get("model") or {}
     # weights do not show the number of heads: the preset's is only trusted at the preset's width
     for width, heads in (("embed_dim", "num_heads"), ("decoder_embed_dim", "decoder_num_heads")):
-        if width in fields and fields[width] != preset_model.get(width) and heads not in given.get("model", {}):
-            raise UserError(f"the weights have {width} {fields[width]} but preset {preset!r} has {preset_model.get(width)}, so its "
-                            f"{heads} may not be theirs; give model.{heads}=N (e.g. {fields[width] // 64} for 64-wide heads)")
-    raw["model"] = {**preset_model, **fields}
+        if (width in fixed and fixed[width] != preset_model.get(width) and heads not in given.get("model", {})
+                and heads not in fixed):
+            raise UserError(f"the weights have {width} {fixed[width]} but preset {preset!r} has {preset_model.get(width)}, so its "
+                            f"{heads} may not be theirs; give model.{heads}=N (e.g. {fixed[width] // 64} for 64-wide heads)")
+    raw["model"] = {**preset_model, **defaults, **given.get("model", {}), **fixed}
     for section, values in given.items():
-        raw.setdefault(section, {}).update(values)
+        if section != "model":
+            raw.setdefault(section, {}).update(values)
     return from_dict(raw, preset=Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset)
 
 
@@ -187,7 +214,8 @@ def import_weights(src: str | Path, fmt: str, preset: str, out: str | Path, alph
         fmt: one of ``FORMATS``.
         preset: a resdecay MAE preset for what the weights do not say (heads, data, training).
         out: the resdecay checkpoint to write.
-        alpha_min: the decay of the source model (required for unet-mae).
+        alpha_min: the decay of the source model, for a file that does not state it (a unet-mae
+            file without ``args``); one that contradicts the file is refused.
         overrides: ``key=value`` settings applied to the preset (e.g. ``model.num_heads=6``).
 
     Returns:
@@ -196,12 +224,21 @@ def import_weights(src: str | Path, fmt: str, preset: str, out: str | Path, alph
 
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r} is unknown; choose one of {', '.join(FORMATS)}")
-    source = str(src)
+    source, out = str(src), check_out_file(out)  # an unwritable --out is said before any work
     blob = read_weights_file(src)
     state = state_dict_of(blob, source)
-    alpha = _alpha_settings(fmt, alpha_min, blob, source)
-    fields, weights, head = _model_fields(fmt, state, alpha, source)
-    cfg = _run_config(preset, fields, overrides or [])
+    fields, weights, head = _model_fields(fmt, state, source)
+    decoder = (fields["decoder_embed_dim"], fields["decoder_depth"]) if "decoder_embed_dim" in fields else None
+    stated = stated_by_file(fmt, blob, decoder, source)
+    check_against_weights(stated, fields, source)
+    given = parse_overrides(overrides or [], "mae")
+    flag, how = _alpha_flag(alpha_min, given.get("model", {}).get("alpha_min"))
+    alpha = _alpha_settings(fmt, flag, stated, source, how)
+    fixed = {**fields, **{k: v for k, (v, _) in stated.items()}, **alpha}
+    where = {k: f"{source}'s {w}" for k, (_, w) in stated.items()}
+    if alpha:
+        where["alpha_min"] = how if flag is not None else f"--format {fmt} (no alpha in the file: 1)"
+    cfg = _run_config(preset, fixed, where, {"zero_init": False, **FORMAT_DEFAULTS.get(fmt, {})}, given)
     if fmt == "unet-mae":
         _check_fusions(cfg.model, weights, source)
     fresh_decoder = fmt == "timm-vit" and head is None  # encoder only: an MAE whose decoder starts fresh
@@ -218,11 +255,15 @@ def import_weights(src: str | Path, fmt: str, preset: str, out: str | Path, alph
             raise CheckpointError(f"{source} does not fit {type(model).__name__}: unexpected key {extra[0]}")
         weights = {**{k: v for k, v in own.items() if not k.startswith(_ENCODER)}, **weights}
     load_strict(model, weights, source)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_save({"format": FORMAT, "model": model.state_dict(), "config": cfg.to_dict(),
-                 "train_state": {"step": 0, "epoch": 0, "step_in_epoch": 0},
-                 "imported_from": {"path": source, "format": fmt, "decoder": "new" if fresh_decoder else "imported"}}, out)
+    imported = {"path": source, "format": fmt, "decoder": "new" if fresh_decoder else "imported", "stated_by_file": describe(stated)}
+    make_parent(out)
+    try:
+        atomic_save({"format": FORMAT, "model": model.state_dict(), "config": cfg.to_dict(),
+                     "train_state": {"step": 0, "epoch": 0, "step_in_epoch": 0}, "imported_from": imported}, out)
+    except OSError as e:
+        if isinstance(e, UserError):  # a full disk, already said in one line by resdecay.io
+            raise
+        raise unwritable(out, e) from None
     load_model(out)  # the written file must rebuild; fail here, not in a later eval
     return out
 

@@ -17,6 +17,7 @@ other shapes, a spec that is not one ``decayify`` wrote.
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -30,7 +31,8 @@ from ..nn.decayify import decayify
 from ..schedule import BRANCHES, SCHEDULES
 
 FORMAT = "resdecay-decayified-v1"
-SPEC_KEYS = ("alpha_min", "schedule", "zero_init", "branches")
+SPEC_KEYS = ("alpha_min", "schedule", "branches")
+LEGACY_SPEC_KEYS = ("zero_init",)  # written before issue 23.3; read and ignored (an init, not structure)
 
 
 class SpecIgnoredWarning(UserWarning):
@@ -40,37 +42,72 @@ class SpecIgnoredWarning(UserWarning):
 def check_spec(spec: Any, source: str) -> dict:
     """A ``resdecay_spec`` as ``decayify`` records it, checked, or a one-line CheckpointError.
 
+    The result holds the structure only (alpha_min, schedule, branches), so ``decayify(model,
+    **spec)`` never re-initialises loaded weights; the ``zero_init`` that older files carry is
+    dropped (issue 23.3).
+
     Args:
-        spec: the stored spec (a dict with alpha_min, schedule, zero_init, branches).
+        spec: the stored spec (a dict with alpha_min, schedule, branches).
         source: where it came from, for the error message.
     """
     if not isinstance(spec, Mapping):
         raise CheckpointError(f"{source}: resdecay_spec must be a dict like model.resdecay_spec, got {type(spec).__name__}")
-    unknown = sorted(set(spec) - set(SPEC_KEYS))
+    unknown = sorted(set(spec) - set(SPEC_KEYS) - set(LEGACY_SPEC_KEYS))
     if unknown or "alpha_min" not in spec:
         raise CheckpointError(f"{source}: resdecay_spec has keys {sorted(spec)}; expected {', '.join(SPEC_KEYS)} "
                               "(alpha_min required), as decayify records them")
     a = spec["alpha_min"]
     if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < a <= 1:
         raise CheckpointError(f"{source}: resdecay_spec alpha_min must lie in (0, 1], got {a!r}")
-    out = {"alpha_min": float(a), "schedule": spec.get("schedule", "linear"), "zero_init": bool(spec.get("zero_init", False)),
-           "branches": spec.get("branches", "both")}
+    out = {"alpha_min": float(a), "schedule": spec.get("schedule", "linear"), "branches": spec.get("branches", "both")}
     if out["schedule"] not in SCHEDULES or out["branches"] not in BRANCHES:
         raise CheckpointError(f"{source}: resdecay_spec schedule {out['schedule']!r} / branches {out['branches']!r} unknown; "
                               f"schedules: {', '.join(SCHEDULES)}; branches: {', '.join(BRANCHES)}")
     return out
 
 
+WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
+
+
 def read_weights_file(path: str | Path) -> Any:
-    """``torch.load(path, weights_only=True)`` on CPU, or a one-line CheckpointError.
+    """The contents of a weights file on CPU, or a one-line CheckpointError: ``torch.load(path,
+    weights_only=True)``, or for ``.safetensors`` ``{"model": tensors, "metadata": {...}}`` (with
+    ``resdecay_spec`` parsed from the metadata where ``resdecay export`` stored it).
 
     Args:
-        path: a ``.pt`` / ``.pth`` file.
+        path: a ``.pt`` / ``.pth`` / ``.safetensors`` file.
     """
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES)[:3]
+        hint = f" (it holds {', '.join(inside)})" if inside else f" (it holds no {' / '.join(WEIGHT_SUFFIXES)} file)"
+        raise CheckpointError(f"{path} is a folder; pass the checkpoint file itself, a .pt / .pth / .safetensors file{hint}")
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist; pass a checkpoint file")
+    if path.suffix == ".safetensors":
+        return read_safetensors(path)
     return safe_load(path, CheckpointError, f"{path} is not a readable weights file ({{reason}})")
+
+
+def read_safetensors(path: Path) -> dict:
+    """``{"model": tensors, "metadata": {...}}`` of a safetensors file (it holds no code to run);
+    ``resdecay_spec`` beside them when the metadata carries one."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+        state = load_file(str(path))
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({' '.join(str(e).split())[:120]})") from None
+    blob: dict[str, Any] = {"model": state, "metadata": meta}
+    if "resdecay_spec" in meta:
+        try:
+            blob["resdecay_spec"] = json.loads(meta["resdecay_spec"])
+        except ValueError as e:
+            raise CheckpointError(f"{path}: its resdecay_spec metadata is not JSON ({e}); export it again") from None
+    return blob
 
 
 def state_dict_of(obj: Any, source: str) -> dict[str, torch.Tensor]:
@@ -155,10 +192,9 @@ def load_decayified(path: str | Path, model: nn.Module) -> nn.Module:
     if not isinstance(blob, Mapping) or "resdecay_spec" not in blob:
         raise CheckpointError(f"{path} carries no resdecay_spec, so its alphas are unknown; write it with "
                               "resdecay.save_decayified(model, path), or load a plain model with load_state_dict")
-    spec = check_spec(blob["resdecay_spec"], str(path))
+    spec = check_spec(blob["resdecay_spec"], str(path))  # structure only: a stored zero_init is dropped
     state = state_dict_of(blob, str(path))
-    # the weights were saved after any zero-init, so decayify must not zero them again
-    decayify(model, spec["alpha_min"], spec["schedule"], zero_init=False, branches=spec["branches"])
+    decayify(model, **spec)
     load_strict(model, state, str(path))
     model.resdecay_spec = spec
     return model

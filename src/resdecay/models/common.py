@@ -9,6 +9,9 @@ last) and refuses other indices through ``resolve_blocks``; ``flops_per_sample()
 
 from __future__ import annotations
 
+import dataclasses
+
+import torch
 import torch.nn as nn
 
 from ..errors import ConfigError, check_fields
@@ -62,3 +65,36 @@ def diffusion_stem(model: nn.Module, cfg) -> None:
     model.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim)
     model.t_embedder = TimestepEmbedder(cfg.embed_dim)
     model.y_embedder = LabelEmbedder(cfg.num_classes, cfg.embed_dim, cfg.class_dropout) if cfg.num_classes > 0 else None
+
+
+def count_parameters(cfg, build, big: int = 32) -> int | None:
+    """Parameters of ``build(cfg)`` without allocating them: the model is built on the meta device.
+    Block counts (``depth``, ``decoder_depth``) above ``big`` are extrapolated linearly from two
+    builds of about ``big`` blocks (a block's parameters do not depend on how many there are), so
+    a config asking for 100000 blocks is counted in a fraction of a second. None when a small stand-in cannot be built
+    (e.g. explicit ``skip_sources`` that only fit the large depth).
+
+    Args:
+        cfg: a model config dataclass (``MAEConfig``, ``UViTConfig``, ...).
+        build: ``models.build_model``.
+        big: block counts up to this are built as they are.
+    """
+    def count(c) -> int:
+        with torch.device("meta"):
+            return sum(p.numel() for p in build(c).parameters())
+
+    large = {k: v for k in ("depth", "decoder_depth") if isinstance(v := getattr(cfg, k, None), int) and v > big}
+    try:
+        if not large:
+            return count(cfg)
+        # stand-ins of `big` blocks (same parity: U-ViT wants odd, SiT with skips even): deep enough
+        # that the U-Net MAE's skip count has saturated, so one more block adds just a block
+        small = {k: big + (v - big) % 2 for k, v in large.items()}
+        base = dataclasses.replace(cfg, **small)
+        n0 = total = count(base)
+        for k, v in large.items():
+            per_block = (count(dataclasses.replace(base, **{k: small[k] + 2})) - n0) // 2
+            total += per_block * (v - small[k])
+        return total
+    except (ValueError, TypeError, IndexError):  # a config the small stand-in cannot mirror
+        return None

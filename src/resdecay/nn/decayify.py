@@ -1,7 +1,7 @@
 """``decayify``: put decayed identity shortcuts into models people already have, by composition.
 
 Supported residual blocks (found in ``model.modules()`` order, i.e. depth order):
-    resdecay.nn.blocks.Block               its alpha_attn / alpha_mlp are set
+    resdecay.nn.blocks.Block              its alpha_attn / alpha_mlp are set
     timm VisionTransformer ``Block``      x + drop_path(ls(f(norm(x)))) per sub-block: a forward
                                           pre-hook on ``norm1``/``norm2`` keeps the sub-block input x
                                           and a forward hook on ``drop_path1``/``drop_path2`` returns
@@ -15,10 +15,19 @@ No class is subclassed or swapped, no parameter is added or renamed: the state_d
 model's own, so pretrained weights load unchanged, and with alpha_min = 1 the hooks are not even
 installed, so outputs are exactly the original model's. The settings are recorded on the model
 as ``model.resdecay_spec`` (``resdecay.save_decayified`` stores it beside the weights and
-``resdecay.load_decayified`` re-applies it).
+``resdecay.load_decayified`` re-applies it). The spec is the *structure* only (alpha_min,
+schedule, branches): ``zero_init`` is an initialisation done once, when asked for, and is never
+recorded, so ``decayify(model, **model.resdecay_spec)`` on trained weights leaves them as they are.
+
+Residual blocks of other kinds (a hybrid timm model's ResNet stem, timm's parallel blocks) are
+left at alpha 1; ``decayify`` says so in one ``PartialDecayWarning`` naming them.
 """
 
 from __future__ import annotations
+
+import re
+import threading
+import warnings
 
 import torch
 import torch.nn as nn
@@ -27,7 +36,7 @@ from . import blocks as rd_blocks
 from ..errors import UserError
 from ..schedule import alpha_schedule
 
-SUPPORTED = ("resdecay.blocks.Block", "timm VisionTransformer Block", "torchvision BasicBlock", "torchvision Bottleneck")
+SUPPORTED = ("resdecay.nn.blocks.Block", "timm VisionTransformer Block", "torchvision BasicBlock", "torchvision Bottleneck")
 
 
 class ShortcutScale(nn.Module):
@@ -61,25 +70,41 @@ def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     return [(name, m, k) for name, m in model.named_modules() if (k := _kind(m)) is not None]
 
 
-# The hooks are module-level functions that keep nothing themselves: each reads its alpha from
-# the module it is called with (``module.resdecay_alpha``) and the pending sub-block input from
-# that module's own ``__dict__``. A ``copy.deepcopy`` of the model (EMA, torch.compile) therefore
-# gets its own alphas and its own pending inputs, so a model and its copy can run side by side in
-# two threads, and changing alpha on one never reaches the other. (One module instance run by two
-# threads at once still shares its pending input, like any module with state.)
-_PENDING = "_resdecay_pending"  # on a norm module: the sub-block input x until the branch ends
-_PARTNER = "_resdecay_norm"  # on a drop_path module: the norm module of the same sub-block
+# The hooks are module-level functions that keep nothing themselves. Each reads its alpha from
+# the module it is called with (``module.resdecay_alpha``). The sub-block input x, which the
+# norm's pre-hook sees and the drop_path's hook needs, is kept per *thread* (``_LOCAL``), under a
+# key object that the norm and drop_path of one sub-block share (``_SLOT``): one model called from
+# several threads at once (an inference server, a threaded data-parallel wrapper, whose replicas
+# share their modules' attributes) never mixes the inputs of two calls (issue 23.7). A
+# ``copy.deepcopy`` (EMA, torch.compile) gets new keys and its own alphas, so changing alpha on
+# one never reaches the other. Nothing per call is stored on a module.
+_SLOT = "_resdecay_slot"  # on a norm and its drop_path: the key of their pending input
+_LOCAL = threading.local()
+
+
+class _Slot:
+    """The key that ties one sub-block's norm to its drop_path (an identity, nothing more)."""
+
+    __slots__ = ()
+
+
+def _pending() -> dict:
+    """This thread's pending sub-block inputs, by slot (an entry lives from the norm to the add)."""
+    table = getattr(_LOCAL, "pending", None)
+    if table is None:
+        table = _LOCAL.pending = {}
+    return table
 
 
 def _stash_input(norm: nn.Module, args: tuple) -> None:
     """Forward pre-hook on norm1/norm2: keep the sub-block input x for the residual add."""
-    norm.__dict__[_PENDING] = args[0]
+    _pending()[norm.__dict__[_SLOT]] = args[0]
 
 
 def _decayed_branch(drop_path: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
     """Forward hook on drop_path1/drop_path2: branch - (1 - alpha) * x, so that the block's
     ``x + branch`` becomes ``alpha * x + branch``."""
-    x = drop_path.__dict__[_PARTNER].__dict__.pop(_PENDING)
+    x = _pending().pop(drop_path.__dict__[_SLOT])
     return out - (1.0 - drop_path.resdecay_alpha) * x
 
 
@@ -101,7 +126,7 @@ def _remove_hooks(block: nn.Module) -> None:
         for table in (m._forward_pre_hooks, m._forward_hooks):
             for key in [k for k, fn in table.items() if fn in _HOOKS]:
                 del table[key]
-        for name in (_PENDING, _PARTNER, "resdecay_alpha", "__prepare_scriptable__"):
+        for name in (_SLOT, "resdecay_alpha", "__prepare_scriptable__"):
             m.__dict__.pop(name, None)
     if isinstance(getattr(block, "downsample", None), ShortcutScale):
         block.downsample = None
@@ -112,7 +137,7 @@ def _timm_hooks(block: nn.Module, a_attn: float, a_mlp: float) -> None:
         if a == 1.0:
             continue
         drop_path.resdecay_alpha = float(a)
-        drop_path.__dict__[_PARTNER] = norm  # a plain reference, not a registered submodule (keys unchanged)
+        norm.__dict__[_SLOT] = drop_path.__dict__[_SLOT] = _Slot()  # a plain attribute: state_dict keys unchanged
         norm.register_forward_pre_hook(_stash_input)
         drop_path.register_forward_hook(_decayed_branch)
         block.__dict__["__prepare_scriptable__"] = _refuse_script  # torch.jit.script calls it on every submodule
@@ -141,17 +166,68 @@ def _zero_last_layer(block: nn.Module, kind: str) -> None:
         nn.init.zeros_((block.bn3 if hasattr(block, "bn3") else block.bn2).weight)
 
 
+class PartialDecayWarning(UserWarning):
+    """``decayify`` left residual blocks of a kind it does not support at alpha 1."""
+
+
+# class names that say "residual block" (timm's ResNetV2 Bottleneck, ParallelScalingBlock, ...)
+_LOOKS_RESIDUAL = re.compile(r"(Block|Bottleneck|ResBlock|ResidualBlock)\d*$")
+
+
+def unsupported_blocks(model: nn.Module, found: list[tuple[str, nn.Module, str]]) -> list[tuple[str, str]]:
+    """(name, class) of the outermost modules named like residual blocks that are neither supported
+    blocks, nor inside one, nor containers of one: the blocks ``decayify`` leaves at alpha 1.
+
+    Args:
+        model: the model ``decayify`` was given.
+        found: its supported blocks, as ``residual_blocks`` lists them.
+    """
+    done = [name for name, _, _ in found]
+    out: list[tuple[str, str]] = []
+    for name, m in model.named_modules():
+        if not name or _kind(m) is not None or not _LOOKS_RESIDUAL.search(type(m).__name__):
+            continue
+        related = any(name == d or name.startswith(d + ".") or d.startswith(name + ".") for d in done)
+        if not related and not any(name.startswith(o + ".") for o, _ in out):
+            out.append((name, f"{type(m).__module__}.{type(m).__name__}"))
+    return out
+
+
+def _say_what_was_left(model: nn.Module, found: list, skipped: list[tuple[str, str]]) -> None:
+    """One warning naming what was decayed and what was not (e.g. a hybrid ViT's ResNet stem)."""
+    kinds = sorted({cls for _, cls in skipped})
+    warnings.warn(f"decayify decayed {len(found)} block(s) of {type(model).__name__} ({found[0][0]} .. {found[-1][0]}) "
+                  f"but left {len(skipped)} residual block(s) of a kind it does not support at alpha 1, first "
+                  f"{skipped[0][0]} ({', '.join(kinds)}); the alpha schedule spans the decayed blocks only "
+                  f"(alphas_of(model) lists them); supported: {', '.join(SUPPORTED)}", PartialDecayWarning, stacklevel=3)
+
+
 def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_init: bool = False,
              branches: str = "both") -> nn.Module:
     """Scale the identity shortcut of every residual block of ``model`` (in place) by the
     factors of ``alpha_schedule``, from 1 at the first residual add to ``alpha_min`` at the last.
 
-    Transformer blocks have two adds (attention, MLP), ResNet blocks one. ``branches`` ("both",
-    "attn", "mlp") limits the decay to one sub-block of transformer blocks (Table 3b).
-    ``zero_init`` zeroes the last layer of every branch. Calling it again replaces the settings."""
+    Transformer blocks have two adds (attention, MLP), ResNet blocks one. Calling it again
+    replaces the settings. ``model.resdecay_spec`` records the structure (alpha_min, schedule,
+    branches), so ``decayify(model, **model.resdecay_spec)`` rebuilds it and never touches weights.
+
+    Args:
+        model: a model holding supported residual blocks (see ``SUPPORTED``).
+        alpha_min: the factor of the last residual add, in (0, 1]; 1 leaves the model exactly as it was.
+        schedule: "linear", "paper", "cosine" or "constant" (see ``resdecay.schedule``).
+        zero_init: zero the last layer of every branch *now* (the paper's init for a model about to be
+            trained). Off unless asked for, and not recorded in the spec: loaded weights stay as they are.
+        branches: "both", "attn" or "mlp": which sub-block of transformer blocks is decayed (Table 3b).
+
+    Returns:
+        ``model``, decayified in place. Blocks of unsupported kinds beside supported ones stay at alpha 1
+        and a ``PartialDecayWarning`` names them.
+    """
     found = residual_blocks(model)
+    skipped = unsupported_blocks(model, found)
     if not found:
-        raise TypeError(f"decayify found no supported residual block in {type(model).__name__}; "
+        also = f" (its {skipped[0][1]} blocks are not supported)" if skipped else ""
+        raise TypeError(f"decayify found no supported residual block in {type(model).__name__}{also}; "
                         f"supported: {', '.join(SUPPORTED)}")
     kinds = {k for _, _, k in found}
     if "resnet" in kinds and len(kinds) > 1:
@@ -159,6 +235,8 @@ def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_
     if "resnet" in kinds and branches != "both":
         raise ValueError("branches='attn'/'mlp' applies to transformer blocks; ResNet blocks have one residual add")
     alphas = alpha_schedule(len(found), alpha_min, schedule, branches=branches, adds_per_block=1 if "resnet" in kinds else 2)
+    if skipped and float(alpha_min) != 1.0:
+        _say_what_was_left(model, found, skipped)
     for (name, block, kind), a in zip(found, alphas.tolist()):
         _remove_hooks(block)
         if kind == "resdecay":
@@ -170,7 +248,8 @@ def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_
         block.resdecay_alpha = tuple(a)
         if zero_init:
             _zero_last_layer(block, kind)
-    model.resdecay_spec = {"alpha_min": float(alpha_min), "schedule": schedule, "zero_init": zero_init, "branches": branches}
+    # the structure only: zero_init is an action of this call, never something to re-apply (issue 23.3)
+    model.resdecay_spec = {"alpha_min": float(alpha_min), "schedule": schedule, "branches": branches}
     return model
 
 

@@ -64,7 +64,10 @@ def save_checkpoint(state: dict, ckpt_dir: Path, step: int, keep_last: int) -> P
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     path = checkpoint_path(ckpt_dir, step)
-    atomic_save({"format": FORMAT, **state}, path)
+    good = list_checkpoints(ckpt_dir)
+    keep = f"the last good checkpoint {good[-1]} is kept" if good else "no earlier checkpoint was written"
+    # a full disk: one line naming the file and the space it needs; old files are pruned only after a good write
+    atomic_save({"format": FORMAT, **state}, path, fix=f"{keep}; free some space there, then continue with --resume auto")
     for old in list_checkpoints(ckpt_dir)[:-keep_last]:
         old.unlink(missing_ok=True)
     return path
@@ -128,6 +131,37 @@ def resolve_resume(resume: str | None, ckpt_dir: Path) -> Path | None:
     if not path.is_file():
         raise CheckpointError(f"--resume {path}: no such checkpoint; use --resume auto or a step_*.pt file")
     return path
+
+
+def load_resume(resume: str | None, ckpt_dir: Path, say=print) -> tuple[Path | None, dict | None]:
+    """The checkpoint to resume from and its loaded state ((None, None) for a fresh start).
+
+    ``--resume auto`` takes the newest checkpoint that loads: one truncated by a full disk or a
+    crash of the machine (a kill cannot truncate one: writes are atomic) is skipped, named in one
+    line, and the previous one is used. An explicit path must load, or it is one clear error.
+
+    Args:
+        resume: None, "auto", a checkpoint file or a run folder.
+        ckpt_dir: the run's ``checkpoints`` folder (for "auto").
+        say: prints the warning about a skipped file (rank 0's print).
+    """
+    path = resolve_resume(resume, ckpt_dir)
+    if path is None:
+        return None, None
+    if resume != "auto":
+        return path, load_checkpoint(path)
+    skipped = []
+    for candidate in reversed(list_checkpoints(ckpt_dir)):
+        try:
+            state = load_checkpoint(candidate)
+        except CheckpointError as e:
+            skipped.append((candidate, str(e)))
+            continue
+        for bad, why in skipped:
+            say(f"warning: --resume auto skipped {bad.name}: {why}; resuming from the previous complete checkpoint {candidate}")
+        return candidate, state
+    raise CheckpointError(f"--resume auto: no checkpoint in {ckpt_dir} can be read (newest: {skipped[0][1]}); "
+                          "start over with --overwrite, or pass --resume <a good step_*.pt>")
 
 
 def model_differences(saved: dict, current: dict) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import re
 import types
 import typing
@@ -63,6 +64,12 @@ class TrainConfig:
 
     def validate(self) -> None:
         check_fields(self, "train", positive=("epochs", "batch_size", "accum_steps", "ckpt_every", "keep_last", "log_every"))
+        for f in dataclasses.fields(self):  # .nan passes every `<= 0` test below, .inf reaches the optimizer (issue 23.12)
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"train.{f.name} must be a finite number, got {value}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"train.threads must be a positive integer (or null for torch's default), got {self.threads}")
         if self.norm_growth_warn < 0 or self.norm_growth_window < 1:
             raise ConfigError("train.norm_growth_warn must be >= 0 (0 = off) and train.norm_growth_window >= 1")
         if self.online_eval_every < 0 or self.online_eval_size < 2:
@@ -125,14 +132,15 @@ def list_presets() -> list[str]:
 def _read_preset(name: str, seen: tuple = ()) -> dict:
     path = Path(name)
     if path.suffix in (".yaml", ".yml") and path.exists():
-        text = path.read_text()
+        text, where = path.read_text(), f"preset file {path}"
     else:
         file = _preset_dir() / f"{name}.yaml"
         if not file.is_file():
             raise ConfigError(f"preset {name!r} does not exist; valid presets: {', '.join(list_presets())} "
                               "(or a path to a .yaml file)")
-        text = file.read_text()
-    raw = yaml_io.load(text) or {}  # YAML 1.2 floats: 1e-3 is a number
+        text, where = file.read_text(), f"preset {name!r}"
+    raw = yaml_io.load_document(text, where) or {}  # YAML 1.2 floats: 1e-3 is a number
+    check_preset_shape(raw, where)
     base = raw.pop("base", None)
     if base is None:
         return raw
@@ -142,6 +150,18 @@ def _read_preset(name: str, seen: tuple = ()) -> dict:
     for section, values in raw.items():
         merged.setdefault(section, {}).update(values or {})
     return merged
+
+
+def check_preset_shape(raw, where: str) -> None:
+    """A preset is a mapping of sections (``model``, ``data``, ``train``), each a mapping of settings,
+    plus an optional ``base``; anything else is one line instead of an AttributeError later."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a mapping of sections (model:, data:, train:), got {type(raw).__name__} "
+                          f"{str(raw)[:40]!r}; write it like 'train: {{epochs: 5}}'")
+    for section, values in raw.items():
+        if section != "base" and values is not None and not isinstance(values, dict):
+            raise ConfigError(f"{where}: section {section!r} must be a mapping of settings, got {values!r:.40}; "
+                              f"write it like '{section}: {{key: value}}'")
 
 
 def _section_classes(family: str) -> dict[str, type]:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 # Dense bf16 tensor-core peak per GPU (vendor datasheets), for MFU as nanoGPT reports it.
 # Matched in order against the device name as whole words; the first match wins.
@@ -53,7 +54,10 @@ class RunLog:
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(Path(out_dir) / "tb"), purge_step=resume_step)
+            # purge_step drops events at steps >= it: the resumed-from step's row stays in log.jsonl,
+            # so it must stay in TensorBoard too (issue 23.5); only later steps are the killed run's
+            purge = None if resume_step is None else resume_step + 1
+            self.tb = SummaryWriter(str(Path(out_dir) / "tb"), purge_step=purge)
         except Exception:  # tensorboard not installed: the JSON log still has everything
             self.tb = None
 
@@ -72,6 +76,59 @@ class RunLog:
         if self.tb is not None:
             self.tb.flush()
             self.tb.close()
+
+
+class LossWindow:
+    """The training loss since the last log row: one device scalar per optimizer step, so the loop
+    never waits for the device to read it.
+
+    Log rows come at multiples of ``train.log_every`` and at the last step, never because of a
+    checkpoint, and the open window is saved in every checkpoint (each rank's own) and restored on
+    resume: the logged losses, the final loss among them, are the same whatever ``ckpt_every`` is
+    and wherever a run was interrupted (issue 23.13). Under torchrun a row holds the mean over all
+    ranks (all-reduced at log steps only), as MAE and timm log it (issue 23.6).
+
+    Args:
+        device: where the losses live (the training device).
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.losses: list[torch.Tensor] = []
+        self.nonfinite = torch.zeros((), dtype=torch.bool, device=device)
+
+    def __len__(self) -> int:
+        return len(self.losses)
+
+    def add(self, step_loss: torch.Tensor) -> None:
+        """One optimizer step's loss (this rank's, summed over its accumulated micro-batches)."""
+        self.losses.append(step_loss)
+        self.nonfinite |= ~torch.isfinite(step_loss)
+
+    def diverged(self, env) -> bool:
+        """Whether any rank saw a non-finite loss: a host sync (and a collective under torchrun)."""
+        flag = self.nonfinite.float()
+        if env.distributed:
+            dist.all_reduce(flag)
+        return bool(flag > 0)
+
+    def close(self, env) -> tuple[float, bool]:
+        """(the mean loss over the window's steps and all ranks, whether a rank saw a non-finite
+        loss), and a new empty window. Every rank calls it at the same step (a collective)."""
+        buf = torch.cat([torch.stack(self.losses).double(), self.nonfinite.double()[None]])
+        if env.distributed:
+            dist.all_reduce(buf)  # sums over ranks; the mean of equal-sized local means is the global mean
+        host = buf.cpu()
+        self.losses = []
+        return float(host[:-1].mean()) / env.world_size, bool(host[-1] > 0)
+
+    def state(self) -> torch.Tensor:
+        """This rank's open window, for the checkpoint (float32 on the CPU: restored bit for bit)."""
+        return torch.stack(self.losses).detach().cpu() if self.losses else torch.zeros(0)
+
+    def load(self, values: torch.Tensor | None) -> None:
+        """Continue the window a checkpoint saved (None: an older checkpoint; start empty)."""
+        self.losses = list(values.to(self.device).unbind()) if values is not None else []
 
 
 def read_log(out_dir: Path) -> list[dict]:

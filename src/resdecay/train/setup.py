@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 import os
 import random
+import shutil
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from . import checkpoint as ckpt
 from .previous_run import HARMLESS, check_resume_changes, inexact_changes
 from . import distributed as dist_env
 from . import runlock
+from .capacity import check_fits
 from .config import RunConfig, TrainConfig
 
 
@@ -66,11 +68,13 @@ def prepare_out_dir(path: Path) -> Path:
 def run_folder(path: Path, env: dist_env.DistEnv, say):
     """The run folder, created and locked for the block (one run per folder: rank 0 holds the
     lock, every rank learns of a refusal), with the temp files of killed checkpoint writers swept.
-    A folder this call created is removed again when the block fails before writing anything in
-    it (a wrong data path leaves no empty run folder behind)."""
+    A launch that fails before its first log row or checkpoint removes what it created (the lock
+    file, ``tb/``, an empty ``checkpoints/``, the folder itself): a wrong data path or a refused
+    start leaves nothing behind (issue 23.13)."""
     path = Path(path)
     created = not path.exists()
     prepare_out_dir(path)
+    before = set(os.listdir(path))
     problem = None
     if env.is_main:
         try:
@@ -88,14 +92,28 @@ def run_folder(path: Path, env: dist_env.DistEnv, say):
         yield path
     except BaseException:
         if env.is_main:
+            remove_failed_start(path, before, created)
             runlock.release(path)
-            if created and {p.name for p in path.iterdir()} <= {runlock.LOCK_NAME}:
-                (path / runlock.LOCK_NAME).unlink(missing_ok=True)
-                path.rmdir()
         raise
     else:
         if env.is_main:
             runlock.release(path)
+
+
+def remove_failed_start(path: Path, before: set[str], created: bool) -> None:
+    """Remove the run files a failed launch created, unless it wrote a log row or a checkpoint
+    (then it made progress worth keeping, or resuming); rank 0, still holding the lock."""
+    new = set(os.listdir(path)) - before
+    if "log.jsonl" in new or ("checkpoints" in new and ckpt.list_checkpoints(path / "checkpoints")):
+        return
+    for name in new & {"tb", "checkpoints", "bad_files.txt", runlock.LOCK_NAME}:
+        target = path / name
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
+    if created and not any(path.iterdir()):
+        path.rmdir()
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -174,12 +192,25 @@ def settings_warnings(cfg: RunConfig, data: Data, raw) -> list[str]:
         out.append(f"warning: train.warmup_epochs={tc.warmup_epochs:g} is longer than the run (train.epochs={tc.epochs}): "
                    f"the lr never reaches its peak {data.peak_lr:.2e} (it stops at "
                    f"{data.peak_lr * data.total_steps / data.warmup_steps:.2e}); lower train.warmup_epochs")
+    dropped = dropped_per_epoch(len(data.samples), data.eff_batch)
+    if dropped >= 0.1 * len(data.samples):  # drop_last: a batch that does not fill is left out (issue 23.13)
+        better = max((b for b in range(1, tc.batch_size + 1)
+                      if dropped_per_epoch(len(data.samples), data.eff_batch * b // tc.batch_size) < 0.1 * len(data.samples)),
+                     default=1)
+        out.append(f"warning: an effective batch of {data.eff_batch} fits {len(data.samples) // data.eff_batch} time(s) into "
+                   f"the {len(data.samples)} training images: {dropped} ({100 * dropped / len(data.samples):.0f}%) are left "
+                   f"out of every epoch (a different subset each epoch); lower train.batch_size to {better} or less")
     sources, depth = getattr(raw, "skip_sources", None), getattr(cfg.model, "depth", None)
     if sources and depth and 4 * len(sources) < depth:
         out.append(f"warning: only {len(sources)} of {depth} encoder blocks feed the decoder (model.decoder_depth="
                    f"{cfg.model.decoder_depth} long skips); raise model.decoder_depth to about {math.ceil(depth / 2)} "
                    "or set model.skip_sources")
     return out
+
+
+def dropped_per_epoch(images: int, eff_batch: int) -> int:
+    """Images an epoch leaves out when only whole effective batches are drawn (drop_last)."""
+    return images - (images // eff_batch) * eff_batch if eff_batch <= images else images
 
 
 @dataclass
@@ -194,13 +225,17 @@ class Trainee:
     ema: object | None  # timm ModelEmaV3 when train.ema_decay > 0
     step: int  # optimizer steps done (the resumed step, or 0)
     resumed_from: Path | None
+    # what the resumed checkpoint says of the run so far: train_time_s (all launches), final_loss,
+    # loss_window (this rank's open log window); empty on a fresh start
+    progress: dict = field(default_factory=dict)
 
 
 def build_trainee(cfg: RunConfig, env: dist_env.DistEnv, peak_lr: float, resumed_from: Path | None, init, say,
-                  images: int | None = None, allow_changes: bool = False) -> Trainee:
+                  images: int | None = None, allow_changes: bool = False, state: dict | None = None) -> Trainee:
     """Seed, build the model (``init`` on fresh starts), its optimizer and scaler, restore a resumed
-    run's state and wrap the model for compilation and DDP."""
+    run's state (``state``: the checkpoint, already loaded) and wrap the model for compilation and DDP."""
     tc = cfg.train
+    check_fits(cfg, env.device)  # a model that cannot fit is refused before minutes of allocation
     random.seed(tc.seed + env.rank)
     np.random.seed(tc.seed + env.rank)
     torch.manual_seed(tc.seed + env.rank)
@@ -211,9 +246,9 @@ def build_trainee(cfg: RunConfig, env: dist_env.DistEnv, peak_lr: float, resumed
     optimizer = make_optimizer((family.param_groups or param_groups)(raw, tc.weight_decay), tc, peak_lr, env.device)
     amp_dtype = autocast_dtype(tc.precision, env.device)
     scaler = torch.amp.GradScaler(env.device.type, enabled=amp_dtype == torch.float16)
-    step, ema_state = 0, None
+    step, ema_state, progress = 0, None, {}
     if resumed_from is not None:
-        step, ema_state = restore(cfg, env, resumed_from, raw, optimizer, scaler, say, images, allow_changes)
+        step, ema_state, progress = restore(cfg, env, resumed_from, raw, optimizer, scaler, say, images, allow_changes, state)
     ema = None
     if tc.ema_decay > 0:  # an exponential moving average of the weights, used for sampling (DiT, SiT, U-ViT)
         from timm.utils import ModelEmaV3
@@ -227,13 +262,14 @@ def build_trainee(cfg: RunConfig, env: dist_env.DistEnv, peak_lr: float, resumed
     if env.distributed:
         model = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
                     gradient_as_bucket_view=True)  # gradients live in the all-reduce buckets: no copy in or out
-    return Trainee(raw, model, family, optimizer, scaler, amp_dtype, ema, step, resumed_from)
+    return Trainee(raw, model, family, optimizer, scaler, amp_dtype, ema, step, resumed_from, progress)
 
 
 def restore(cfg: RunConfig, env, path: Path, raw, optimizer, scaler, say, images: int | None = None,
-            allow_changes: bool = False) -> tuple[int, dict | None]:
-    """Load a checkpoint of the same model into this run; returns (step, EMA weights or None)."""
-    state = ckpt.load_checkpoint(path)
+            allow_changes: bool = False, state: dict | None = None) -> tuple[int, dict | None, dict]:
+    """Load a checkpoint of the same model into this run; returns (step, EMA weights or None, the
+    run's progress: Trainee.progress)."""
+    state = ckpt.load_checkpoint(path) if state is None else state
     saved_images = state["train_state"].get("images")
     if images is not None and saved_images is not None and saved_images != images:
         say(f"note: the training set has {images} images now but had {saved_images} when {path.name} was written; "
@@ -252,28 +288,37 @@ def restore(cfg: RunConfig, env, path: Path, raw, optimizer, scaler, say, images
     optimizer.load_state_dict(state["optimizer"])
     scaler.load_state_dict(state["scaler"])
     step = int(state["train_state"]["step"])
-    rngs = state["rng"]
+    rngs, windows = state["rng"], state.get("loss_window")
     if len(rngs) == env.world_size:
         ckpt.set_rng_state(rngs[env.rank])
     else:
         say(f"note: checkpoint has RNG states of {len(rngs)} ranks, this run has {env.world_size}; reseeding")
         torch.manual_seed(cfg.train.seed + env.rank + step)
-    return step, state.get("ema")
+    ts = state["train_state"]
+    progress = {"train_time_s": ts.get("train_time_s"), "final_loss": ts.get("final_loss"),
+                "loss_window": windows[env.rank] if windows and len(windows) == env.world_size else None}
+    return step, state.get("ema"), progress
 
 
-def save(cfg: RunConfig, env, trainee: Trainee, data: Data, ckpt_dir: Path, writer=None) -> Path:
-    """Every rank contributes its RNG state; rank 0 writes the file atomically (``writer``: an
-    ``async_checkpoint.CheckpointWriter`` that snapshots now and writes in the background)."""
+def save(cfg: RunConfig, env, trainee: Trainee, data: Data, ckpt_dir: Path, writer=None, progress: dict | None = None,
+         window=None) -> Path:
+    """Every rank contributes its RNG state and open loss window (``window``: a runlog.LossWindow);
+    rank 0 writes the file atomically (``writer``: an ``async_checkpoint.CheckpointWriter`` that
+    snapshots now and writes in the background). ``progress`` (train_time_s over all launches,
+    final_loss) goes into ``train_state``."""
     step = trainee.step
-    rngs = dist_env.gather_objects(env, ckpt.rng_state())
+    ranks = dist_env.gather_objects(env, (ckpt.rng_state(), window.state() if window is not None else None))
+    rngs = [r for r, _ in ranks]
     path = ckpt.checkpoint_path(ckpt_dir, step)  # every rank returns it; rank 0 writes it
     if env.is_main:
         state = {"model": trainee.raw.state_dict(), "optimizer": trainee.optimizer.state_dict(),
                  "scaler": trainee.scaler.state_dict(),
                  "train_state": {"step": step, "epoch": step // data.steps_per_epoch,
                                  "step_in_epoch": step % data.steps_per_epoch, "world_size": env.world_size,
-                                 "images": len(data.samples)},
+                                 "images": len(data.samples), **(progress or {})},
                  "rng": rngs, "config": cfg.to_dict()}
+        if window is not None:
+            state["loss_window"] = [w for _, w in ranks]
         if trainee.ema is not None:
             state["ema"] = trainee.ema.module.state_dict()
         if writer is not None:

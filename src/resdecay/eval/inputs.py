@@ -1,0 +1,151 @@
+"""Checks the evaluation commands run on their inputs before any expensive work (issue 23.8), and
+the one-line wording of output failures (an unwritable folder, a full disk).
+
+A model trained for minutes, a proxy network trained for FID or features extracted from a whole
+data set are wasted when a bad path, a checkpoint of the wrong kind or an unwritable output folder
+is only noticed afterwards; so every command first asks these cheap questions.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ..data import DataConfig, build_dataset
+from ..data.badfiles import SkipBadFiles, count_bad_files, record_bad_file
+from ..errors import UserError, one_line
+from ..io import is_disk_full, no_space_message
+from ..models import is_diffusion
+
+# data sets that read no folder (scikit-learn's digits, the benchmarks' random images): a --data-path
+# beside them would be silently ignored, and the numbers would be of another data set than the user meant
+PATHLESS_DATA = ("digits", "synthetic")
+
+
+def check_data_path(name: str, path: str | None, flag: str = "--data-path") -> None:
+    """Refuse a data folder given to a data set that reads none.
+
+    Args:
+        name: the data set's name (``data.name``).
+        path: the folder the user gave, or None.
+        flag: how the user spelled the option, for the message.
+    """
+    if path and name in PATHLESS_DATA:
+        raise UserError(f"{name} is built in and reads no folder, so {flag} {path} would be ignored: drop {flag}, "
+                        f"or evaluate the images there with --data imagefolder {flag} {path}")
+
+
+def unwritable_reason(folder: Path) -> str | None:
+    """Why files cannot be written in ``folder`` (created if missing), or None when they can.
+
+    A probe file is written and removed: permission bits alone do not tell (root, read-only mounts, ACLs).
+
+    Args:
+        folder: the folder to check.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return None
+
+
+def check_writable(folder: Path, fix: str) -> Path:
+    """``folder``, created; or a one-line UserError naming it and ``fix``.
+
+    Args:
+        folder: the output folder a command will write into.
+        fix: the option that chooses another folder, e.g. ``"pass --out DIR"``.
+    """
+    reason = unwritable_reason(Path(folder))
+    if reason is not None:
+        raise UserError(f"output folder {folder} is not writable ({reason}): {fix}")
+    return Path(folder)
+
+
+def write_failure(path: Path, exc: BaseException, fix: str, nbytes: int = 0) -> str:
+    """A failed write in one line: the file, why, and ``fix``; for a full disk, the space needed and free.
+
+    Args:
+        path: the file being written.
+        exc: what the writer raised (an ``OSError``; ``io.NoSpaceLeft`` from ``atomic_save`` says it all).
+        fix: what to do about it.
+        nbytes: about how many bytes the file needs.
+    """
+    if isinstance(exc, UserError):
+        return one_line(exc)
+    if is_disk_full(exc):
+        return no_space_message(path, nbytes, fix)
+    return f"cannot write {path} ({getattr(exc, 'strerror', None) or one_line(exc)}): {fix}"
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr, in the CLI's style."""
+    print(f"resdecay: warning: {message}", file=sys.stderr)
+
+
+def check_encoder_family(checkpoint, family: str) -> None:
+    """``resdecay eval`` measures encoders; a diffusion checkpoint is pointed to ``eval-diffusion``.
+
+    Args:
+        checkpoint: the checkpoint's path, for the message.
+        family: its ``model.family``.
+    """
+    if is_diffusion(family):
+        raise UserError(f"{checkpoint} is a {family} diffusion model, whose features depend on the noise level: "
+                        f"probe it with `resdecay eval-diffusion {checkpoint}` (`resdecay eval` measures encoders)")
+
+
+def eval_split(data: DataConfig, split: str, img_size: int, bad_files: Path | None = None):
+    """One split of a data set for evaluation (no augmentation), under the run's ``data.on_bad_file``.
+
+    With ``skip`` an unreadable image is replaced by the next readable one, exactly as in training,
+    and listed in ``<bad_files>/bad_files_<split>.txt``; with ``stop`` (or no folder for the list) the
+    first unreadable image stops the evaluation in one line.
+
+    Args:
+        data: the data config (the run's, or the one the user passed).
+        split: "train" or "test".
+        img_size: the model's input side.
+        bad_files: the folder for the lists of replaced files (the report folder), or None.
+    """
+    dataset, _ = build_dataset(data, split, img_size, augment=False)
+    if data.on_bad_file == "skip" and bad_files is not None:
+        dataset = SkipBadFiles(dataset, bad_files_list(bad_files, split))
+    return dataset
+
+
+def bad_files_list(folder: Path, split: str) -> Path:
+    """Where ``eval_split`` lists the unreadable files of ``split`` it replaced."""
+    return Path(folder) / f"bad_files_{split}.txt"
+
+
+def replaced_count(folder: Path | None, split: str) -> int:
+    """How many unreadable files of ``split`` were replaced (0 without a list)."""
+    return count_bad_files(bad_files_list(folder, split)) if folder is not None else 0
+
+
+def replaced_list(folder: Path, split: str) -> str:
+    """The list of replaced files of ``split`` as text ("" when none), to keep with cached features."""
+    path = bad_files_list(folder, split)
+    return path.read_text() if path.is_file() else ""
+
+
+def restore_replaced(folder: Path, split: str, text: str) -> int:
+    """Write back the list kept with cached features (when nothing was read again, nothing was
+    listed); returns how many files it names.
+
+    Args:
+        folder: the report folder.
+        split: "train" or "test".
+        text: ``replaced_list``'s text, from the cache.
+    """
+    for line in text.splitlines():
+        path, _, reason = line.partition("\t")
+        if path:
+            record_bad_file(bad_files_list(folder, split), path, reason)
+    return replaced_count(folder, split)

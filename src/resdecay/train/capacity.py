@@ -1,0 +1,68 @@
+"""Will the model fit? Parameters and training memory estimated from the config before anything is
+allocated, so that ``model.depth=100000`` is one line in a second instead of minutes of allocation
+that end in the out-of-memory killer (issue 23.12).
+
+The estimate is a lower bound: the weights, their gradients, the optimizer's state and the EMA
+copy, 4 bytes per number each (fp32 master weights, as the loop keeps them). Activations come on
+top and depend on the batch, so a model this refuses can never train here, while one it accepts
+may still need a smaller ``train.batch_size``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..errors import ConfigError
+from ..io import format_bytes
+from ..models import build_model
+from ..models.common import count_parameters
+
+# fp32 numbers kept per parameter besides the weight and its gradient
+OPTIMIZER_STATE = {"adamw": 2, "lars": 1, "sgd": 1}  # AdamW: two moments; LARS and SGD: momentum
+SIZE_KEYS = ("depth", "decoder_depth", "embed_dim", "decoder_embed_dim", "width", "layers", "img_size")
+
+
+def training_bytes(params: int, optimizer: str, ema: bool) -> int:
+    """Bytes of weights, gradients, optimizer state and EMA copy for ``params`` fp32 parameters."""
+    return 4 * params * (2 + OPTIMIZER_STATE.get(optimizer, 2) + int(ema))
+
+
+def available_memory(device: torch.device) -> tuple[int | None, str]:
+    """(bytes free for this process, what they are), or (None, ...) when it cannot be read. On the
+    CPU, the processes torchrun starts on this machine share the RAM: each gets its part."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0], f"free memory on GPU {device}"
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        free = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None, "memory"
+    procs = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return free // procs, "available RAM" + (f" per process ({procs} on this machine)" if procs > 1 else "")
+
+
+def check_fits(cfg, device: torch.device) -> int | None:
+    """Refuse, in one line, a model whose weights and optimizer state alone exceed the memory free
+    on ``device``; returns the estimated parameter count (None when it could not be estimated).
+
+    Args:
+        cfg: the RunConfig about to be trained.
+        device: the training device.
+    """
+    params = count_parameters(cfg.model, build_model)
+    if params is None:
+        return None
+    need = training_bytes(params, cfg.train.optimizer, cfg.train.ema_decay > 0)
+    free, what = available_memory(device)
+    if free is not None and need > free:
+        sizes = ", ".join(f"model.{k}={getattr(cfg.model, k)}" for k in SIZE_KEYS if hasattr(cfg.model, k))
+        raise ConfigError(f"the model would have {params / 1e6:,.0f} M parameters ({sizes}): its weights, gradients and "
+                          f"{cfg.train.optimizer} state alone need about {format_bytes(need)}, more than the "
+                          f"{format_bytes(free)} of {what}; lower model.depth or the widths")
+    return params

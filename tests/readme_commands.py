@@ -1,0 +1,235 @@
+"""Every command README.md shows (and every ``examples:`` line of ``resdecay SUBCOMMAND --help``),
+extracted as a user would copy it, and the table saying how the README test shrinks each one to
+its smallest size or why it cannot run here (issue 23, gate "README is executable")."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PREFIXES = ("resdecay", "torchrun", "python", ".venv/bin/")  # a ```bash line starting so is a command
+
+
+def split_commands(line: str) -> list[list[str]]:
+    """The argv of each command on a shell line: comment dropped, ``&&`` chains split, quotes removed."""
+    out, cur = [], []
+    for tok in shlex.split(line, comments=True):
+        if tok == "&&":
+            out.append(cur)
+            cur = []
+        else:
+            cur.append(tok)
+    return [c for c in [*out, cur] if c]
+
+
+def key(argv: list[str]) -> str:
+    """The normalised form of a command: its argv joined by single spaces (the table's key)."""
+    return " ".join(argv)
+
+
+def readme_bash_commands(text: str | None = None) -> list[list[str]]:
+    """argv of every command in README's ```bash blocks, in order."""
+    text = README.read_text() if text is None else text
+    cmds = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            if line.strip().startswith(PREFIXES):
+                cmds += [c for c in split_commands(line) if c[0].startswith(PREFIXES)]
+    return cmds
+
+
+def help_examples() -> list[list[str]]:
+    """argv of every line under ``example:`` / ``examples:`` in each subcommand's --help."""
+    from resdecay.cli.main import build_parser
+
+    cmds = []
+    for action in build_parser()._actions:
+        for sub in (getattr(action, "choices", None) or {}).values():
+            epilog = getattr(sub, "epilog", None) or ""
+            body = epilog.split("example:" if "example:" in epilog else "examples:", 1)[-1] if "example" in epilog else ""
+            cmds += [c for line in body.splitlines() if line.strip() for c in split_commands(line)]
+    return cmds
+
+
+def python_blocks(text: str | None = None) -> dict[str, str]:
+    """README's ```python blocks keyed by the ``##`` heading they stand under."""
+    text = README.read_text() if text is None else text
+    blocks: dict[str, str] = {}
+    for section in re.split(r"^## ", text, flags=re.M)[1:]:
+        title = section.splitlines()[0].strip()
+        for i, block in enumerate(re.findall(r"```python\n(.*?)```", section, re.S)):
+            blocks[title if i == 0 else f"{title} #{i + 1}"] = block
+    return blocks
+
+
+def all_commands() -> dict[str, list[str]]:
+    """Every distinct command of README and of the --help examples: key -> argv."""
+    return {key(c): c for c in [*readme_bash_commands(), *help_examples()]}
+
+
+# ----------------------------------------------------------------------------- how each command is shrunk
+@dataclass(frozen=True)
+class Plan:
+    """How the README test runs one command: the README's argv with PLACEHOLDERS replaced by tiny
+    artifacts of the test session, shell globs expanded, then ``add`` appended (later flags and
+    ``key=value`` overrides win), so every flag the README shows is still parsed and used."""
+
+    add: tuple[str, ...] = ()  # smallest sizes, outputs in the test's own folder ({tmp})
+    skip: str = ""  # why it cannot run here; reported by pytest -ra
+    xfail: str = ""  # a known defect of issue 23 being fixed elsewhere (strict: remove once it passes)
+    instead: tuple[str, ...] = ()  # a synopsis line ("[--data a|b]") is run as this concrete instance
+    setup: str = ""  # a workspace recipe to run first (test_readme_commands.Workspace attribute)
+    patch: str = ""  # shrink what has no flag for it (test_readme_commands.PATCHES)
+    expect: tuple[str, ...] = ()  # files (templates, globs) the command must have written
+
+
+# README's placeholder paths -> artifacts built once per test session ({name}: Workspace attributes,
+# {fake_*}: tests/conftest.py fixtures, {tmp}: the test's own folder). Replaced where a token is the
+# path, starts with it followed by "/", or ends with "=path".
+PLACEHOLDERS = {
+    "runs/mae-tiny-fmnist/checkpoints/step_00007020.pt": "{mae_ckpt}",
+    "runs/mae-tiny-fmnist": "{mae_run}", "runs/mae-tiny-fmnist-plain": "{mae_plain_run}",
+    "RUN_A": "{mae_plain_run}", "RUN_B": "{mae_run}", "RUN_06": "{mae_plain_run}", "RUN_08": "{mae_run}",
+    "RUN_10": "{mae_run_07}", "CKPT": "{mae_ckpt}", "PLAIN_CKPT": "{mae_plain_ckpt}", "DECAYED_CKPT": "{mae_ckpt}",
+    "PLAIN/checkpoints/step_00007020.pt": "{mae_plain_ckpt}", "DECAYED/checkpoints/step_00007020.pt": "{mae_ckpt}",
+    "runs/uvit-tiny-fmnist": "{uvit_run}", "runs/sit-tiny-fmnist": "{sit_run}", "runs/sit-tiny-fmnist-plain": "{sit_plain_run}",
+    "runs/sit-xl2/checkpoints/step_00400000.pt": "{sit_latent_ckpt}",
+    "/data/imagenet": "{fake_imagefolder}", "/data/imagenet100": "{fake_imagefolder}", "/data/in100": "{fake_imagefolder}",
+    "/data/cifar": "{fake_cifar10}", "/data/imagenet-latents": "{latents}", "/data/in100-latents": "{tmp}/latents",
+    "/models/sd-vae-ft-ema": "{vae}", "samples.npz": "{cifar_samples}", "pt_inception-2015-12-05-6726825d.pth": "{inception}",
+    "mae_pretrain_vit_base.pth": "{mae_pth}", "unet_mae.pth": "{unet_pth}", "vit.pth": "{timm_pth}",
+}
+
+_RUN = ("train.epochs=1", "train.warmup_epochs=0", "train.batch_size=32", "train.log_every=1", "train.threads=1",
+        "data.num_workers=0", "train.out_dir={tmp}/run", "--no-progress")
+MAE = ("model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.decoder_embed_dim=32", "model.decoder_depth=1",
+       "model.decoder_num_heads=2", *_RUN)
+FMNIST = (*MAE, "data.path={fmnist}")
+UVIT = ("model.embed_dim=32", "model.num_heads=2", "model.depth=3", "data.path={fmnist}", *_RUN)  # U-ViT: odd depth
+SIT = (*UVIT[:2], "model.depth=2", "data.path={fmnist}", *_RUN)  # SiT: two mirrored halves
+SIT_LATENT = (*SIT[:3], *_RUN, "model.img_size=4", "model.num_classes=10", "data.train_subset=64", "train.batch_size=8")  # digits' latents
+IMAGENET = ("model.img_size=32", "model.patch_size=8", "data.train_subset=8", *MAE, "train.batch_size=4")
+FIGURES = ("--per-class", "3", "--images", "2", "--out", "{tmp}/figures")
+HEADS = ("model.num_heads=2", "model.decoder_num_heads=2")  # the weights are 32 wide
+EVAL = ("--max-train", "64", "--max-test", "32", "--probe-epochs", "5", "--out", "{tmp}/eval", "--no-progress")
+GRID = (*FMNIST, "data.train_subset=64", "--out", "{tmp}/grid")
+TORCHRUN = "2 CPU processes (gloo)"
+GPU = "needs a CUDA GPU"
+SETUP = "sets up the environment this test runs in (CI runs it: .ci/run)"
+
+PLANS: dict[str, Plan] = {
+    # setting up
+    "python3 -m venv .venv": Plan(skip=SETUP),
+    ".venv/bin/pip install torch==2.14.1 torchvision==0.29.1": Plan(skip=SETUP),
+    ".venv/bin/pip install -e .": Plan(skip=SETUP),
+    ".venv/bin/pip install -e .[test]": Plan(skip=SETUP),
+    ".venv/bin/python -m pytest -q -m not gpu": Plan(skip="the test suite itself (this test is part of it)"),
+    ".venv/bin/resdecay demo": Plan(skip="the same command as `resdecay demo`, run under that name"),
+    # the demos (no size flags: their recipes are shrunk in place, see PATCHES)
+    "resdecay demo": Plan(add=("--no-progress", "--out", "{tmp}/demo"), patch="demo", expect=("{tmp}/demo/results.json",)),
+    "resdecay demo --data digits --epochs 2": Plan(add=("--no-progress", "--out", "{tmp}/demo"), patch="demo"),
+    "resdecay demo [--data digits|fashion-mnist|fashion-mnist-m] [--epochs N] [--alpha-min 0.6]": Plan(
+        instead=("resdecay", "demo", "--data", "fashion-mnist-m", "--epochs", "1", "--alpha-min", "0.6"),
+        add=("--no-progress", "--out", "{tmp}/demo"), patch="demo"),
+    "resdecay demo --diffusion": Plan(add=("--no-progress", "--out", "{tmp}/demo"), patch="demo_diffusion",
+                                      xfail="issue 23.1: NameError plot_sample_grids after both models are scored"),
+    # alpha, presets, pretrain
+    "resdecay alpha --depth 24 --alpha-min 0.7": Plan(expect=("runs/alpha/*.png",)),
+    "resdecay alpha --depth 24 --target-eff 5e-3": Plan(),
+    "resdecay alpha --depth 24 --target-eff 5e-3 --json": Plan(),
+    "resdecay presets": Plan(),
+    "resdecay pretrain --preset mae-tiny-fmnist alpha_min=0.7 train.epochs=50": Plan(add=FMNIST, expect=("{tmp}/run/summary.json",)),
+    "resdecay pretrain --preset mae-tiny-fmnist --resume auto": Plan(add=(*FMNIST, "train.ckpt_every=1"), setup="killed_run"),
+    "resdecay pretrain --preset mae-tiny-fmnist alpha_min=0.7 train.epochs=50 --resume auto": Plan(
+        add=(*FMNIST, "train.ckpt_every=1"), setup="killed_run"),
+    "resdecay pretrain --preset mae-b16 --print-config data.path=/data/imagenet": Plan(),
+    "resdecay pretrain --preset mae-tiny-fmnist train.online_eval_every=2": Plan(
+        add=(*FMNIST, "train.epochs=2", "train.online_eval_size=32")),
+    "resdecay pretrain --preset uvit-tiny-fmnist alpha_min=0.7": Plan(add=UVIT),
+    "resdecay pretrain --preset sit-tiny-fmnist": Plan(add=SIT),
+    "resdecay pretrain --preset sit-tiny-fmnist train.online_eval_every=1 train.online_eval_size=1000": Plan(
+        add=(*SIT, "train.online_eval_size=130")),
+    "torchrun --nproc_per_node 8 -m resdecay pretrain --preset mae-b16 data.path=/data/imagenet": Plan(add=IMAGENET),
+    "torchrun --nproc_per_node 8 -m resdecay pretrain --preset sit-xl2 data.path=/data/imagenet-latents": Plan(add=SIT_LATENT),
+    # data
+    "resdecay check-data --data-path /data/imagenet": Plan(add=("--no-progress",)),
+    "resdecay check-data --preset mae-b16 data.path=/data/imagenet": Plan(add=("--no-progress",)),
+    "resdecay latents --vae /models/sd-vae-ft-ema --data imagefolder --data-path /data/in100 --img-size 256 --out /data/in100-latents":
+        Plan(add=("--img-size", "16", "--no-progress"), expect=("{tmp}/latents/train.pt",)),
+    # measuring
+    "resdecay eval runs/mae-tiny-fmnist/checkpoints/step_00007020.pt": Plan(add=EVAL, expect=("{tmp}/eval/eval.json",)),
+    "resdecay eval RUN_A/checkpoints/step_*.pt RUN_B/checkpoints/step_*.pt --layer all": Plan(add=EVAL),
+    "resdecay compare RUN_A RUN_B": Plan(add=("--out", "{tmp}/compare"), setup="evaluated"),
+    "resdecay compare runs/mae-tiny-fmnist-plain runs/mae-tiny-fmnist": Plan(add=("--out", "{tmp}/compare"), setup="evaluated"),
+    "resdecay finetune CKPT --preset finetune-mae train.epochs=100": Plan(add=_RUN, expect=("{tmp}/run/eval.json",)),
+    "resdecay finetune CKPT --preset linprobe-mae": Plan(add=_RUN),
+    "resdecay finetune runs/mae-tiny-fmnist/checkpoints/step_00007020.pt --preset linprobe-mae": Plan(add=_RUN),
+    "resdecay train-supervised --preset resnet18-cifar10 alpha_min=0.7 data.path=/data/cifar": Plan(add=("model.width=8", *_RUN)),
+    "resdecay plot RUN_06 RUN_08 RUN_10": Plan(add=("--out", "{tmp}/plot")),
+    "resdecay plot runs/mae-tiny-fmnist-plain runs/mae-tiny-fmnist --out runs/plot": Plan(),
+    "resdecay figures PLAIN_CKPT DECAYED_CKPT": Plan(add=FIGURES),
+    "resdecay figures PLAIN/checkpoints/step_00007020.pt DECAYED/checkpoints/step_00007020.pt": Plan(add=FIGURES),
+    # interop (the foreign files are tiny fakes in each format: tests/interop_helpers.py)
+    "resdecay import-weights mae_pretrain_vit_base.pth --format mae --preset mae-b16-plain --out mae.pt": Plan(
+        add=HEADS, expect=("mae.pt",)),
+    "resdecay import-weights mae_pretrain_vit_base.pth --format mae --preset mae-b16-plain --out runs/imported/mae-b16.pt "
+    "data.path=/data/imagenet": Plan(add=HEADS),
+    "resdecay import-weights unet_mae.pth --format unet-mae --alpha-min 0.6 --preset mae-b16 --out unet.pt": Plan(add=HEADS),
+    "resdecay import-weights vit.pth --format timm-vit --preset mae-s16 model.num_heads=6 --out vit.pt": Plan(expect=("vit.pt",)),
+    "resdecay export runs/mae-tiny-fmnist/checkpoints/step_00007020.pt --to timm --out vit.safetensors": Plan(
+        expect=("vit.safetensors",)),
+    # ablations: every variant of the grid, each a few steps on the fake data
+    "resdecay ablate --list": Plan(),
+    "resdecay ablate --grid table3b-toy": Plan(add=GRID, expect=("{tmp}/grid/table.txt",)),
+    "resdecay ablate --grid table3a-toy": Plan(add=GRID),
+    "resdecay ablate --grid table2-toy": Plan(add=GRID),
+    "resdecay ablate --grid figure7-toy": Plan(add=("model.width=4", "data.path={fmnist}", "data.train_subset=64", *_RUN,
+                                                    "--out", "{tmp}/grid"), expect=("{tmp}/grid/rank_vs_depth.png",)),
+    "resdecay ablate --grid where-fmnistm --only plain MAE,alpha 0.8,alpha 0.6": Plan(add=GRID),
+    "resdecay ablate --grid where-fmnistm --only plain MAE,alpha 0.8": Plan(add=GRID),
+    "resdecay ablate --grid where-fmnistm-long": Plan(add=(*GRID, "train.online_eval_size=32")),
+    "torchrun --nproc_per_node 4 -m resdecay ablate --grid table2-in100 data.path=/data/imagenet100": Plan(
+        add=(*IMAGENET, "--only", "alpha_min 1.0,alpha_min 0.6", "--out", "{tmp}/grid")),
+    # diffusion
+    "resdecay sample runs/uvit-tiny-fmnist/checkpoints/step_*.pt --n 1000 --sampler dpm-solver++ --steps 25": Plan(
+        add=("--n", "4", "--steps", "2", "--out", "{tmp}/samples", "--no-progress"), expect=("{tmp}/samples/*.npz",)),
+    "resdecay fid runs/uvit-tiny-fmnist/samples/samples_*.npz --ref fashion-mnist --proxy": Plan(
+        add=("--data-path", "{fmnist}", "--ref-out", "{tmp}/ref.pt", "--no-progress")),
+    "resdecay fid samples.npz --ref cifar100 --data-path /data/cifar --inception-weights pt_inception-2015-12-05-6726825d.pth":
+        Plan(add=("--allow-few", "--ref-out", "{tmp}/ref.pt", "--no-progress"), setup="cifar100"),
+    "resdecay eval-diffusion runs/uvit-tiny-fmnist/checkpoints/step_*.pt --noise-levels 0,0.1,0.25,0.5": Plan(
+        add=("--max-train", "64", "--max-test", "32", "--out", "{tmp}/grid", "--no-progress")),
+    "resdecay plot runs/sit-tiny-fmnist runs/sit-tiny-fmnist-plain --out runs/plot": Plan(expect=("runs/plot/*.png",)),
+    "torchrun --nproc_per_node 8 -m resdecay sample runs/sit-xl2/checkpoints/step_00400000.pt --num-samples 50000 --cfg 1.5 "
+    "--vae /models/sd-vae-ft-ema": Plan(add=("--num-samples", "3", "--steps", "4", "--device", "cpu", "--out", "{tmp}/samples",
+                                             "--no-progress"), expect=("{tmp}/samples/*.npz",)),
+    # benchmarks (subprocesses), at their smallest settings
+    ".venv/bin/python benchmarks/block_overhead.py": Plan(add=("--shape", "2,4,16,2", "--warmup", "1", "--iters", "1",
+                                                               "--repeats", "2")),
+    ".venv/bin/python benchmarks/mae_throughput.py": Plan(add=("--batch-size", "4", "--warmup", "1", "--steps", "1",
+                                                               "--rounds", "1")),
+    ".venv/bin/python benchmarks/data_throughput.py": Plan(add=("--images", "8", "--batch", "4", "--rounds", "1",
+                                                                "--img-size", "32")),
+    ".venv/bin/python benchmarks/eval_speed.py": Plan(add=("--bank", "200", "--queries", "50", "--dim", "16", "--classes", "4",
+                                                           "--probe-epochs", "2", "--repeats", "1")),
+    ".venv/bin/python benchmarks/diffusion_throughput.py": Plan(add=("--batch-size", "4", "--warmup", "1", "--steps", "1",
+                                                                     "--sample-n", "2", "--sample-steps", "2")),
+    ".venv/bin/python benchmarks/train_end_to_end.py": Plan(
+        skip="run at its smallest size by tests/test_benchmarks.py::test_end_to_end_trains_from_jpegs_with_each_decoder"),
+    ".venv/bin/python benchmarks/mae_throughput.py --preset mae-b16 --device cuda --batch-size 256 --compile": Plan(skip=GPU),
+    ".venv/bin/python benchmarks/batch_sweep.py --preset mae-b16 --device cuda --batches 128,256,384,512 --compile": Plan(skip=GPU),
+    ".venv/bin/python benchmarks/diffusion_throughput.py --device cuda --preset sit-xl2 --batch-size 256 --compile": Plan(skip=GPU),
+}
+
+# README's ```python blocks, by the heading they stand under: run here with these text replacements
+# (each must still match README), or the test that runs them already.
+PYTHON_BLOCKS: dict[str, dict[str, str] | str] = {
+    "Notebook API": "tests/test_api.py::test_readme_notebook_example_runs",
+    "Decayed shortcuts in models you already have": {'"vit_base_patch16_224"': '"vit_tiny_patch16_224"'},
+    "Library": {'"runs/mae-tiny-fmnist/checkpoints/step_00007020.pt"': "MAE_CKPT"},
+}
+

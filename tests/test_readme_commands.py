@@ -1,0 +1,344 @@
+"""README is executable (issue 23, gate): every command README.md shows, and every ``examples:``
+line of ``resdecay SUBCOMMAND --help``, runs at its smallest size (tiny models, one epoch, fake data
+in place of real folders, tiny stand-ins for placeholder paths) and must exit 0; the ones that
+cannot run here are skipped with the reason. A command added to README or to --help that
+tests/readme_commands.py's table does not know fails ``test_every_shown_command_has_a_plan``."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import pickle
+import re
+import subprocess
+import sys
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import readme_commands as rc
+from conftest import write_idx
+from resdecay.cli import main
+
+COMMANDS = rc.all_commands()
+BLOCKS = rc.python_blocks()
+ROOT = rc.ROOT
+
+
+class Workspace:
+    """Tiny artifacts shared by the commands (runs, samples, foreign weights), each built on first use."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def _fmt(self, items) -> list[str]:
+        return [i.format(fmnist=self.fmnist, tmp=self.root) for i in items]
+
+    @cached_property
+    def fmnist(self) -> Path:  # Fashion-MNIST's IDX files: 160 train images (proxy FID needs > 128), 40 test
+        root = self.root / "fmnist"
+        root.mkdir()
+        rng = np.random.default_rng(1)
+        for split, n in (("train", 160), ("t10k", 40)):
+            write_idx(root / f"{split}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+            write_idx(root / f"{split}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
+        return root
+
+    def _pretrain(self, name: str, preset: str, shrink, *extra: str) -> Path:
+        from resdecay.commands.pretrain import run_pretrain
+
+        keep = [o for o in shrink if "=" in o and "{tmp}" not in o]  # overrides, not the CLI flags
+        out = self.root / "runs" / name
+        run_pretrain(preset, [*self._fmt(keep), *extra, "train.keep_last=1", f"train.out_dir={out}"], progress=False)
+        return out
+
+    def _mae(self, name: str, preset: str, *extra: str) -> Path:
+        return self._pretrain(name, preset, rc.FMNIST, "train.epochs=2", "train.online_eval_every=1",
+                              "train.online_eval_size=32", *extra)
+
+    @cached_property
+    def mae_run(self) -> Path:
+        return self._mae("mae-tiny-fmnist", "mae-tiny-fmnist")
+
+    @cached_property
+    def mae_plain_run(self) -> Path:
+        return self._mae("mae-tiny-fmnist-plain", "mae-tiny-fmnist-plain")
+
+    @cached_property
+    def mae_run_07(self) -> Path:
+        return self._mae("mae-tiny-fmnist-0.7", "mae-tiny-fmnist", "alpha_min=0.7")
+
+    @property
+    def mae_ckpt(self) -> Path:
+        return only_checkpoint(self.mae_run)
+
+    @property
+    def mae_plain_ckpt(self) -> Path:
+        return only_checkpoint(self.mae_plain_run)
+
+    @cached_property
+    def evaluated(self) -> None:  # eval.json in both runs, for compare
+        for run in (self.mae_plain_run, self.mae_run):
+            assert main(["eval", str(only_checkpoint(run)), *rc.EVAL[:-3], "--no-progress"]) == 0
+
+    @cached_property
+    def uvit_run(self) -> Path:  # with <run>/samples/samples_*.npz: 130 samples, one more than proxy FID's 128 dims
+        from resdecay.commands.sample import run_sample
+
+        run = self._pretrain("uvit-tiny-fmnist", "uvit-tiny-fmnist", rc.UVIT)
+        run_sample(str(only_checkpoint(run)), n=130, steps=2, out=str(run / "samples"), progress=False)
+        return run
+
+    def _sit(self, name: str) -> Path:
+        return self._pretrain(name, name, rc.SIT, "train.online_eval_every=1", "train.online_eval_size=130")
+
+    @cached_property
+    def sit_run(self) -> Path:
+        return self._sit("sit-tiny-fmnist")
+
+    @cached_property
+    def sit_plain_run(self) -> Path:
+        return self._sit("sit-tiny-fmnist-plain")
+
+    @cached_property
+    def vae(self) -> Path:  # a tiny diffusers AutoencoderKL (8 px -> 4x4x4 latents)
+        import diffusers
+
+        vae = diffusers.AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                                      up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 8),
+                                      latent_channels=4, norm_num_groups=4, sample_size=8)
+        vae.save_pretrained(self.root / "vae")
+        return self.root / "vae"
+
+    @cached_property
+    def latents(self) -> Path:
+        assert main(["latents", "--vae", str(self.vae), "--data", "digits", "--img-size", "8", "--out",
+                     str(self.root / "latents"), "--no-progress"]) == 0
+        return self.root / "latents"
+
+    @cached_property
+    def sit_latent_ckpt(self) -> Path:
+        run = self._pretrain("sit-xl2", "sit-xl2", rc.SIT_LATENT, f"data.path={self.latents}")
+        return only_checkpoint(run)
+
+    @cached_property
+    def mae_pth(self) -> Path:  # facebookresearch/mae's layout: {'model': ..., 'args': Namespace, ...}
+        from interop_helpers import resdecay_checkpoint
+
+        src, _ = resdecay_checkpoint(self.root / "mae_src.pt", "mae-tiny-digits-plain")
+        torch.save({"model": src.state_dict(), "epoch": 799, "args": argparse.Namespace(mask_ratio=0.75)},
+                   self.root / "mae_pretrain.pth")
+        return self.root / "mae_pretrain.pth"
+
+    @cached_property
+    def unet_pth(self) -> Path:  # the authors' U-Net MAE layout; their script saves args.min_decay
+        from interop_helpers import resdecay_checkpoint
+        from test_import_weights import _authors_unet_layout
+
+        src, _ = resdecay_checkpoint(self.root / "unet_src.pt", "mae-tiny-digits", ["alpha_min=0.6"])
+        torch.save({"model": _authors_unet_layout(src.state_dict()), "args": argparse.Namespace(min_decay=0.6)},
+                   self.root / "unet_mae.pth")
+        return self.root / "unet_mae.pth"
+
+    @cached_property
+    def timm_pth(self) -> Path:  # a timm ViT state_dict with ViT-S's 6 heads
+        from interop_helpers import tiny_timm
+
+        torch.save(tiny_timm(num_heads=6).state_dict(), self.root / "vit.pth")
+        return self.root / "vit.pth"
+
+    @cached_property
+    def inception(self) -> Path:  # FID Inception-v3's layout with random weights (the real file is not shipped)
+        from torchvision.models import inception_v3
+
+        net = inception_v3(weights=None, aux_logits=False, num_classes=1008, init_weights=False)
+        torch.save(net.state_dict(), self.root / "pt_inception.pth")
+        return self.root / "pt_inception.pth"
+
+    @cached_property
+    def cifar_samples(self) -> Path:
+        np.savez(self.root / "samples.npz", arr_0=np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3), dtype=np.uint8))
+        return self.root / "samples.npz"
+
+
+def only_checkpoint(run: Path) -> Path:
+    (ckpt,) = sorted(run.glob("checkpoints/step_*.pt"))
+    return ckpt
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory):
+    """The shared artifacts; proxy-FID extractors are cached inside it, never in the home folder."""
+    root = tmp_path_factory.mktemp("readme")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(root / "cache"))
+        yield Workspace(root)
+
+
+class Context(dict):
+    """Template values: conftest fixtures (fake_*), the test's folder (tmp), workspace artifacts."""
+
+    def __init__(self, request, ws: Workspace, tmp: Path):
+        super().__init__(tmp=tmp)
+        self.request, self.ws = request, ws
+
+    def __missing__(self, name: str):
+        value = self.request.getfixturevalue(name) if name.startswith("fake_") else getattr(self.ws, name)
+        self[name] = value
+        return value
+
+
+PLACEHOLDER = re.compile(r"(^|=)(" + "|".join(sorted(map(re.escape, rc.PLACEHOLDERS), key=len, reverse=True)) + r")(?=/|$)")
+
+
+def resolve(argv: list[str], plan: rc.Plan, ctx: Context) -> list[str]:
+    """The command as it runs here: placeholders -> artifacts, globs expanded as a shell would, plan.add appended."""
+    out = []
+    for tok in plan.instead or argv:
+        tok = PLACEHOLDER.sub(lambda m: m.group(1) + rc.PLACEHOLDERS[m.group(2)].format_map(ctx), tok)
+        out += sorted(glob.glob(tok)) or [tok] if "*" in tok else [tok]
+    return out + [a.format_map(ctx) for a in plan.add]
+
+
+def shrink_demo(mp, ctx: Context) -> None:
+    """`resdecay demo` has no size flags: its recipes get the tiny sizes, Fashion-MNIST the fake files."""
+    from resdecay.commands import demo
+
+    tiny = [o.format_map(ctx) for o in rc.FMNIST if "=" in o and "out_dir" not in o] + ["data.train_subset=96"]
+    mp.setattr(demo, "fashion_mnist_available", lambda: True)
+    for name, (preset, extra, alpha) in list(demo.DEMO_DATA.items()):
+        sized = [o for o in tiny if name != "digits" or not o.startswith("data.path=")]
+        mp.setitem(demo.DEMO_DATA, name, (preset, [*extra, *sized], alpha))
+
+
+def shrink_diffusion_demo(mp, ctx: Context) -> None:
+    from resdecay.commands import demo_diffusion
+
+    shrink_demo(mp, ctx)
+    dit = [o.format_map(ctx) for o in rc.UVIT if "=" in o and "out_dir" not in o]
+    mp.setitem(demo_diffusion.DEMO_DATA, "fashion-mnist", ([*dit, "data.train_subset=96"], 130, 64, 32))
+    mp.setattr(demo_diffusion, "STEPS", 2)
+
+
+PATCHES = {"demo": shrink_demo, "demo_diffusion": shrink_diffusion_demo}
+
+
+def killed_run(ctx: Context, argv: list[str]) -> None:
+    """The run `--resume auto` continues: trained to the end, then its newest checkpoint and summary
+    removed, which is what a kill -9 between two checkpoints leaves."""
+    i = argv.index("--resume")
+    assert main(argv[1:i] + argv[i + 2:]) == 0
+    run = ctx["tmp"] / "run"
+    *_, newest = sorted(run.glob("checkpoints/step_*.pt"))
+    newest.unlink()
+    (run / "summary.json").unlink()
+
+
+def cifar100(ctx: Context, argv: list[str]) -> None:
+    """CIFAR-100's python pickles beside the fake CIFAR-10 in /data/cifar's stand-in."""
+    folder = ctx["fake_cifar10"] / "cifar-100-python"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 8), ("test", 4)):
+        with open(folder / split, "wb") as f:
+            pickle.dump({"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "fine_labels": list(range(n))}, f)
+
+
+SETUPS = {"killed_run": killed_run, "cifar100": cifar100}
+
+
+def run_subprocess(argv: list[str], cwd: Path) -> tuple[int, str]:
+    """torchrun lines with 2 CPU processes (a free port), benchmark scripts with the test's python."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if argv[0] == "torchrun":
+        i = argv.index("--nproc_per_node")
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *argv[i + 2:]]
+        if "--device" not in argv:
+            argv.append("train.device=cpu")
+    else:
+        argv = [sys.executable, *argv[1:]]
+    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return proc.returncode, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _params(table: dict, known: dict):
+    for name in known:
+        plan = table.get(name)
+        if plan is None:
+            continue
+        marks = [pytest.mark.xfail(reason=plan.xfail, strict=True)] if getattr(plan, "xfail", "") else []
+        yield pytest.param(name, marks=marks, id=name)
+
+
+def test_every_shown_command_has_a_plan():
+    """A command added to README.md or to a --help example must be added to the table too."""
+    unknown = [c for c in COMMANDS if c not in rc.PLANS]
+    assert not unknown, f"add to PLANS in tests/readme_commands.py (how to shrink it, or why it is skipped): {unknown}"
+    stale = [c for c in rc.PLANS if c not in COMMANDS]
+    assert not stale, f"PLANS has commands README and --help no longer show: {stale}"
+    assert sorted(BLOCKS) == sorted(rc.PYTHON_BLOCKS), "add README's new ```python block to PYTHON_BLOCKS"
+
+
+@pytest.mark.parametrize("command", list(_params(rc.PLANS, COMMANDS)))
+def test_readme_command(command, workspace, tmp_path, request, capsys, monkeypatch):
+    plan = rc.PLANS[command]
+    if plan.skip:
+        pytest.skip(f"{command!r}: {plan.skip}")
+    monkeypatch.chdir(tmp_path)  # relative outputs (runs/alpha, mae.pt, vit.safetensors) land here
+    ctx = Context(request, workspace, tmp_path)
+    if plan.setup in SETUPS:
+        SETUPS[plan.setup](ctx, resolve(COMMANDS[command], rc.Plan(add=plan.add), ctx))
+    elif plan.setup:
+        getattr(workspace, plan.setup)
+    if plan.patch:
+        PATCHES[plan.patch](monkeypatch, ctx)
+    argv = resolve(COMMANDS[command], plan, ctx)
+    if argv[0] == "resdecay" or argv[0].endswith("/resdecay"):
+        code = main(argv[1:])
+        out, err = capsys.readouterr()
+        log = out[-3000:] + err[-3000:]
+    else:
+        code, log = run_subprocess(argv, tmp_path)
+    assert code == 0, f"{' '.join(argv)}\n{log}"
+    for pattern in plan.expect:
+        assert glob.glob(pattern.format_map(ctx)), f"{command}: nothing written at {pattern}\n{log}"
+
+
+@pytest.mark.parametrize("title", sorted(BLOCKS))
+def test_readme_python_block(title, workspace, tmp_path, monkeypatch):
+    """README's ```python blocks as written (bar the listed size replacements), and their stated values."""
+    plan = rc.PYTHON_BLOCKS.get(title)
+    if isinstance(plan, str):
+        assert (ROOT / plan.split("::")[0]).read_text().count(f"def {plan.split('::')[1]}(") == 1
+        pytest.skip(f"README block {title!r} runs in {plan}")
+    code = BLOCKS[title]
+    for old, new in (plan or {}).items():
+        assert old in code, f"README block {title!r} no longer contains {old!r}: update PYTHON_BLOCKS"
+        code = code.replace(old, new)
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {"MAE_CKPT": str(workspace.mae_ckpt)} if "MAE_CKPT" in code else {}
+    exec(compile(code, f"README: {title}", "exec"), scope)
+    CHECKS[title](scope)
+
+
+def check_decayify(scope: dict) -> None:
+    alphas = scope["resdecay"].alphas_of(scope["resnet"])
+    assert alphas[0] == ("layer1.0", (1.0,)) and alphas[1][0] == "layer1.1" and round(alphas[1][1][0], 3) == 0.957
+    assert alphas[-1] == ("layer4.1", (0.7,)) and scope["resnet"].resdecay_spec["alpha_min"] == 0.7
+    assert Path("vit.pt").is_file()
+
+
+def check_library(scope: dict) -> None:
+    r = scope["resdecay"]
+    assert f"{r.effective_decay(scope['a']):.2e}" == "3.58e-03" and f"{r.solve_alpha_min(24, 5e-3):.4f}" == "0.7951"
+    assert round(sum(p.numel() for p in scope["mae"].parameters()) / 1e6, 2) == 117.29
+    x = torch.randn(2, 5, 384)
+    assert torch.equal(scope["block"](x), 0.9 * 0.85 * x)
+    assert scope["cfg"].model.alpha_min == 0.6 and torch.isfinite(scope["loss"])
+
+
+CHECKS = {"Decayed shortcuts in models you already have": check_decayify, "Library": check_library}
