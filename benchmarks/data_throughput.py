@@ -9,7 +9,7 @@ What is measured
 
     pil (before)        ``data.decoder=pil``: PIL decode, torchvision v1 RandomResizedCrop/flip on
                         PIL images, ToTensor + Normalize: float32 batches.
-    tensor, uint8 out   ``data.decoder=tensor`` (the default): ``torchvision.io.decode_image``,
+    tensor, uint8 out   ``data.decoder=tensor`` (the default): TorchCodec's decoder (PIL without it),
                         ``transforms.v2`` on uint8, uint8 batches; training normalises on the
                         device (``data.DeviceLoader``), so this is a worker's whole share.
     tensor, float out   the same, normalised in the worker (what evaluators get).

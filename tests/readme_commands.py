@@ -85,6 +85,7 @@ class Plan:
     setup: str = ""  # a workspace recipe to run first (test_readme_commands.Workspace attribute)
     patch: str = ""  # shrink what has no flag for it (test_readme_commands.PATCHES)
     expect: tuple[str, ...] = ()  # files (templates, globs) the command must have written
+    timeout: int = 300  # seconds a subprocess (torchrun, benchmark) may take before it is killed
 
 
 # README's placeholder paths -> artifacts built once per test session ({name}: Workspace attributes,
@@ -98,7 +99,7 @@ PLACEHOLDERS = {
     "PLAIN/checkpoints/step_00007020.pt": "{mae_plain_ckpt}", "DECAYED/checkpoints/step_00007020.pt": "{mae_ckpt}",
     "runs/uvit-tiny-fmnist": "{uvit_run}", "runs/sit-tiny-fmnist": "{sit_run}", "runs/sit-tiny-fmnist-plain": "{sit_plain_run}",
     "runs/sit-xl2/checkpoints/step_00400000.pt": "{sit_latent_ckpt}",
-    "/data/imagenet": "{fake_imagefolder}", "/data/imagenet100": "{fake_imagefolder}", "/data/in100": "{fake_imagefolder}",
+    "/data/imagenet": "{imagefolder}", "/data/imagenet100": "{imagefolder}", "/data/in100": "{imagefolder}",
     "/data/cifar": "{fake_cifar10}", "/data/imagenet-latents": "{latents}", "/data/in100-latents": "{tmp}/latents",
     "/models/sd-vae-ft-ema": "{vae}", "samples.npz": "{cifar_samples}", "pt_inception-2015-12-05-6726825d.pth": "{inception}",
     "mae_pretrain_vit_base.pth": "{mae_pth}", "unet_mae.pth": "{unet_pth}", "vit.pth": "{timm_pth}",
@@ -135,8 +136,7 @@ PLANS: dict[str, Plan] = {
     "resdecay demo [--data digits|fashion-mnist|fashion-mnist-m] [--epochs N] [--alpha-min 0.6]": Plan(
         instead=("resdecay", "demo", "--data", "fashion-mnist-m", "--epochs", "1", "--alpha-min", "0.6"),
         add=("--no-progress", "--out", "{tmp}/demo"), patch="demo"),
-    "resdecay demo --diffusion": Plan(add=("--no-progress", "--out", "{tmp}/demo"), patch="demo_diffusion",
-                                      xfail="issue 23.1: NameError plot_sample_grids after both models are scored"),
+    "resdecay demo --diffusion": Plan(add=("--no-progress", "--out", "{tmp}/demo"), patch="demo_diffusion"),
     # alpha, presets, pretrain
     "resdecay alpha --depth 24 --alpha-min 0.7": Plan(expect=("runs/alpha/*.png",)),
     "resdecay alpha --depth 24 --target-eff 5e-3": Plan(),
@@ -161,7 +161,7 @@ PLANS: dict[str, Plan] = {
     "resdecay latents --vae /models/sd-vae-ft-ema --data imagefolder --data-path /data/in100 --img-size 256 --out /data/in100-latents":
         Plan(add=("--img-size", "16", "--no-progress"), expect=("{tmp}/latents/train.pt",)),
     # measuring
-    "resdecay eval runs/mae-tiny-fmnist/checkpoints/step_00007020.pt": Plan(add=EVAL, expect=("{tmp}/eval/eval.json",)),
+    "resdecay eval runs/mae-tiny-fmnist/checkpoints/step_00007020.pt": Plan(add=EVAL, expect=("{tmp}/eval/*/eval.json",)),
     "resdecay eval RUN_A/checkpoints/step_*.pt RUN_B/checkpoints/step_*.pt --layer all": Plan(add=EVAL),
     "resdecay compare RUN_A RUN_B": Plan(add=("--out", "{tmp}/compare"), setup="evaluated"),
     "resdecay compare runs/mae-tiny-fmnist-plain runs/mae-tiny-fmnist": Plan(add=("--out", "{tmp}/compare"), setup="evaluated"),
@@ -193,7 +193,10 @@ PLANS: dict[str, Plan] = {
     "resdecay ablate --grid where-fmnistm --only plain MAE,alpha 0.8": Plan(add=GRID),
     "resdecay ablate --grid where-fmnistm-long": Plan(add=(*GRID, "train.online_eval_size=32")),
     "torchrun --nproc_per_node 4 -m resdecay ablate --grid table2-in100 data.path=/data/imagenet100": Plan(
-        add=(*IMAGENET, "--only", "alpha_min 1.0,alpha_min 0.6", "--out", "{tmp}/grid")),
+        add=(*IMAGENET, "--only", "alpha_min 1.0,alpha_min 0.6", "--out", "{tmp}/grid"),
+        xfail="rank 1 starts the 2nd variant's process group while rank 0 evaluates the 1st alone: "
+              "'Gloo connectFullMesh failed ... Connection refused', or both ranks hang (one variant passes)",
+        timeout=90),  # it may hang rather than fail: keep the xfail cheap (a passing run takes ~25 s)
     # diffusion
     "resdecay sample runs/uvit-tiny-fmnist/checkpoints/step_*.pt --n 1000 --sampler dpm-solver++ --steps 25": Plan(
         add=("--n", "4", "--steps", "2", "--out", "{tmp}/samples", "--no-progress"), expect=("{tmp}/samples/*.npz",)),
@@ -215,7 +218,8 @@ PLANS: dict[str, Plan] = {
     ".venv/bin/python benchmarks/data_throughput.py": Plan(add=("--images", "8", "--batch", "4", "--rounds", "1",
                                                                 "--img-size", "32")),
     ".venv/bin/python benchmarks/eval_speed.py": Plan(add=("--bank", "200", "--queries", "50", "--dim", "16", "--classes", "4",
-                                                           "--probe-epochs", "2", "--repeats", "1")),
+                                                           "--probe-epochs", "2", "--probe-train", "200", "--probe-test", "50",
+                                                           "--rank-rows", "500", "--repeats", "1")),
     ".venv/bin/python benchmarks/diffusion_throughput.py": Plan(add=("--batch-size", "4", "--warmup", "1", "--steps", "1",
                                                                      "--sample-n", "2", "--sample-steps", "2")),
     ".venv/bin/python benchmarks/train_end_to_end.py": Plan(
@@ -230,6 +234,8 @@ PLANS: dict[str, Plan] = {
 PYTHON_BLOCKS: dict[str, dict[str, str] | str] = {
     "Notebook API": "tests/test_api.py::test_readme_notebook_example_runs",
     "Decayed shortcuts in models you already have": {'"vit_base_patch16_224"': '"vit_tiny_patch16_224"'},
-    "Library": {'"runs/mae-tiny-fmnist/checkpoints/step_00007020.pt"': "MAE_CKPT"},
+    "Library": {'"runs/mae-tiny-fmnist/checkpoints/step_00007020.pt"': "MAE_CKPT", "224, 224": "32, 32",  # ViT-B: size checked apart
+                "MAEConfig(alpha_min=0.6)": "MAEConfig(alpha_min=0.6, img_size=32, embed_dim=32, depth=8, num_heads=2, "
+                                            "decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2)"},
 }
 

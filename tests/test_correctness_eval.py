@@ -121,6 +121,7 @@ def test_fid_compares_two_image_sets(capsys, monkeypatch, xdg, digit_sets):
     (["a.npz", "--ref", "digits", "--proxy", "--data-path", "{tmp}"], ["digits is built in", "would be ignored"]),
     (["a.npz", "--ref", "digits", "--proxy", "--data", "cifar10"], ["--data cifar10 contradicts --ref digits"]),
     (["a.npz", "empty", "--proxy", "--data", "digits"], ["holds no image files"]),
+    (["a.npz", "--ref", "imagefolder", "--proxy"], ["--ref imagefolder needs --data-path"]),
     (["a.npz", "missing.npz", "--proxy", "--data", "digits"], ["no samples file or folder"]),
     (["a.npz", "--ref", "digits", "--proxy", "--ref-out", "{file}/r.pt"], ["is not writable", "--ref-out"]),
     (["a.npz", "b.npz", "--inception-weights", "{tmp}/nope.pth"], ["Inception weights not found", "--inception-weights"]),
@@ -150,13 +151,16 @@ def test_eval_of_a_diffusion_checkpoint_points_to_eval_diffusion(capsys, tmp_pat
 def test_eval_data_path_of_a_built_in_data_set_is_refused(capsys, tmp_path, tiny_checkpoints, uvit_checkpoint,
                                                            fake_imagefolder):
     """Issue 23.13: ``eval --data-path`` was silently ignored for digits (the numbers were digits');
-    now one line, for eval and eval-diffusion, with and without --data."""
+    now one line, for eval, eval-diffusion and figures, with and without --data."""
     ck, folder = tiny_checkpoints["decayed"], str(fake_imagefolder)
     for extra in ([], ["--data", "digits"]):
         assert_one_line_error(*run(capsys, "eval", ck, *FAST, *extra, "--data-path", folder, "--out", str(tmp_path))[::2],
                               "digits is built in", "--data imagefolder --data-path")
     assert_one_line_error(*run(capsys, "eval-diffusion", uvit_checkpoint, "--data", "digits", "--data-path", folder)[::2],
                           "digits is built in")
+    for extra in ([], ["--data", "digits"]):  # figures read the same way
+        assert_one_line_error(*run(capsys, "figures", ck, *extra, "--data-path", folder, "--out", str(tmp_path))[::2],
+                              "digits is built in")
 
 
 def _no_extraction(monkeypatch):

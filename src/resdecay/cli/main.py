@@ -156,7 +156,7 @@ def cmd_plot(args) -> None:
 def cmd_figures(args) -> None:
     data = DataConfig(name=args.data, path=args.data_path) if args.data else None
     run_figures(args.checkpoints, args.out, data, per_class=args.per_class, images=args.images,
-                layer=_int_arg(args.layer, "--layer"), seed=args.seed)
+                layer=_int_arg(args.layer, "--layer"), seed=args.seed, data_path=None if args.data else args.data_path)
 
 
 def _int_arg(value: str, name: str) -> int:

@@ -55,7 +55,7 @@ def load_grid(grid: str) -> dict:
         path = Path(str(resources.files("resdecay") / "grids" / f"{grid}.yaml"))
         if not path.is_file():
             raise UserError(f"grid {grid!r} does not exist; shipped grids: {', '.join(list_grids())} (or a path to a .yaml file)")
-    g = yaml_io.load(path.read_text()) or {}  # YAML 1.2 floats, as presets and overrides
+    g = yaml_io.load_document(path.read_text(), f"grid {path}") or {}  # YAML 1.2 floats; a bad file is one line
     bad = [k for k in g if k not in GRID_KEYS]
     if bad:
         raise UserError(f"grid key {bad[0]!r} does not exist; valid keys: {', '.join(GRID_KEYS)}")
@@ -142,9 +142,7 @@ def run_grid(grid: str, out: str | None = None, only: list[str] | None = None, e
         summary_file = run_dir / "summary.json"
         if not done.exists() and not summary_file.exists():
             print(f"\n=== {g['name']}: {name} ===")
-            summary = train(cfg, resume="auto", progress=progress, init=shared_init(reference))
-            if is_main_process():
-                summary_file.write_text(json.dumps(summary, indent=2))
+            train(cfg, resume="auto", progress=progress, init=shared_init(reference))  # rank 0 writes summary.json
         if not is_main_process():
             continue  # other torchrun ranks help train; rank 0 evaluates and reports
         if not done.exists():

@@ -33,7 +33,11 @@ def _report_dir(ckpt: str, out: str | None) -> Path:
 def check_eval_inputs(checkpoints: list[str], settings: EvalSettings, out: str | None = None) -> None:
     """Every checkpoint, option and output folder, checked before the first feature is extracted:
     a bad second checkpoint, a U-ViT among MAEs or a read-only run folder must not cost the first
-    checkpoint's evaluation (issue 23.8, 23.12/13)."""
+    checkpoint's evaluation (issue 23.8, 23.12/13).
+
+    Args:
+        checkpoints: the checkpoints to evaluate; settings: the evaluation settings; out: ``--out`` or None.
+    """
     for ckpt in checkpoints:
         checked_checkpoint(ckpt, settings)
     fix = "pass --out DIR (a folder you can write)" if out is None else "pass --out with a folder you can write"
@@ -67,7 +71,12 @@ def _bad_files_note(report: dict) -> str | None:
 
 def run_eval(checkpoints: list[str], settings: EvalSettings, out: str | None = None) -> dict:
     """Evaluate each checkpoint, write ``eval.json`` (or ``profile.json`` + PNG with ``layer="all"``)
-    and, for several profiles, an overlay. Under torchrun every rank extracts, rank 0 reports."""
+    and, for several profiles, an overlay. Under torchrun every rank extracts, rank 0 reports.
+
+    Args:
+        checkpoints: encoder checkpoints; settings: the evaluation settings;
+        out: the report folder (default ``<run>/eval``; one sub-folder per run).
+    """
     layer = settings.layer
     check_eval_inputs(checkpoints, settings, out)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -138,7 +147,14 @@ def run_eval_diffusion(checkpoint: str, data=None, out: str | None = None, layer
                        max_test: int | None = None, device: str = "auto", batch_size: int = 256,
                        progress: bool = True) -> dict:
     """``resdecay eval-diffusion``: the probe grid of one checkpoint (EMA weights where kept).
-    Every input is checked before the model is built or a feature extracted (issue 23.8)."""
+    Every input is checked before the model is built or a feature extracted (issue 23.8).
+
+    Args:
+        checkpoint: a U-ViT / SiT checkpoint; data: the data config (default: the run's);
+        out: the output folder (default ``<run>/eval_diffusion``); layers: block indices (default all);
+        levels: noise levels in [0, 1]; max_train, max_test: first N images of each split;
+        device, batch_size, progress: as the CLI options.
+    """
     for name, value in (("--batch-size", batch_size), ("--max-train", max_train), ("--max-test", max_test)):
         if value is not None and value < 1:
             raise UserError(f"{name} must be a positive integer, got {value}")

@@ -60,6 +60,8 @@ def _reference(ref: str | None, data: str | None, data_path: str | None, img_siz
         if data and data != ref:
             raise UserError(f"--data {data} contradicts --ref {ref}: drop --data (--ref names the data set)")
         check_data_path(ref, data_path)
+        if ref == "imagefolder" and not data_path:
+            raise UserError("--ref imagefolder needs --data-path DIR (the ImageFolder whose train/ images are the reference)")
         chans, side = PROXY_DATASETS.get(ref, (3, img_size or IMAGEFOLDER_SIZE))
         return _Reference("dataset", ref, (chans, side, side), None, ref)
     raise UserError(f"--ref {ref!r} is neither a statistics file, a dataset nor an image set; pass a .pt file from an "

@@ -13,6 +13,7 @@ from ..train.checkpoint import load_model
 from ..train.config import shortcut_tag
 from ..data import DataConfig, build_dataset
 from ..errors import UserError
+from ..eval.inputs import check_data_path
 from ..viz.figures import (DIFFUSION_KEYS, online_rows, plot_correlation, plot_diffusion_curves, plot_pca_maps,
                            plot_rank_and_accuracy, plot_tsne)
 from ..io import run_dir_of
@@ -64,8 +65,16 @@ def run_plot(runs: list[str], out: str, accuracy: str = "probe") -> dict:
 
 
 def run_figures(checkpoints: list[str], out: str, data: DataConfig | None = None, per_class: int = 50,
-                images: int = 8, layer: int = -1, seed: int = 0) -> dict:
-    """t-SNE of the same balanced subset, PCA maps of patch features and masked reconstructions."""
+                images: int = 8, layer: int = -1, seed: int = 0, data_path: str | None = None) -> dict:
+    """t-SNE of the same balanced subset, PCA maps of patch features and masked reconstructions.
+
+    Args:
+        checkpoints: encoder checkpoints, drawn side by side; out: the output folder;
+        data: the images (default: the first checkpoint's data set, read from ``data_path`` if given);
+        per_class, images, layer, seed: t-SNE points per class, reconstructions, block, seed.
+    """
+    if data is not None:  # issue 23.13: a folder beside a data set that reads none is refused, not ignored
+        check_data_path(data.name, data.path)
     models, cfgs = {}, {}
     for c in checkpoints:
         model, cfg = load_model(c)
@@ -75,7 +84,9 @@ def run_figures(checkpoints: list[str], out: str, data: DataConfig | None = None
     sizes = {(cfg.model.img_size, cfg.model.in_chans) for cfg in cfgs.values()}
     if len(sizes) > 1:
         raise UserError(f"the checkpoints take different inputs {sorted(sizes)}; figures need one image size and channel count")
-    data = data or replace(first.data, augment="none", train_subset=None)
+    if data is None:
+        check_data_path(first.data.name, data_path)
+        data = replace(first.data, augment="none", train_subset=None, path=data_path or first.data.path)
     test, info = build_dataset(data, "test", first.model.img_size, augment=False)
     out_dir = Path(out)
     cards = {"tsne": plot_tsne(models, test, out_dir / "tsne.png", classes=min(10, info.num_classes),

@@ -36,7 +36,14 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
                out: str | None = None, device: str = "auto", use_ema: bool = True, progress: bool = True,
                atol: float | None = None, rtol: float | None = None) -> dict:
     """``resdecay sample``: every input (checkpoint, sampler options, VAE, output folder) is checked
-    before the first network evaluation, so a typo never costs a sampling run (issue 23.8)."""
+    before the first network evaluation, so a typo never costs a sampling run (issue 23.8).
+
+    Args:
+        checkpoint: a diffusion checkpoint; n: samples in all (split across torchrun ranks);
+        sampler, steps, cfg_scale, labels, seed, batch_size, atol, rtol: the sampler's options;
+        vae: the VAE folder of latent models; out: output folder (default ``<run>/samples``);
+        device, use_ema, progress: as the CLI options.
+    """
     if n < 1:
         raise UserError(f"--n must be a positive number of samples, got {n}")
     if batch_size < 1:

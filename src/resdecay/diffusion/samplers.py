@@ -9,7 +9,8 @@ the data may be latents):
                 r-1, 2r-1, ..., steps*r-1 (r = T // steps; == "trailing" when steps divides T) and the
                 last step lands on ab = 1, i.e. returns x0.
   dpm-solver++  DPMSolverMultistepScheduler, algorithm "dpmsolver++", order 2, data prediction
-                (Lu et al. 2022) -- U-ViT's sampler; 50 steps is U-ViT's default.
+                (Lu et al. 2022) -- U-ViT's sampler for its latent models, 50 steps (its pixel CIFAR models
+                use Euler-Maruyama on a continuous VP-SDE instead; README, Diffusion).
 interp-v models (SiT's linear interpolant x_t = (1-t) x0 + t eps, v = eps - x0, t: 1 -> 0), own code
 on the uniform grid t_k = 1 - k/steps (the same convention as diffusers' FlowMatch schedulers,
 sigma = t, shift 1; tests check ``euler`` against FlowMatchEulerDiscreteScheduler):
@@ -41,7 +42,8 @@ SAMPLERS: dict[str, str] = {  # sampler -> the objective it fits
     "ddpm": "ddpm-eps", "ddim": "ddpm-eps", "dpm-solver++": "ddpm-eps",
     "euler": "interp-v", "heun": "interp-v", "euler-maruyama": "interp-v", "dopri5": "interp-v",
 }
-# U-ViT's sampler; for SiT the paper's FIDs (Table 4, 17.2 -> 11.8) were taken with SiT's dopri5 ODE sampler
+# dpm-solver++: U-ViT's latent-space sampler (its CIFAR pixel configs sample a VP-SDE with Euler-Maruyama);
+# for SiT the paper's FIDs (Table 4, 17.2 -> 11.8) were taken with SiT's dopri5 ODE sampler
 DEFAULT_SAMPLER = {"ddpm-eps": "dpm-solver++", "interp-v": "dopri5"}
 DEFAULT_STEPS = {"dpm-solver++": 50, "euler-maruyama": 250,  # U-ViT: 50 DPM-Solver steps; SiT: 250 SDE steps
                  "dopri5": 1000}  # dopri5: a cap on the adaptive solver's steps, not a step count

@@ -47,11 +47,20 @@ class FeatureCache:
         return cls(folder, reason is None)
 
     def sub(self, name: str) -> FeatureCache:
-        """A sub-folder (e.g. the random-init encoder's) with the same write permission."""
+        """A sub-folder (e.g. the random-init encoder's) with the same write permission.
+
+        Args:
+            name: the sub-folder's name.
+        """
         return FeatureCache(self.dir / name, self.writable)
 
     def load(self, file: Path, wanted: list[tuple], n: int) -> tuple | None:
-        """(feats, labels, blob) from ``file``, or None (see ``load_cached``)."""
+        """(feats, labels, blob) from ``file``, or None (see ``load_cached``; a damaged file is
+        deleted only where the cache may be written).
+
+        Args:
+            file: the cache file; wanted: the (layer, pooling) keys; n: the number of images.
+        """
         return load_cached(file, wanted, n, remove_damaged=self.writable)
 
     def save(self, blob: dict, file: Path) -> bool:

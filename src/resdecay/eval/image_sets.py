@@ -60,7 +60,11 @@ class ImageSet:
 
 
 def is_image_set(path: str) -> bool:
-    """Whether ``path`` names an image set (a folder or an array file) rather than a stats file or a data set."""
+    """Whether ``path`` names an image set (a folder or an array file) rather than a stats file or a data set.
+
+    Args:
+        path: what the user passed.
+    """
     p = Path(path).expanduser()
     return p.is_dir() or p.suffix.lower() in ARRAY_SUFFIXES
 

@@ -84,7 +84,11 @@ def write_failure(path: Path, exc: BaseException, fix: str, nbytes: int = 0) -> 
 
 
 def warn(message: str) -> None:
-    """One warning line on stderr, in the CLI's style."""
+    """One warning line on stderr, in the CLI's style.
+
+    Args:
+        message: the warning, one line.
+    """
     print(f"resdecay: warning: {message}", file=sys.stderr)
 
 
@@ -120,17 +124,29 @@ def eval_split(data: DataConfig, split: str, img_size: int, bad_files: Path | No
 
 
 def bad_files_list(folder: Path, split: str) -> Path:
-    """Where ``eval_split`` lists the unreadable files of ``split`` it replaced."""
+    """Where ``eval_split`` lists the unreadable files of ``split`` it replaced.
+
+    Args:
+        folder: the report folder; split: "train" or "test".
+    """
     return Path(folder) / f"bad_files_{split}.txt"
 
 
 def replaced_count(folder: Path | None, split: str) -> int:
-    """How many unreadable files of ``split`` were replaced (0 without a list)."""
+    """How many unreadable files of ``split`` were replaced (0 without a list).
+
+    Args:
+        folder: the report folder, or None; split: "train" or "test".
+    """
     return count_bad_files(bad_files_list(folder, split)) if folder is not None else 0
 
 
 def replaced_list(folder: Path, split: str) -> str:
-    """The list of replaced files of ``split`` as text ("" when none), to keep with cached features."""
+    """The list of replaced files of ``split`` as text ("" when none), to keep with cached features.
+
+    Args:
+        folder: the report folder; split: "train" or "test".
+    """
     path = bad_files_list(folder, split)
     return path.read_text() if path.is_file() else ""
 

@@ -84,8 +84,14 @@ def cached_features(model, ckpt_sha: str, data: DataConfig, split: str, img_size
                     pools: tuple[str, ...], limit: int | None, s: EvalSettings, cache: FeatureCache, device,
                     bad_files: Path | None = None) -> tuple:
     """Features of one split, from the cache when the same checkpoint, data and protocol were
-    extracted before. ``bad_files``: the folder listing unreadable images replaced under the run's
-    ``data.on_bad_file=skip``. Returns (feats, labels, data card, cache hit)."""
+    extracted before. Returns (feats, labels, data card, cache hit).
+
+    Args:
+        model, ckpt_sha: the encoder and its identity (the cache key); data, split, img_size, limit:
+        the images; layers, pools: which features; s: the settings; cache: the feature cache;
+        device: where to extract; bad_files: the folder listing unreadable images replaced under the
+        run's ``data.on_bad_file=skip`` (None: the first unreadable image stops the evaluation).
+    """
     dataset = eval_split(data, split, img_size, bad_files)
     check_first_sample(dataset, model.cfg.in_chans, img_size, data.name)
     if limit:

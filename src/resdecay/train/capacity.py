@@ -62,7 +62,8 @@ def check_fits(cfg, device: torch.device) -> int | None:
     free, what = available_memory(device)
     if free is not None and need > free:
         sizes = ", ".join(f"model.{k}={getattr(cfg.model, k)}" for k in SIZE_KEYS if hasattr(cfg.model, k))
-        raise ConfigError(f"the model would have {params / 1e6:,.0f} M parameters ({sizes}): its weights, gradients and "
+        sizes = f" ({sizes})" if sizes else ""
+        raise ConfigError(f"the model would have {params / 1e6:,.0f} M parameters{sizes}: its weights, gradients and "
                           f"{cfg.train.optimizer} state alone need about {format_bytes(need)}, more than the "
                           f"{format_bytes(free)} of {what}; lower model.depth or the widths")
     return params

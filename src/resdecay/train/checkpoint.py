@@ -100,7 +100,7 @@ def foreign_format(obj) -> tuple[str, str] | None:
     if not any(k.startswith("blocks.0.") for k in keys):
         return None
     if any(k.startswith("skip.") for k in keys):
-        return "unet-mae", "U-Net MAE (the authors' key layout; give --alpha-min)"
+        return "unet-mae", "U-Net MAE (the authors' key layout; alpha_min from the file's args.min_decay, or --alpha-min when it has no args)"
     if any(k.startswith("decoder_") for k in keys):
         return "mae", "facebookresearch/mae pretraining"
     return "timm-vit", "timm ViT"

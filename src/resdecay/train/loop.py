@@ -21,6 +21,7 @@ from ..data.badfiles import count_bad_files
 from ..errors import ConfigError, DataError, TrainingDiverged, UserError, one_line
 from ..io import atomic_write_text
 from ..schedule import effective_decay
+from .environment import numerics_environment
 from . import checkpoint as ckpt
 from . import distributed as dist_env
 from .async_checkpoint import CheckpointWriter
@@ -218,7 +219,8 @@ def run_summary(cfg: RunConfig, out, data, t, last_loss: float | None, last_ckpt
     return {"preset": cfg.preset, "out_dir": str(out), "steps": t.step, "epochs": cfg.train.epochs, "images": len(data.samples),
             "effective_batch": data.eff_batch, "lr": data.peak_lr, "final_loss": last_loss, "train_time_s": seconds,
             "alpha_min": cfg.model.alpha_min, "skips": getattr(cfg.model, "skips", None), "alpha_eff": effective_decay(t.raw.alphas),
-            "checkpoint": str(last_ckpt) if last_ckpt else None, "resumed_from": str(t.resumed_from) if t.resumed_from else None}
+            "checkpoint": str(last_ckpt) if last_ckpt else None, "resumed_from": str(t.resumed_from) if t.resumed_from else None,
+            "numerics": numerics_environment()}  # threads, CPU kernels, builds: what the exact numbers depend on
 
 
 def write_summary(out: Path, summary: dict) -> None:

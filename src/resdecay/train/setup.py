@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from ..data import DeviceLoader, ResumableSampler, SeededSamples, build_dataset, check_first_sample, uint8_batches
 from ..data.dali_images import DaliLoader, folder_samples
+from ..data.fast_images import crop_scale
 from ..data.badfiles import SkipBadFiles
 from ..errors import CheckpointError, ConfigError, UserError
 from ..io import sweep_stale_temps
@@ -166,7 +167,7 @@ def build_data(cfg: RunConfig, env: dist_env.DistEnv, out: Path | None = None) -
     workers = cfg.data.num_workers
     uint8_stats = uint8_batches(samples)  # ImageFolder on the uint8 path: batches stay uint8 until the device
     if cfg.data.decoder == "dali":  # the same crops, decoded on the GPU by DALI; workers become its threads
-        scale = (0.2, 1.0) if cfg.data.augment == "mae" else (0.08, 1.0)
+        scale = crop_scale(cfg.data.augment)
         loader = DaliLoader(folder_samples(samples), sampler, tc.batch_size, cfg.model.img_size, scale, tc.seed,
                             *uint8_stats, env.device, threads=max(workers, 1))
     else:
