@@ -176,3 +176,15 @@ def test_demo_fashion_mnist_m_without_the_idx_files_is_one_line(capsys, monkeypa
     monkeypatch.setattr(demo, "fashion_mnist_available", lambda *a: False)
     code, out, err = run(capsys, "demo", "--data", "fashion-mnist-m", "--no-progress")
     assert_one_line_error(code, err, "--data fashion-mnist-m", "apt-get install dataset-fashion-mnist")
+
+
+def test_demo_closing_note_states_the_seed_spread():
+    """Issue 23.11: every demo number is printed beside how much it moves over seeds (and threads)."""
+    from resdecay.commands.demo import DEMO_DATA, closing_note
+
+    res = {"plain MAE": {"knn_top1": 0.69, "effective_rank_cls": 1.7}, "U-Net MAE": {"knn_top1": 0.32, "effective_rank_cls": 0.2}}
+    for data in DEMO_DATA:
+        note = closing_note(res, data)
+        assert "- Spread over seeds" in note, data
+    assert "0.331 +/- 0.022" in closing_note(res, "digits") and "--threads 1" in closing_note(res, "digits")
+    assert "not measured for this setting" in closing_note(res, "")

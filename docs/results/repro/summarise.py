@@ -40,7 +40,7 @@ def main() -> None:
     args = p.parse_args()
     for data, seeds, pairs in (("digits", ["digits_t2_AVX512", "digits_t2_seed1", "digits_t2_seed2"],
                                 [("digits_t1_AVX512", "digits_t2_AVX512"), ("digits_t2_AVX2", "digits_t2_AVX512"),
-                                 ("digits_t1_AVX2", "digits_t1_AVX512")]),
+                                 ("digits_t1_AVX2", "digits_t1_AVX512"), ("digits_t2_MKLAVX2", "digits_t2_AVX512")]),
                                ("fashion-mnist", ["fmnist_t2_seed0", "fmnist_t2_seed1", "fmnist_t2_seed2"],
                                 [("fmnist_t1_seed0", "fmnist_t2_seed0")])):
         have = [s for s in seeds if (HERE / f"{s}.json").exists()]

@@ -37,6 +37,7 @@ from ..errors import UserError
 from ..eval.suite import EvalSettings, evaluate_checkpoint
 from ..models import build_model
 from ..viz.plots import plot_bars, plot_rank_vs_depth
+from ..train import distributed as dist_env
 from ..train.distributed import is_main_process
 from .pretrain import train
 
@@ -132,6 +133,20 @@ def run_grid(grid: str, out: str | None = None, only: list[str] | None = None, e
     settings = EvalSettings(**{**g.get("eval", {}), "progress": progress})
     if isinstance(settings.evals, list):
         settings.evals = tuple(settings.evals)
+    # Under torchrun one process group spans the whole grid, and every rank waits at a barrier while rank 0
+    # evaluates a variant: otherwise rank 1 starts the next variant's group alone and times out (issue 23).
+    env = dist_env.setup(base_cfg.train.device)
+    try:
+        rows = _run_variants(g, cfgs, only, settings, reference, progress, env)
+    finally:
+        dist_env.cleanup(env)
+    if not is_main_process():
+        return {}
+    return _report(g, rows, out_dir)
+
+
+def _run_variants(g: dict, cfgs: dict, only, settings, reference: dict, progress: bool, env) -> dict:
+    """Train (all ranks) and evaluate (rank 0) each variant not yet done; rank 0's rows for the table."""
     rows = {}
     for v in g["variants"]:
         name, cfg = v["name"], cfgs[v["name"]]
@@ -141,22 +156,30 @@ def run_grid(grid: str, out: str | None = None, only: list[str] | None = None, e
             continue
         summary_file = run_dir / "summary.json"
         if not done.exists() and not summary_file.exists():
-            print(f"\n=== {g['name']}: {name} ===")
+            if env.is_main:
+                print(f"\n=== {g['name']}: {name} ===")
             train(cfg, resume="auto", progress=progress, init=shared_init(reference))  # rank 0 writes summary.json
-        if not is_main_process():
-            continue  # other torchrun ranks help train; rank 0 evaluates and reports
-        if not done.exists():
+        dist_env.barrier(env)  # rank 0's summary.json is on disk for every rank
+        if not done.exists():  # every rank gives the same answer: eval.json is written only before the next barrier
+            # every torchrun rank helps extract features (eval.suite splits them); rank 0 alone gets the report
             report = evaluate_checkpoint(json.loads(summary_file.read_text())["checkpoint"], settings)
-            done.parent.mkdir(parents=True, exist_ok=True)
-            done.write_text(json.dumps({**report, "label": name}, indent=2))
+            if env.is_main:
+                done.parent.mkdir(parents=True, exist_ok=True)
+                done.write_text(json.dumps({**report, "label": name}, indent=2))
+        dist_env.barrier(env)  # no rank starts the next variant's training before rank 0 has written this one
+        if not env.is_main:
+            continue  # other torchrun ranks help train; rank 0 evaluates and reports
         report = json.loads(done.read_text())
         model = report.get("model", {})
         rows[name] = {"measures": _measure(report), "random_init": _measure(report, "random-init"),
                       "pixels": _measure(report, "pixels"), "paper": v.get("paper"), "run_dir": str(run_dir),
                       "overrides": v.get("overrides", []), "alphas": report.get("alphas"), "family": model.get("family"),
                       "alpha_min": model.get("alpha_min"), "depth": sum(model["layers"]) if "layers" in model else model.get("depth")}
-    if not is_main_process():
-        return {}
+    return rows
+
+
+def _report(g: dict, rows: dict, out_dir: Path) -> dict:
+    """ablate.json, table.txt, the bar chart (and Figure 7's rank-vs-depth plot for ResNet grids)."""
     result = summarize(g, rows)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "ablate.json").write_text(json.dumps(result, indent=2))

@@ -145,6 +145,19 @@ def format_table(results: dict, data_name: str) -> str:
 
 # What the study found (docs/RESULTS.md §11), told after every demo so that a newcomer can place
 # what they just saw. Numbers as measured there; update them with the study.
+# The spread over seeds 0-2 of each demo, as measured (docs/RESULTS.md section 12 and section 11; 2-core CPU, torch
+# 2.14.1): printed beside the run's own numbers so that a reader knows how much one run can move.
+SEED_SPREAD = {
+    "digits": "over seeds 0-2 (resdecay demo --data digits --seed N): plain kNN 0.688 +/- 0.006 (std), decayed "
+              "0.331 +/- 0.022; rank cls 1.55 +/- 0.17 vs 0.28 +/- 0.10. The decayed model also moves with the thread "
+              "count (--threads 1: kNN +0.022), as much as with a new seed.",
+    "fashion-mnist": "over seeds 0-1 (resdecay demo --seed N): plain kNN 0.722 / 0.712, decayed 0.446 / 0.573; rank cls "
+                     "1.18 / 0.98 vs 0.02 / 0.45. The decayed row also moves with the thread count and the CPU's MKL kernels "
+                     "(another machine gave 0.509 for seed 0): run 3+ seeds before trusting a decayed number.",
+    "fashion-mnist-m": "over seeds 0-1 (RESULTS section 11): plain kNN 0.158 / 0.152, alpha_min 0.8 0.231 / 0.179 "
+                       "(half-range +/-0.003 plain, +/-0.026 decayed).",
+}
+
 WHERE_IT_HELPS = (
     "Where the decay helps (docs/RESULTS.md, section 11): on clean digits and Fashion-MNIST the pixels already carry the "
     "class, and the plain MAE wins at every budget we ran. On Fashion-MNIST-M (garments pasted on photographs; raw "
@@ -170,8 +183,10 @@ def closing_note(results: dict, data_name: str = "") -> str:
     missing = ("What it does not show: better accuracy from the decay; on this data the plain MAE is ahead."
                if not better_knn else "What it does not show: that this margin is larger than the seed-to-seed spread "
                "(run --seed 1 to see one more draw).")
+    spread = f"- Spread {SEED_SPREAD[data_name]}" if data_name in SEED_SPREAD else \
+        "- Spread: not measured for this setting; rerun with --seed 1 and --seed 2 before trusting a small difference."
     return "\n".join([
-        "What this demo shows:", rank, knn,
+        "What this demo shows:", rank, knn, spread,
         "- pca_maps.png: PCA of last-block patch tokens as RGB (paper Figure 3); in our runs the decayed model's first "
         "component separates the object from the background (reproduced qualitatively).",
         missing, WHERE_IT_HELPS,

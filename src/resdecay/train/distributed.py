@@ -23,6 +23,7 @@ class DistEnv:
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    owns_group: bool = False  # this setup() started the process group, so its cleanup() ends it
 
     @property
     def is_main(self) -> bool:
@@ -49,15 +50,17 @@ def setup(device: str = "auto") -> DistEnv:
         rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
         if want_cuda:
             torch.cuda.set_device(local)
-        if not dist.is_initialized():
+        owns = not dist.is_initialized()  # a caller (ablate's grid) may keep one group across several runs
+        if owns:
             dist.init_process_group(backend="nccl" if want_cuda else "gloo")
         dev = torch.device("cuda", local) if want_cuda else torch.device("cpu")
-        return DistEnv(rank, world, local, dev)
+        return DistEnv(rank, world, local, dev, owns)
     return DistEnv(device=torch.device("cuda") if want_cuda else torch.device("cpu"))
 
 
 def cleanup(env: DistEnv) -> None:
-    if env.distributed and dist.is_initialized():
+    """End the process group if this env's setup() started it (a group a caller keeps is left running)."""
+    if env.distributed and env.owns_group and dist.is_initialized():
         dist.destroy_process_group()
 
 
