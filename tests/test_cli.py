@@ -101,6 +101,8 @@ def test_demo_closing_note_follows_the_numbers():
     (["pretrain", "--preset", "mae-tiny-digits", "train.epochs=0"], ["train.epochs must be a positive integer"]),
     (["pretrain", "--preset", "mae-tiny-digits", "train.epochs=-1"], ["train.epochs must be a positive integer"]),
     (["demo", "--epochs", "0"], ["--epochs must be a positive integer"]),
+    (["demo", "--threads", "0"], ["--threads must be a positive integer"]),  # issue 23.11's new option
+    (["demo", "--diffusion", "--threads", "2"], ["--threads is an option of the MAE demo", "OMP_NUM_THREADS"]),
     (["pretrain", "--preset", "mae-tiny-digits", "model.patch_size=3"], ["not divisible by patch size 3", "[1, 2, 4, 8]"]),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, args, fragments):

@@ -118,6 +118,10 @@ def cmd_demo(args) -> None:
     alpha_min = args.alpha_min if args.alpha_min is not None or not args.diffusion else 0.7
     if alpha_min is not None and not 0 < alpha_min <= 1:
         raise UserError(f"--alpha-min must lie in (0, 1], got {alpha_min}")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be a positive integer, got {args.threads}")
+    if args.diffusion and args.threads is not None:
+        raise UserError("--threads is an option of the MAE demo; with --diffusion set OMP_NUM_THREADS=N instead")
     if args.diffusion:
         run_diffusion_demo(data=args.data, out_dir=args.out or "runs/demo_diffusion", epochs=args.epochs, alpha_min=alpha_min,
                            seed=args.seed, progress=not args.no_progress, samples=args.samples, max_images=args.max_images)
@@ -125,8 +129,6 @@ def cmd_demo(args) -> None:
     for flag, value in (("--samples", args.samples), ("--max-images", args.max_images)):
         if value is not None:
             raise UserError(f"{flag} is an option of the diffusion demo: use it with --diffusion")
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"--threads must be a positive integer, got {args.threads}")
     run_demo(data=args.data, out_dir=args.out or "runs/demo", epochs=args.epochs, alpha_min=alpha_min, seed=args.seed,
              progress=not args.no_progress, threads=args.threads)
 
