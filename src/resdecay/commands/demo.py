@@ -148,13 +148,13 @@ def format_table(results: dict, data_name: str) -> str:
 # The spread over seeds 0-2 of each demo, as measured (docs/RESULTS.md section 12 and section 11; 2-core CPU, torch
 # 2.14.1): printed beside the run's own numbers so that a reader knows how much one run can move.
 SEED_SPREAD = {
-    "digits": "over seeds 0-2 (resdecay demo --data digits --seed N): plain kNN 0.688 +/- 0.006 (std), decayed "
+    "digits": "over seeds 0-2 at the default budget (resdecay demo --data digits --seed N): plain kNN 0.688 +/- 0.006 (std), decayed "
               "0.331 +/- 0.022; rank cls 1.55 +/- 0.17 vs 0.28 +/- 0.10. The decayed model also moves with the thread "
               "count (--threads 1: kNN +0.022), as much as with a new seed.",
-    "fashion-mnist": "over seeds 0-1 (resdecay demo --seed N): plain kNN 0.722 / 0.712, decayed 0.446 / 0.573; rank cls "
+    "fashion-mnist": "over seeds 0-1 at the default budget (resdecay demo --seed N): plain kNN 0.722 / 0.712, decayed 0.446 / 0.573; rank cls "
                      "1.18 / 0.98 vs 0.02 / 0.45. The decayed row also moves with the thread count and the CPU's MKL kernels "
                      "(another machine gave 0.509 for seed 0): run 3+ seeds before trusting a decayed number.",
-    "fashion-mnist-m": "over seeds 0-1 (RESULTS section 11): plain kNN 0.158 / 0.152, alpha_min 0.8 0.231 / 0.179 "
+    "fashion-mnist-m": "over seeds 0-1 at 16 epochs (RESULTS section 11): plain kNN 0.158 / 0.152, alpha_min 0.8 0.231 / 0.179 "
                        "(half-range +/-0.003 plain, +/-0.026 decayed).",
 }
 

@@ -15,11 +15,10 @@ import time
 from pathlib import Path
 
 import torch
-from ..io import progress_bar
 
 from ..data.badfiles import count_bad_files
 from ..errors import ConfigError, DataError, TrainingDiverged, UserError, one_line
-from ..io import atomic_write_text
+from ..io import atomic_write_text, progress_bar
 from ..schedule import effective_decay
 from .environment import numerics_environment
 from . import checkpoint as ckpt
