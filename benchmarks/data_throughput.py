@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from resdecay.data import DataConfig, SeededSamples, build_dataset, uint8_batches
+from resdecay.data import DataConfig, SeededSamples, build_dataset
 
 from _measure import bad_input
 
@@ -85,12 +85,15 @@ def one_pass(samples: SeededSamples, epoch: int, batch: int) -> float:
 def dali_pass(samples: SeededSamples, epoch: int, batch: int, size: int, device: torch.device) -> float:
     """Seconds for DALI to produce every batch of one epoch (normalised on ``device``)."""
     from resdecay.data.dali_images import DaliLoader, folder_samples
-    from resdecay.data.samplers import ResumableSampler
+    from resdecay.data.datasets import IMAGENET_MEAN, IMAGENET_STD
+    from resdecay.data.resumable import ResumableSampler
+    from resdecay.data.transforms import create_transform
 
     sampler = ResumableSampler(len(samples), seed=0, shuffle=False)
     sampler.set_epoch(epoch)
-    mean, std = uint8_batches(samples)
-    loader = DaliLoader(folder_samples(samples), sampler, batch, size, (0.2, 1.0), 0, mean, std, device, threads=1)
+    crops = create_transform("mae", size, "dali", mean=IMAGENET_MEAN, std=IMAGENET_STD)  # the uint8 path's crops
+    loader = DaliLoader(folder_samples(samples), sampler, batch, crops.size, crops.scale, 0, crops.mean, crops.std, device,
+                        threads=1)
     t0 = time.perf_counter()
     for images, _ in loader:
         pass
@@ -128,11 +131,9 @@ def main() -> None:
         paths = {}
         for name, decoder, uint8 in (("pil (before)", "pil", False), ("tensor, uint8 out", "tensor", True),
                                      ("tensor, float out", "tensor", False)):
-            ds, _ = build_dataset(DataConfig("imagefolder", path=str(root), augment="mae", decoder=decoder), "train", args.img_size)
-            samples = SeededSamples(ds, seed=0)
-            if uint8:
-                assert uint8_batches(samples) is not None
-            paths[name] = samples
+            ds, _ = build_dataset(DataConfig("imagefolder", path=str(root), augment="mae", decoder=decoder), "train", args.img_size,
+                                  uint8_out=uint8)
+            paths[name] = SeededSamples(ds, seed=0)
         used = args.images // args.batch * args.batch
         passes = {k: (lambda s, e, k=k: one_pass(s, e, args.batch)) for k in paths}
         if dali_available():

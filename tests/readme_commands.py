@@ -235,7 +235,7 @@ PLANS: dict[str, Plan] = {
     "resdecay eval-diffusion runs/uvit-tiny-fmnist/checkpoints/step_*.pt --noise-levels 0,0.1,0.25,0.5": Plan(
         add=("--max-train", "64", "--max-test", "32", "--out", "{tmp}/grid", "--no-progress")),
     "resdecay plot runs/sit-tiny-fmnist runs/sit-tiny-fmnist-plain --out runs/plot": Plan(expect=("runs/plot/*.png",)),
-    "torchrun --nproc_per_node 8 -m resdecay sample runs/sit-xl2/checkpoints/step_00400000.pt --num-samples 50000 --cfg 1.5 "
+    "torchrun --nproc_per_node 8 -m resdecay sample runs/sit-xl2/checkpoints/step_00400000.pt --num-samples 50000 --guidance-scale 1.5 "
     "--vae /models/sd-vae-ft-ema": Plan(add=("--num-samples", "3", "--steps", "4", "--device", "cpu", "--out", "{tmp}/samples",
                                              "--no-progress"), expect=("{tmp}/samples/*.npz",)),
     # benchmarks: each script's smoke run lives in tests/test_benchmarks.py (checked to exist and to run it)

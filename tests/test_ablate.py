@@ -2,6 +2,7 @@
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import yaml
 from resdecay.commands.ablate import load_grid, list_grids, shared_init
 from resdecay.train.config import load_config
 from resdecay.models import MAEConfig, MaskedAutoencoder, build_model
-from resdecay.schedule import shortcut_factors
+from resdecay.nn.residual import shortcut_factors
 
 from conftest import TINY
 from test_cli import assert_one_line_error, run
@@ -124,8 +125,8 @@ def test_grid_runs_compares_and_resumes(tmp_path, capsys, monkeypatch):
     import resdecay.commands.ablate as ab
 
     trained = []
-    real = ab.train
-    monkeypatch.setattr(ab, "train", lambda cfg, **k: trained.append(cfg.out_dir.name) or real(cfg, **k))
+    real = ab.train_with_online_eval
+    monkeypatch.setattr(ab, "train_with_online_eval", lambda cfg, **k: trained.append(cfg.out_dir.name) or real(cfg, **k))
     code, text, err = run(capsys, "ablate", "--grid", str(path), "--out", str(out), "--no-progress")
     assert code == 0, err
     assert trained == ["learnable"]
@@ -150,3 +151,58 @@ def test_grid_bad_input(tmp_path, capsys):
     bad.write_text(yaml.safe_dump({"name": "b", "preset": "mae-tiny-digits", "variants": [{"name": "x", "overrides": ["shortcut=magic"]}]}))
     code, _, err = run(capsys, "ablate", "--grid", str(bad))
     assert_one_line_error(code, err, "model.shortcut 'magic' is unknown", "scaled_sum")
+
+
+# figure7-toy (the smallest shipped grid: ResNets, kNN + rank) shrunk to seconds: digits, width 8, one epoch
+SEED_GRID = ["data.name=digits", "model.img_size=8", "model.width=8", "train.epochs=1", "train.batch_size=64",
+             "train.warmup_epochs=0", "data.num_workers=0", "train.threads=1"]
+SEED_ONLY = "8 blocks alpha 1.0,8 blocks alpha 0.7"
+
+
+def test_ablate_seeds_pools_seeds_and_reuses_the_manual_form(tmp_path, capsys, monkeypatch):
+    """Issue 20.4: ``--seeds 0,1`` runs the grid once per seed into <out>/seed<N> exactly as
+    ``--out <out>/seed<N> train.seed=<N>`` would (a folder made that way is read back, not retrained),
+    then writes mean ± std over the seeds; run again, everything is read back."""
+    import resdecay.commands.ablate as ab
+
+    out = tmp_path / "g"
+    code, _, err = run(capsys, "ablate", "--grid", "figure7-toy", "--only", SEED_ONLY, "--out", str(out / "seed0"),
+                       *SEED_GRID, "train.seed=0", "--no-progress")
+    assert code == 0, err
+    trained = []
+    real = ab.train_with_online_eval
+    monkeypatch.setattr(ab, "train_with_online_eval",
+                        lambda cfg, **k: trained.append((cfg.train.seed, cfg.out_dir.parent.name)) or real(cfg, **k))
+    args = ["ablate", "--grid", "figure7-toy", "--only", SEED_ONLY, "--seeds", "0,1", "--out", str(out), *SEED_GRID, "--no-progress"]
+    code, text, err = run(capsys, *args)
+    assert code == 0, err
+    assert trained == [(1, "seed1"), (1, "seed1")]  # seed 0's variants came from the manual run
+    res = json.loads((out / "ablate.json").read_text())
+    assert res["seeds"] == [0, 1] and set(res["rows"]) == {"8 blocks alpha 1.0", "8 blocks alpha 0.7"}
+    per_seed = [json.loads((out / f"seed{s}" / "ablate.json").read_text())["rows"]["8 blocks alpha 0.7"] for s in (0, 1)]
+    row = res["rows"]["8 blocks alpha 0.7"]
+    for field in ("measures", "delta"):
+        for key in ("knn_top1", "rank_cls"):
+            st, values = row[field][key], [r[field][key] for r in per_seed]
+            assert st["values"] == values and st["n"] == 2 and st["seeds"] == [0, 1]
+            assert st["mean"] == pytest.approx(statistics.fmean(values)) and st["std"] == pytest.approx(statistics.stdev(values))
+    assert res["rows"]["8 blocks alpha 1.0"]["delta"]["knn_top1"]["mean"] == 0.0
+    assert per_seed[0]["measures"] != per_seed[1]["measures"]  # the seeds differ
+    table = (out / "table.txt").read_text()
+    assert "over seeds 0, 1" in table and "±" in table and "d kNN" in table and table in text
+    assert (out / "ablate.png").stat().st_size > 1000
+    trained.clear()
+    code, _, err = run(capsys, *args)  # resumed: every variant of every seed read back
+    assert code == 0 and trained == [], err
+
+
+@pytest.mark.parametrize("seeds,needle", [("a,b", "'a' is not an integer"), ("0,0", "repeats a seed"),
+                                          ("1,-1", "-1 is negative"), ("", "--seeds is empty"), ("0,,1", "'' is not")])
+def test_ablate_seeds_bad_values_are_one_line(capsys, seeds, needle):
+    assert_one_line_error(*run(capsys, "ablate", "--grid", "figure7-toy", "--seeds", seeds)[::2], needle, "--seeds 0,1,2")
+
+
+def test_ablate_seeds_and_a_seed_override_contradict(capsys, tmp_path):
+    code, _, err = run(capsys, "ablate", "--grid", "figure7-toy", "--seeds", "0,1", "--out", str(tmp_path), "train.seed=3")
+    assert_one_line_error(code, err, "--seeds sets train.seed", "train.seed=3")
+    assert not list(tmp_path.iterdir())

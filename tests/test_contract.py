@@ -4,44 +4,49 @@ loads and builds; regression tests for bugs the reorganisation fixed."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
+import torch.nn as nn
 
+from resdecay.cli.plugins import load_plugins
 from resdecay.errors import ConfigError
-from resdecay.models import FAMILIES, build_model, is_diffusion, tiny_config
+from resdecay.models import (FAMILIES, MAEConfig, ModelConfig, ResidualModel, build_model, get_family, register_family,
+                             tiny_config)
+from resdecay.models.contract import missing_members
 from resdecay.train import checkpoint as ckpt
 from resdecay.train.config import from_dict, list_presets, load_config
 
-
-def _inputs(model, family: str, batch: int = 3):
-    cfg = model.cfg if family != "classifier" else model.cfg  # the classifier's cfg is its encoder's
-    x = torch.randn(batch, cfg.in_chans, cfg.img_size, cfg.img_size)
-    labels = torch.arange(batch) % 2
-    if is_diffusion(family):
-        return x, {"t": torch.rand(batch) * 999, "y": labels}, labels
-    return x, {}, labels
+TOY = Path(__file__).parent / "plugins" / "toy_family.py"
 
 
-def _loss(model, family: str, x, cond, labels) -> torch.Tensor:
-    if family == "mae":
-        return model(x)[0]
-    if is_diffusion(family):
-        return model(x, cond["t"], cond["y"]).float().pow(2).mean()
-    return model(x, labels)[0]
+# RESDECAY_PLUGINS=my_family.py pytest tests/test_contract.py: a family registered in a user's own
+# file is checked by this unchanged test, as the CLI would load it
+load_plugins([])
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_model_contract(family):
+def check_contract(family: str) -> None:
+    """The model contract for one registered family at its tiny size; everything family-specific
+    (its tiny size, what its forward takes, its loss) comes from its registration."""
+    spec = get_family(family)
     torch.manual_seed(0)
-    model = build_model(tiny_config(family))
-    x, cond, labels = _inputs(model, family)
-    # forward on CPU, no NaN, every trainable parameter gets a gradient
+    cfg = tiny_config(family)
+    assert isinstance(cfg, ModelConfig) and isinstance(cfg.warnings(), list)
+    model = build_model(cfg)
+    assert isinstance(model, ResidualModel), f"{family} lacks {missing_members(model)}"
+    assert isinstance(model.cfg, ModelConfig) and (model.cfg.img_size, model.cfg.in_chans) == (cfg.img_size, cfg.in_chans)
+    batch = spec.example_batch(model, 3)
+    x, cond = batch.images, batch.conditioning
+    # the registered objective on CPU, no NaN, every trainable parameter gets a gradient
     model.train()
-    loss = _loss(model, family, x, cond, labels)
-    assert torch.isfinite(loss)
+    loss = spec.objective(model, x, batch.labels)
+    assert loss.ndim == 0 and torch.isfinite(loss)
     loss.backward()
     # zero-initialised last layers give zero gradients to what feeds them on the first step; a
     # parameter "gets a gradient" when autograd reaches it (grad is not None)
@@ -49,23 +54,50 @@ def test_model_contract(family):
     assert not missing, missing
     # forward_intermediates: the requested blocks, refusing out-of-range ones with one clear line
     model.eval()
-    depth = len(model.blocks)
+    depth = model.num_blocks
+    assert depth == len(model.blocks) == cfg.num_blocks > 0
+    assert isinstance(model.blocks, nn.ModuleList) and isinstance(model.decoder_blocks, nn.ModuleList)
     with torch.no_grad():
-        feats = model.forward_intermediates(x, **cond, indices=[0, -1])
+        feats = model.forward_intermediates(x, *cond, indices=[0, -1])
         assert len(feats) == 2 and all(torch.isfinite(f).all() for f in feats)
-        assert torch.equal(feats[1], model.forward_intermediates(x, **cond)[0])  # default: the last block
+        assert torch.equal(feats[1], model.forward_intermediates(x, *cond)[0])  # default: the last block
+        assert torch.equal(feats[1], model.forward_features(x, *cond))  # the features evaluation pools
         for bad in ([depth], [-depth - 1], [100]):
             with pytest.raises(IndexError, match=re.escape(f"0..{depth - 1}")) as e:
-                model.forward_intermediates(x, **cond, indices=bad)
+                model.forward_intermediates(x, *cond, indices=bad)
             assert "\n" not in str(e.value)
     # state_dict round-trips into a fresh model of the same config
     other = build_model(tiny_config(family)).eval()
     other.load_state_dict(model.state_dict())
     with torch.no_grad():
-        a = model.forward_intermediates(x, **cond, indices=[-1])[0]
-        b = other.forward_intermediates(x, **cond, indices=[-1])[0]
+        a = model.forward_intermediates(x, *cond, indices=[-1])[0]
+        b = other.forward_intermediates(x, *cond, indices=[-1])[0]
     assert torch.equal(a, b)
     assert model.flops_per_sample() > 0 and model.alphas.shape[0] == depth
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_model_contract(family):
+    check_contract(family)
+
+
+def test_a_family_registered_in_a_users_file_is_checked_unchanged(tmp_path):
+    """The contract test picks up a family registered outside the package (tests/plugins/toy_family.py,
+    loaded as the CLI loads --plugin files) without an edit: it runs as one more parametrised case."""
+    env = {**os.environ, "RESDECAY_PLUGINS": str(TOY), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "test_model_contract and toy"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_broken_registration_is_one_line():
+    with pytest.raises(ConfigError, match="already registered .*register yours under another name"):
+        register_family("mae", config=MAEConfig, objective=lambda m, x, y: m(x)[0], build=lambda cfg: None)
+    with pytest.raises(ConfigError, match="needs a field `family: str = 'mae2'`"):
+        register_family("mae2", config=MAEConfig, objective=lambda m, x, y: m(x)[0], build=lambda cfg: None)
+    with pytest.raises(ConfigError, match="must be a dataclass subclassing resdecay.models.ModelConfig"):
+        register_family("plain", config=dict, objective=lambda m, x, y: m(x)[0], build=lambda cfg: None)
+    assert "mae2" not in FAMILIES and "plain" not in FAMILIES
 
 
 def test_resnet_refuses_out_of_range_blocks():
@@ -130,12 +162,11 @@ def test_checkpoint_written_before_the_reorganisation_loads(tmp_path):
 def test_model_contract_on_cuda_in_bf16(family):
     """The same contract on a GPU under bf16 autocast (the trainer's default there)."""
     torch.manual_seed(0)
+    spec = get_family(family)
     model = build_model(tiny_config(family)).cuda()
-    x, cond, labels = _inputs(model, family)
-    x, labels = x.cuda(), labels.cuda()
-    cond = {k: v.cuda() for k, v in cond.items()}
+    batch = spec.example_batch(model, 3)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = _loss(model, family, x, cond, labels)
+        loss = spec.objective(model, batch.images.cuda(), batch.labels.cuda())
     assert torch.isfinite(loss)
     loss.backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

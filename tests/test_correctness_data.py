@@ -15,7 +15,8 @@ from PIL import Image
 
 from resdecay.data import DataConfig, build_dataset
 from resdecay.data import fast_images
-from resdecay.data.fast_images import Uint8View, decode_uint8
+from resdecay.data.fast_images import decode_uint8
+from resdecay.data.transforms import Uint8View
 from resdecay.errors import ConfigError, DataError
 from resdecay.io import atomic_save
 

@@ -19,7 +19,7 @@ from resdecay.eval import fid as fidmod
 from resdecay.eval import suite
 from resdecay.eval.fid import feature_stats, fid, proxy_extractor, reference_images
 from resdecay.train.config import load_config
-from resdecay.commands.pretrain import train
+from resdecay.commands.pretrain import train_with_online_eval as train
 
 from conftest import TINY
 from test_cli import assert_one_line_error, run
@@ -167,7 +167,7 @@ def _no_extraction(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("features were extracted before the inputs were checked")
 
-    monkeypatch.setattr(suite, "extract_features", fail)
+    monkeypatch.setattr(suite, "extract_block_features", fail)
 
 
 def test_eval_unwritable_out_is_one_line_before_any_extraction(capsys, tmp_path, tiny_checkpoints, monkeypatch):

@@ -9,8 +9,9 @@ import torch
 
 from resdecay.data.dali_images import crop_window, folder_samples
 from resdecay.data.datasets import DataConfig, build_dataset
-from resdecay.data.fast_images import normalize, uint8_batches
-from resdecay.data.samplers import ResumableSampler, SeededSamples
+from resdecay.data.fast_images import normalize
+from resdecay.data.resumable import ResumableSampler, SeededSamples
+from resdecay.data.transforms import create_transform
 from resdecay.errors import ConfigError
 
 from test_cli import assert_one_line_error, run
@@ -33,9 +34,8 @@ def photo_folder(tmp_path):
 def test_crop_window_is_the_uint8_paths_crop(photo_folder):
     import torchvision.transforms.v2.functional as F
 
-    ds, _ = build_dataset(DataConfig("imagefolder", path=str(photo_folder), augment="mae"), "train", 32)
+    ds, _ = build_dataset(DataConfig("imagefolder", path=str(photo_folder), augment="mae"), "train", 32, uint8_out=True)
     samples = SeededSamples(ds, seed=5)
-    uint8_batches(samples)
     from resdecay.data.fast_images import decode_uint8
     for key in [(0, 0), (3, 0), (3, 1), (7, 4)]:
         img = decode_uint8(folder_samples(samples)[key[0]][0])
@@ -59,13 +59,16 @@ def _dali_and_reference(photo_folder, start=0):
     pytest.importorskip("nvidia.dali")
     from resdecay.data.dali_images import DaliLoader
 
-    ds, _ = build_dataset(DataConfig("imagefolder", path=str(photo_folder), augment="mae"), "train", 48)
+    data = DataConfig("imagefolder", path=str(photo_folder), augment="mae", decoder="dali")
+    ds, info = build_dataset(data, "train", 48, uint8_out=True)
     samples = SeededSamples(ds, seed=3)
-    mean, std = uint8_batches(samples)
+    crops = create_transform(data.augment, 48, "dali", mean=info.mean, std=info.std)
+    assert (crops.size, crops.scale, crops.mean, crops.std) == (48, (0.2, 1.0), info.mean, info.std)
+    mean, std = crops.mean, crops.std
     sampler = ResumableSampler(len(samples), seed=3)
     sampler.set_epoch(2, start=start)
     ref = torch.stack([samples[k][0] for k in iter(sampler)])
-    loader = DaliLoader(folder_samples(samples), sampler, 2, 48, (0.2, 1.0), 3, mean, std, torch.device("cpu"), threads=1)
+    loader = DaliLoader(folder_samples(ds), sampler, 2, crops.size, crops.scale, 3, mean, std, torch.device("cpu"), threads=1)
     got = torch.cat([x for x, _ in loader])
     return got, normalize(ref, mean, std), torch.tensor(std).view(1, 3, 1, 1) * 255
 

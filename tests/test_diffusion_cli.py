@@ -12,7 +12,7 @@ import torch
 from resdecay.train import checkpoint as ckpt
 from resdecay.cli import main
 from resdecay.train.config import load_config
-from resdecay.commands.pretrain import train
+from resdecay.commands.pretrain import train_with_online_eval as train
 
 DIGITS = ["data.name=digits", "model.img_size=8", "model.patch_size=2", "model.embed_dim=32", "model.num_heads=2",
           "train.epochs=2", "train.batch_size=64", "train.log_every=5", "train.warmup_epochs=0.2", "train.ema_decay=0.99"]
@@ -63,7 +63,7 @@ def test_training_keeps_ema_and_loss_is_finite(diffusion_runs):
 @pytest.mark.parametrize("name,sampler", [("uvit", "ddim"), ("uvit", "dpm-solver++"), ("sit", "heun"), ("sit", "euler-maruyama"),
                                           ("sit", "dopri5")])
 def test_sample_writes_grid_and_adm_npz(diffusion_runs, tmp_path, capsys, name, sampler):
-    extra = ["--cfg", "1.5"] if name == "sit" else []
+    extra = ["--guidance-scale", "1.5"] if name == "sit" else []
     steps = [] if sampler == "dopri5" else ["--steps", 4]  # dopri5 chooses its own steps (at most 1000 by default)
     code, out, err = run(capsys, "sample", diffusion_runs[name], "--n", 10, "--sampler", sampler, *steps,
                          "--out", tmp_path, "--no-progress", *extra)
@@ -74,6 +74,7 @@ def test_sample_writes_grid_and_adm_npz(diffusion_runs, tmp_path, capsys, name, 
     assert next(tmp_path.glob("*.png")).stat().st_size > 0
     meta = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert meta["sampler"] == sampler and meta["weights"] == "EMA"
+    assert meta["cfg_scale"] == (1.5 if name == "sit" else 1.0) and f"guidance scale {meta['cfg_scale']:g}" in out
     if sampler == "dopri5":  # adaptive: the tolerances name the run, the evaluations it took are reported
         assert (meta["atol"], meta["rtol"]) == (1e-6, 1e-3) and "atol1e-06-rtol0.001" in npz.name
         assert meta["nfe"] >= 6 and "network evaluations per batch" in out
@@ -150,13 +151,20 @@ def test_eval_diffusion_grid(diffusion_runs, tmp_path, capsys):
     assert_one_line_error(code, err, "layer 7 is out of range", "0..2")
 
 
+def test_guidance_scale_is_the_option_and_cfg_its_hidden_old_spelling(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["sample", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "--guidance-scale" in out and "--cfg" not in out
+
+
 def test_bad_inputs_one_line_each(diffusion_runs, tmp_path, capsys):
     # class labels / guidance asked of an unconditional model
     code, _, err = run(capsys, "sample", diffusion_runs["uvit"], "--n", 2, "--labels", "1,2", "--out", tmp_path)
     assert_one_line_error(code, err, "unconditional")
-    code, _, err = run(capsys, "sample", diffusion_runs["uvit"], "--n", 2, "--cfg", "2", "--out", tmp_path)
-    assert_one_line_error(code, err, "unconditional")
-    # guidance on a model trained without label dropout
+    code, _, err = run(capsys, "sample", diffusion_runs["uvit"], "--n", 2, "--guidance-scale", "2", "--out", tmp_path)
+    assert_one_line_error(code, err, "unconditional", "--guidance-scale")
+    # guidance on a model trained without label dropout; --cfg, the old spelling, still reaches the same option
     code, _, err = run(capsys, "sample", diffusion_runs["sit-nodrop"], "--n", 2, "--cfg", "2", "--out", tmp_path)
     assert_one_line_error(code, err, "label dropout")
     # a sampler that does not fit the objective

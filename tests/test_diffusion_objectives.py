@@ -274,7 +274,7 @@ def test_bad_inputs_raise_one_line_errors(monkeypatch, tmp_path):
         one_line_error(ConfigError, "steps must be an integer >= 1", sample, cond, 2, sampler="euler", steps=steps, **kw)
     one_line_error(ConfigError, "at most 1000 steps", sample, uncond, 2, sampler="ddpm", steps=1001, **kw)
     for extra in ({"labels": [0, 1]}, {"cfg_scale": 2.0}):
-        one_line_error(UserError, r"unconditional \(model.num_classes=0\); drop --cfg/labels",
+        one_line_error(UserError, r"unconditional \(model.num_classes=0\); drop --guidance-scale/--labels",
                        sample, uncond, 2, sampler="ddim", steps=2, **extra, **kw)
     no_dropout = StandIn(make_cfg("interp-v", num_classes=3, class_dropout=0.0))
     one_line_error(UserError, r"guidance needs label dropout in training \(model.class_dropout>0\)",

@@ -11,7 +11,7 @@ import torch
 from resdecay.train.config import load_config
 from resdecay.eval import suite
 from resdecay.eval.suite import EvalSettings, evaluate_checkpoint
-from resdecay.commands.pretrain import train
+from resdecay.commands.pretrain import train_with_online_eval as train
 
 from conftest import TINY
 from test_cli import assert_one_line_error, run
@@ -35,13 +35,13 @@ def test_report_carries_protocol_cards(tiny_checkpoints, tmp_path):
 
 def test_feature_cache_is_reused_and_invalidated(tiny_checkpoints, tmp_path, monkeypatch):
     calls = {"n": 0}
-    real = suite.extract_features
+    real = suite.extract_block_features
 
     def counting(*a, **k):
         calls["n"] += 1
         return real(*a, **k)
 
-    monkeypatch.setattr(suite, "extract_features", counting)
+    monkeypatch.setattr(suite, "extract_block_features", counting)
     s = EvalSettings(evals=("knn",), cache_dir=str(tmp_path), baselines=False, **FAST)  # baselines: own test
     first = evaluate_checkpoint(tiny_checkpoints["decayed"], s)
     assert calls["n"] == 2 and not first["cache"]["train_hit"]

@@ -170,3 +170,30 @@ def test_unrecognised_samples(tmp_path):
             feature_stats(samples, ext)
     with pytest.raises(UserError, match="proxy FID needs a labelled fixed-size dataset"):
         proxy_extractor("imagefolder", cache_dir=tmp_path)
+
+
+def test_extractors_are_described_by_a_typed_card(proxy_cache):
+    """Issue 21.3: what FID statistics record about an extractor comes from one typed card
+    (``FeatureExtractor.card``); any other module is an anonymous extractor named after its class."""
+    from resdecay.eval.fid import ExtractorCard, FeatureExtractor, extractor_card, feature_stats_id
+
+    ext = proxy_cache[0]
+    card = extractor_card(ext)
+    assert isinstance(ext, FeatureExtractor) and card.kind == "proxy" and card.resolution == (1, 8, 8)
+    assert card.id == f"proxy-cnn-digits-8px@{ext.fingerprint}" == feature_stats_id(ext)
+    plain = extractor_card(tiny_extractor())
+    assert (plain.name, plain.label, plain.fingerprint, plain.needs_rgb) == ("Sequential", "proxy FID (Sequential)", None, False)
+
+    class Doubled(FeatureExtractor):  # a user's own extractor: its card is what the stats record
+        def __init__(self):
+            super().__init__()
+            self.inner = tiny_extractor()
+            self.card = ExtractorCard(name="doubled", label="FID (doubled)", resize_filter="nearest", needs_rgb=True,
+                                      fingerprint="abc")
+
+        def forward(self, x):
+            return 2 * self.inner(x)
+
+    st = feature_stats(torch.rand(20, 1, 8, 8), Doubled())
+    assert (st["extractor_id"], st["label"], st["resize_filter"], st["grayscale_to_rgb"]) == ("doubled@abc", "FID (doubled)",
+                                                                                                "nearest", True)

@@ -172,7 +172,7 @@ RESNET_CIFAR10 = Recipe(values={
     "data.augment": ("cifar", f"{NO_SCRIPT}: pad-4 crop + flip"),
     "train.epochs": (200, NO_SCRIPT), "train.warmup_epochs": (1, NO_SCRIPT), "train.batch_size": (128, NO_SCRIPT),
     "train.lr": (0.1, NO_SCRIPT), "train.weight_decay": (5e-4, NO_SCRIPT),
-    "train.optimizer": ("sgd", f"{NO_SCRIPT}: SGD, Nesterov momentum 0.9 (train/setup.py)"),
+    "train.optimizer": ("sgd", f"{NO_SCRIPT}: SGD, Nesterov momentum 0.9 (train/optim.py)"),
     "train.lr_schedule": ("cosine", NO_SCRIPT), "train.min_lr": (0.0, NO_SCRIPT),
 }, cites=("Nesterov momentum 0.9", "lr 0.1", "batch 128", "weight decay 5e-4", "200 epochs"))
 

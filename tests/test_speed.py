@@ -146,9 +146,9 @@ def test_uint8_decode_matches_pil_and_words_errors_the_same(odd_images):
 
 
 def test_uint8_path_is_seeded_and_device_loader_normalises_like_the_dataset(odd_images):
-    from torch.utils.data import DataLoader, Subset
+    from torch.utils.data import DataLoader
 
-    from resdecay.data import DataConfig, DeviceLoader, ResumableSampler, SeededSamples, build_dataset, uint8_batches
+    from resdecay.data import DataConfig, DeviceLoader, ResumableSampler, SeededSamples, build_dataset
 
     (odd_images / "train" / "a" / "zbad.png").unlink()
     ds, info = build_dataset(DataConfig("imagefolder", path=str(odd_images), augment="mae"), "train", 16)
@@ -157,8 +157,11 @@ def test_uint8_path_is_seeded_and_device_loader_normalises_like_the_dataset(odd_
     assert floats.dtype == torch.float32 and floats.shape == (len(ds), 3, 16, 16)
     torch.manual_seed(99)  # the global RNG does not matter
     assert torch.equal(samples[(2, 1)][0], floats[2]) and not torch.equal(samples[(2, 2)][0], floats[2])
-    assert uint8_batches(SeededSamples(Subset(ds, range(2)), 0)) == (info.mean, info.std)
-    assert samples[(2, 1)][0].dtype == torch.uint8  # switched to uint8 batches: same pixels, normalised later
+    uint8_ds, uint8_info = build_dataset(DataConfig("imagefolder", path=str(odd_images), augment="mae"), "train", 16,
+                                         uint8_out=True)  # the training loader's dataset: built uint8 from the start
+    assert (uint8_info.mean, uint8_info.std) == (info.mean, info.std) and samples[(2, 1)][0].dtype == torch.float32
+    samples = SeededSamples(uint8_ds, seed=3)
+    assert samples[(2, 1)][0].dtype == torch.uint8  # uint8 batches: same pixels, normalised later
     sampler = ResumableSampler(len(samples), seed=0)
     sampler.set_epoch(1)
     loader = DeviceLoader(DataLoader(samples, batch_size=len(ds), sampler=sampler), torch.device("cpu"), info.mean, info.std)

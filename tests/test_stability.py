@@ -39,9 +39,12 @@ def test_stable_run_logs_block_rms_without_warning(tmp_path, capsys):
 
 
 class _Blocks:
+    """The block members of the model contract, and nothing else."""
+
     def __init__(self, n):
         import torch.nn as nn
         self.blocks = [nn.Identity() for _ in range(n)]
+        self.decoder_blocks = []
 
 
 def test_growth_rule_ignores_deep_blocks_growing_to_the_input_scale_and_warns_once():

@@ -1,7 +1,8 @@
 """resdecay: decayed identity shortcuts, x_{l+1} = alpha_l * x_l + f_l(x_l) (Zhang et al., CVPR 2026)."""
 
 from .schedule import alpha_schedule, effective_decay, solve_alpha_min
-from .nn.blocks import Block, decayed_add
+from .nn.blocks import Block
+from .nn.residual import decayed_add, register_shortcut, residual_add, shortcut_names
 from .nn.decayify import alphas_of, decayify
 
 __version__ = "0.1.0"
@@ -21,5 +22,6 @@ def __getattr__(name: str):
 
         return getattr(interop, name)
     raise AttributeError(f"module 'resdecay' has no attribute {name!r}")
-__all__ = ["alpha_schedule", "effective_decay", "solve_alpha_min", "Block", "decayed_add", "decayify", "alphas_of",
+__all__ = ["alpha_schedule", "effective_decay", "solve_alpha_min", "Block", "decayed_add", "residual_add", "register_shortcut",
+           "shortcut_names", "decayify", "alphas_of",
            "__version__", *_API, *_INTEROP]

@@ -23,9 +23,10 @@ from torch.utils.data import Dataset, TensorDataset
 
 from .errors import UserError
 from .eval.features import POOLINGS
-from .eval.features import extract_features as _extract
+from .eval.features import extract_block_features as _extract
 from .eval.knn import knn_accuracy as _knn_accuracy
 from .eval.probe import IN100_RECIPE, ProbeRecipe
+from .eval.protocol import KNN_K, KNN_TEMPERATURE
 from .eval.probe import linear_probe as _linear_probe
 from .eval.rank import effective_rank as _effective_rank
 from .models import build_model
@@ -117,8 +118,8 @@ def _pairs(fn: str, train_feats: Array, train_labels: Array, test_feats: Array, 
             _tensor(test_feats, "test_feats", fn), _tensor(test_labels, "test_labels", fn))
 
 
-def knn_accuracy(train_feats: Array, train_labels: Array, test_feats: Array, test_labels: Array, k: int = 20,
-                 temperature: float = 0.07, chunk_size: int = 1024) -> float:
+def knn_accuracy(train_feats: Array, train_labels: Array, test_feats: Array, test_labels: Array, k: int = KNN_K,
+                 temperature: float = KNN_TEMPERATURE, chunk_size: int = 1024) -> float:
     """Top-1 accuracy (0..1) of the weighted cosine kNN vote (DINO / solo-learn) of the test features on the bank.
 
     Args:

@@ -1,8 +1,9 @@
 """The decay schedule: how much of the identity shortcut each residual add keeps.
 
 A decayed residual add is ``x <- alpha * x + f(x)`` (paper eq. 3): alpha scales the
-identity path only, never the branch. This module is the one place where alpha is
-computed; blocks, models, the CLI and the plots all ask it.
+identity path only, never the branch. This module is the one place where the alpha schedule
+is computed; the shortcut formulas (``model.shortcut``: decay, learnable, scaled_sum, ...) and
+the add itself live in ``resdecay.nn.residual``, and blocks, models, the CLI and the plots ask them.
 
 Every schedule is returned as a ``(depth, 2)`` tensor: column 0 is the factor of the
 attention sub-block of each transformer block, column 1 the factor of its MLP sub-block.
@@ -35,8 +36,7 @@ import torch
 
 Schedule = Literal["linear", "paper", "cosine", "constant"]
 Branches = Literal["both", "attn", "mlp"]
-Shortcut = Literal["decay", "learnable", "scaled_sum", "scaled_branch"]
-SCHEDULES, BRANCHES, SHORTCUTS = get_args(Schedule), get_args(Branches), get_args(Shortcut)
+SCHEDULES, BRANCHES = get_args(Schedule), get_args(Branches)
 
 
 def check_alpha_min(alpha_min: float, key: str = "model.alpha_min") -> None:
@@ -126,25 +126,3 @@ def solve_alpha_min(depth: int, target: float, schedule: str = "linear", tol: fl
         if hi - lo < tol:
             break
     return 0.5 * (lo + hi)
-
-
-def shortcut_factors(depth: int, alpha_min: float, schedule: str = "linear", branches: str = "both",
-                     shortcut: str = "decay") -> tuple[torch.Tensor, torch.Tensor]:
-    """(alphas, betas), each (depth, 2): block adds are ``alpha * x + beta * f(x)``.
-
-    decay          the alpha schedule, beta = 1 (the method)
-    learnable      alpha starts at 1 and is trained (Table 3a / Table 5); beta = 1
-    scaled_sum     sqrt(0.5) * (x + f): alpha = beta = sqrt(0.5) everywhere (Table 3b)
-    scaled_branch  x + sqrt(0.5) * f: alpha = 1, beta = sqrt(0.5) (Table 3b)
-    """
-    if shortcut not in SHORTCUTS:
-        raise ValueError(f"unknown shortcut {shortcut!r}; choose one of {', '.join(SHORTCUTS)}")
-    ones = torch.ones(depth, 2, dtype=torch.float64, device="cpu")
-    half = math.sqrt(0.5)
-    if shortcut == "decay":
-        return alpha_schedule(depth, alpha_min, schedule, branches), ones
-    if shortcut == "learnable":
-        return ones.clone(), ones
-    if shortcut == "scaled_sum":
-        return ones * half, ones * half
-    return ones.clone(), ones * half

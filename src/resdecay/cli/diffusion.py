@@ -42,14 +42,14 @@ def cmd_sample(args) -> None:
             labels = [int(v) for v in args.labels.split(",")]
         except ValueError:
             raise UserError(f"--labels takes comma-separated class indices, got {args.labels!r}") from None
-    r = run_sample(args.checkpoint, n=args.n, sampler=args.sampler, steps=args.steps, cfg_scale=args.cfg, labels=labels,
-                   seed=args.seed, batch_size=args.batch_size, vae=args.vae, out=args.out, device=args.device,
+    r = run_sample(args.checkpoint, n=args.n, sampler=args.sampler, steps=args.steps, cfg_scale=args.guidance_scale,
+                   labels=labels, seed=args.seed, batch_size=args.batch_size, vae=args.vae, out=args.out, device=args.device,
                    use_ema=not args.no_ema, progress=not args.no_progress, atol=args.atol, rtol=args.rtol)
     if r:
         steps = (f"adaptive (atol {r['atol']:g}, rtol {r['rtol']:g}, at most {r['steps']} steps)" if r["sampler"] == "dopri5"
                  else f"{r['steps']} steps")
         print(f"{r['n']} samples | sampler {r['sampler']}, {steps}, {r['nfe']:g} network evaluations per batch, "
-              f"cfg {r['cfg_scale']:g}, {r['weights']} weights, seed {r['seed']}\nwrote {r['png']} and {r['npz']}")
+              f"guidance scale {r['cfg_scale']:g}, {r['weights']} weights, seed {r['seed']}\nwrote {r['png']} and {r['npz']}")
 
 
 def cmd_latents(args) -> None:
@@ -98,7 +98,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                                            "euler-maruyama); for dopri5 the most steps it may take (default 1000)")
     s.add_argument("--atol", type=float, default=None, help="dopri5's absolute tolerance (default 1e-6, SiT's)")
     s.add_argument("--rtol", type=float, default=None, help="dopri5's relative tolerance (default 1e-3, SiT's)")
-    s.add_argument("--cfg", type=float, default=1.0, help="classifier-free guidance scale (1 = none)")
+    s.add_argument("--guidance-scale", dest="guidance_scale", type=float, default=1.0,
+                   help="classifier-free guidance scale (1 = none; needs model.class_dropout > 0 in training)")
+    # --cfg: the old spelling (cfg also names configs everywhere else), kept hidden so old scripts still run
+    s.add_argument("--cfg", dest="guidance_scale", type=float, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     s.add_argument("--labels", default=None, help="comma list of class indices, cycled (default: random)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--batch-size", type=int, default=256)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from ..commands.ablate import list_grids, run_grid
+from ..commands.ablate_seeds import parse_seeds, run_seeds
 from ..commands.check_data import check_data
 from ..commands.demo import run_demo
 from ..commands.demo_diffusion import run_diffusion_demo
@@ -23,6 +25,8 @@ from ..commands.report import run_figures, run_plot
 from ..commands.supervised import run_supervised
 from ..data import DataConfig
 from ..errors import TrainingDiverged, UserError, one_line
+from ..eval.metrics import FEATURES, metric_names
+from ..eval.protocol import KNN_K, KNN_TEMPERATURE
 from ..eval.suite import EvalSettings
 from ..io import first_sentence
 from ..schedule import SCHEDULES, alpha_schedule, effective_decay, solve_alpha_min
@@ -32,6 +36,7 @@ from .diffusion import add_commands as add_diffusion_commands
 from .. import __version__
 from .examples import add_examples
 from .interop import add_interop_commands
+from .plugins import ENV as PLUGIN_ENV, load_plugins
 from .parents import data_options, device_option, progress_option, run_folder_options
 
 
@@ -108,8 +113,11 @@ def cmd_ablate(args) -> None:
         return
     if not args.grid:
         raise UserError("--grid is required (a shipped grid name or a YAML file); --list shows the shipped ones")
-    run_grid(args.grid, args.out, only=args.only.split(",") if args.only else None, extra=args.overrides,
-             progress=not args.no_progress)
+    only = args.only.split(",") if args.only else None
+    if args.seeds is not None:  # the grid once per seed, into <out>/seed<N>, then mean ± std
+        run_seeds(args.grid, parse_seeds(args.seeds), args.out, only=only, extra=args.overrides, progress=not args.no_progress)
+        return
+    run_grid(args.grid, args.out, only=only, extra=args.overrides, progress=not args.no_progress)
 
 
 def cmd_demo(args) -> None:
@@ -138,7 +146,8 @@ def cmd_eval(args) -> None:
     data = None
     if args.data:  # --data-path alone: the checkpoint's data set at another path
         data = DataConfig(name=args.data, path=args.data_path, num_workers=args.num_workers)
-    settings = EvalSettings(evals=tuple(e.strip() for e in args.evals.split(",") if e.strip()), layer=layer,
+    evals = tuple(e.strip() for e in args.evals.split(",") if e.strip()) if args.evals else metric_names(FEATURES)
+    settings = EvalSettings(evals=evals, layer=layer,
                             feature=args.feature, knn_k=args.k, knn_temperature=args.temperature,
                             probe_epochs=args.probe_epochs, probe_norm=args.probe_norm, rank_exp=args.rank_exp, data=data, max_train=args.max_train,
                             max_test=args.max_test, batch_size=args.batch_size, num_workers=args.num_workers,
@@ -178,15 +187,30 @@ def cmd_presets(args) -> None:
         print(f"{name:<24} {first_sentence(' '.join(comment).replace('- ', '-'), 200)}")
 
 
+def add_ablate_command(sub) -> None:
+    """ablate: a grid of variants trained and measured alike, once or once per seed."""
+    ab = sub.add_parser("ablate", parents=[progress_option()], help="run a grid of variants fairly (same seed, init, data order, budget) and compare")
+    ab.add_argument("--grid", default=None, help="shipped grid name (--list) or a YAML file")
+    ab.add_argument("--list", action="store_true", help="list the shipped grids")
+    ab.add_argument("--only", default=None, help="comma list of variant names to run now")
+    ab.add_argument("--out", default=None, help="output folder (default runs/ablate/<grid>)")
+    ab.add_argument("--seeds", default=None, metavar="0,1,2",
+                    help="run the grid once per seed into <out>/seed<N> (as --out <out>/seed<N> train.seed=<N>), "
+                         "then write mean ± std over the seeds to <out>")
+    ab.add_argument("overrides", nargs="*", metavar="key=value", help="added to every variant, e.g. data.path=/data/in100")
+    ab.set_defaults(func=cmd_ablate)
+
+
 def add_measurement_commands(sub) -> None:
     """eval, compare, plot, figures: the commands that measure and draw trained runs."""
     e = sub.add_parser("eval", parents=[data_options("dataset (default: the checkpoint's training data)"), device_option(), progress_option()], help="kNN, linear probe and effective rank of checkpoints (features cached)")
     e.add_argument("checkpoints", nargs="+", help="checkpoint files (<run>/checkpoints/step_*.pt)")
     e.add_argument("--layer", default="-1", help="encoder block index (-1 = last) or 'all' for the per-layer profile")
     e.add_argument("--feature", default="mean", help="pooling: mean (all tokens incl. cls; default) | cls | patch_mean")
-    e.add_argument("--evals", default="knn,probe,rank", help="comma list of knn, probe, rank")
-    e.add_argument("--k", type=int, default=20, help="kNN neighbours (default 20)")
-    e.add_argument("--temperature", type=float, default=0.07, help="kNN vote temperature (default 0.07)")
+    e.add_argument("--evals", default=None, help=f"comma list of {', '.join(metric_names(FEATURES))} (default: all; "
+                                                  "the registered metrics, a --plugin's included)")
+    e.add_argument("--k", type=int, default=KNN_K, help=f"kNN neighbours (default {KNN_K})")
+    e.add_argument("--temperature", type=float, default=KNN_TEMPERATURE, help=f"kNN vote temperature (default {KNN_TEMPERATURE})")
     e.add_argument("--probe-epochs", type=int, default=None, help="probe epochs (default 200; 30 for --layer all)")
     e.add_argument("--probe-norm", default=None, help="none | batchnorm (default: none for the 200-epoch IN-100 recipe, batchnorm for --layer all)")
     e.add_argument("--rank-exp", action="store_true", help="report exp(effective rank) (Roy & Vetterli) instead of eq. 6")
@@ -226,6 +250,9 @@ def add_measurement_commands(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="resdecay", description="Decayed identity shortcuts: x <- alpha*x + f(x), alpha falling with depth.")
     p.add_argument("--version", action="version", version=f"resdecay {__version__}")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
+                   help=f"import a file that registers a shortcut formula, model family or metric (repeatable; "
+                        f"or {PLUGIN_ENV}=a.py{os.pathsep}b.py); docs/EXTENDING.md")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", parents=[progress_option()], help="pretrain a plain and a decayed U-Net MAE (or, --diffusion, U-ViT) on small data and compare them")
@@ -275,13 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. alpha_min=0.7 model.layers=[2,2,16,2] data.path=/data")
     sv.set_defaults(func=cmd_supervised)
 
-    ab = sub.add_parser("ablate", parents=[progress_option()], help="run a grid of variants fairly (same seed, init, data order, budget) and compare")
-    ab.add_argument("--grid", default=None, help="shipped grid name (--list) or a YAML file")
-    ab.add_argument("--list", action="store_true", help="list the shipped grids")
-    ab.add_argument("--only", default=None, help="comma list of variant names to run now")
-    ab.add_argument("--out", default=None, help="output folder (default runs/ablate/<grid>)")
-    ab.add_argument("overrides", nargs="*", metavar="key=value", help="added to every variant, e.g. data.path=/data/in100")
-    ab.set_defaults(func=cmd_ablate)
+    add_ablate_command(sub)
 
     add_measurement_commands(sub)
 
@@ -303,6 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:  # before the parser: registered names (metrics, families, formulas) become choices
+        load_plugins(argv)
+    except UserError as e:
+        print(f"resdecay: error: {one_line(e)}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may come after options (`finetune CKPT --preset x epochs=3`)

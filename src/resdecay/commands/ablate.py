@@ -6,7 +6,9 @@ unless either side deliberately starts it at zero, so zero-init switches keep th
 and is measured by the evaluation suite with one protocol. The table gives each measurement,
 its delta against the baseline, and the paper's number and delta beside it where the paper has
 one. A half-finished grid resumes: finished variants are read back, a killed one continues
-from its last checkpoint.
+from its last checkpoint. The table's columns are the registered ``features`` metrics
+(``eval/metrics.py``): a metric a plugin registers gets its columns without an edit here.
+``--seeds`` runs the whole grid once per seed (``commands/ablate_seeds.py``).
 
 Grid YAML::
 
@@ -25,25 +27,30 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
 import torch
 
 from .. import yaml_io
-from ..train.config import load_config
 from ..errors import UserError
+from ..eval.metrics import FEATURES, Metric, registered, row_columns
 from ..eval.suite import EvalSettings, evaluate_checkpoint
 from ..models import build_model
-from ..viz.plots import plot_bars, plot_rank_vs_depth
 from ..train import distributed as dist_env
+from ..train.config import RunConfig, load_config
 from ..train.distributed import is_main_process
-from .pretrain import train
+from ..viz.plots import plot_bars, plot_rank_vs_depth
+from .pretrain import train_with_online_eval
 
 GRID_KEYS = ("name", "description", "preset", "overrides", "baseline", "eval", "paper", "variants")
 VARIANT_KEYS = ("name", "preset", "overrides", "paper")
-MEASURES = {"knn_top1": ("knn", "top1", "mean"), "probe_top1": ("probe", "top1", "mean"), "rank_cls": ("rank", "effective_rank", "cls")}
+
+
+def table_metrics() -> list[Metric]:
+    """The metrics ``ablate``'s table has columns for: every registered ``features`` metric, in order."""
+    return registered(FEATURES)
 
 
 def list_grids() -> list[str]:
@@ -103,19 +110,35 @@ def shared_init(reference: dict):
 
 
 def _measure(report: dict, source: str | None = None) -> dict:
-    """The grid's measures from a report: the model's (source None) or a baseline's
-    ("pixels", "random-init"; pixels have no cls token, so their rank is of the pixel vector)."""
+    """The table's values from a report, ``{column: value}`` (knn_top1, probe_top1, rank_cls, ...): the
+    model's (source None) or a baseline's ("pixels", "random-init"; pixels have no cls token, so their
+    rank is of the pixel vector)."""
     out = {}
     rows = report["results"] if source is None else [r for r in report.get("baselines", []) if r["source"] == source]
-    for key, (metric, value, feature) in MEASURES.items():
-        for r in rows:
-            if r["metric"] == metric and r["feature"] in (feature, "pixels") and value in r["values"]:
-                out[key] = r["values"][value]
+    for r in rows:
+        out.update(row_columns(r, table_only=True))
     return out
 
 
-def run_grid(grid: str, out: str | None = None, only: list[str] | None = None, extra: list[str] | None = None,
-             progress: bool = True) -> dict:
+@dataclass
+class GridPlan:
+    """One grid resolved before anything trains: every variant's config, where it goes, what to measure.
+
+    Args:
+        grid: the loaded grid; cfgs: variant name -> its RunConfig; out_dir: the grid's folder;
+        only: the variants to run now (None: all); settings: the evaluation settings of every variant.
+    """
+
+    grid: dict
+    cfgs: dict[str, RunConfig]
+    out_dir: Path
+    only: list[str] | None
+    settings: EvalSettings
+
+
+def plan_grid(grid: str, out: str | None = None, only: list[str] | None = None, extra: list[str] | None = None,
+              progress: bool = True) -> GridPlan:
+    """Load a grid and resolve every variant's config first: a typo fails before hours of training, not after."""
     g = load_grid(grid)
     names = [v["name"] for v in g["variants"]]
     if only:
@@ -123,26 +146,37 @@ def run_grid(grid: str, out: str | None = None, only: list[str] | None = None, e
         if unknown:
             raise UserError(f"variant {unknown[0]!r} is not in grid {g['name']}; variants: {', '.join(names)}")
     out_dir = Path(out or f"runs/ablate/{g['name']}")
-    # Resolve every variant's config first: a typo fails before hours of training, not after.
     cfgs = {v["name"]: load_config(v.get("preset", g["preset"]), [*g.get("overrides", []), *v.get("overrides", []), *(extra or []),
                                                                    f"train.out_dir={out_dir / slug(v['name'])}"])
             for v in g["variants"]}
-    base_cfg = cfgs[g["baseline"]]
-    torch.manual_seed(base_cfg.train.seed)  # what train() does before it builds the model
-    reference = {k: v.clone() for k, v in build_model(base_cfg.model).state_dict().items()}
     settings = EvalSettings(**{**g.get("eval", {}), "progress": progress})
     if isinstance(settings.evals, list):
         settings.evals = tuple(settings.evals)
-    # Under torchrun one process group spans the whole grid, and every rank waits at a barrier while rank 0
-    # evaluates a variant: otherwise rank 1 starts the next variant's group alone and times out (issue 23).
-    env = dist_env.setup(base_cfg.train.device)
-    try:
-        rows = _run_variants(g, cfgs, only, settings, reference, progress, env)
-    finally:
-        dist_env.cleanup(env)
+    return GridPlan(g, cfgs, out_dir, only, settings)
+
+
+def run_plan(plan: GridPlan, env, progress: bool = True) -> dict:
+    """Train and evaluate what a plan still lacks (under one torchrun process group, ``env``); on rank 0
+    write ablate.json, table.txt and the figures and return the summary ({} on other ranks)."""
+    base_cfg = plan.cfgs[plan.grid["baseline"]]
+    torch.manual_seed(base_cfg.train.seed)  # what train() does before it builds the model
+    reference = {k: v.clone() for k, v in build_model(base_cfg.model).state_dict().items()}
+    rows = _run_variants(plan.grid, plan.cfgs, plan.only, plan.settings, reference, progress, env)
     if not is_main_process():
         return {}
-    return _report(g, rows, out_dir)
+    return _report(plan.grid, rows, plan.out_dir)
+
+
+def run_grid(grid: str, out: str | None = None, only: list[str] | None = None, extra: list[str] | None = None,
+             progress: bool = True) -> dict:
+    plan = plan_grid(grid, out, only, extra, progress)
+    # Under torchrun one process group spans the whole grid, and every rank waits at a barrier while rank 0
+    # evaluates a variant: otherwise rank 1 starts the next variant's group alone and times out (issue 23).
+    env = dist_env.setup(plan.cfgs[plan.grid["baseline"]].train.device)
+    try:
+        return run_plan(plan, env, progress)
+    finally:
+        dist_env.cleanup(env)
 
 
 def _run_variants(g: dict, cfgs: dict, only, settings, reference: dict, progress: bool, env) -> dict:
@@ -158,7 +192,7 @@ def _run_variants(g: dict, cfgs: dict, only, settings, reference: dict, progress
         if not done.exists() and not summary_file.exists():
             if env.is_main:
                 print(f"\n=== {g['name']}: {name} ===")
-            train(cfg, resume="auto", progress=progress, init=shared_init(reference))  # rank 0 writes summary.json
+            train_with_online_eval(cfg, resume="auto", progress=progress, init=shared_init(reference))  # rank 0 writes summary.json
         dist_env.barrier(env)  # rank 0's summary.json is on disk for every rank
         if not done.exists():  # every rank gives the same answer: eval.json is written only before the next barrier
             # every torchrun rank helps extract features (eval.suite splits them); rank 0 alone gets the report
@@ -186,8 +220,8 @@ def _report(g: dict, rows: dict, out_dir: Path) -> dict:
     table = format_table(result)
     (out_dir / "table.txt").write_text(table + "\n")
     print("\n" + table)
-    plot_bars({m: {n: r["measures"][m] for n, r in rows.items() if m in r["measures"]} for m in MEASURES},
-              out_dir / "ablate.png", f"{g['name']}: {g.get('description', '')}")
+    groups = {m.key: {n: r["measures"][m.key] for n, r in rows.items() if m.key in r["measures"]} for m in table_metrics()}
+    plot_bars({k: v for k, v in groups.items() if v}, out_dir / "ablate.png", f"{g['name']}: {g.get('description', '')}")
     if len({r["depth"] for r in rows.values()}) > 1 and all(r["family"] == "resnet" for r in rows.values()):
         plot_rank_vs_depth(rows, out_dir / "rank_vs_depth.png", g["name"])  # Figure 7
     print(f"\nwrote {out_dir / 'ablate.json'}, {out_dir / 'table.txt'}, {out_dir / 'ablate.png'}")
@@ -212,26 +246,32 @@ def summarize(g: dict, rows: dict) -> dict:
             "paper_metric": paper.get("metric"), "compared_to": key, "rows": rows}
 
 
+def _cell(x, width: int, signed: bool = False) -> str:
+    if x is None:
+        return f"{'-':>{width}}"
+    return f"{x:>+{width}.3f}" if signed else f"{x:>{width}.3f}"
+
+
 def format_table(result: dict) -> str:
-    head = (f"{'variant':<28} {'kNN':>7} {'d kNN':>7} {'probe':>7} {'d probe':>8} {'rank cls':>8} {'d rank':>7}"
-            f" {'kNN rand':>8} {'prb rand':>8} {'paper':>6} {'d paper':>8} {'direction':>9}")
+    """The grid as a table: per metric its value and delta against the baseline, the random-init
+    columns, and the paper's number, delta and whether ours moves the same way."""
+    specs = [(m.key, m.table_spec()) for m in table_metrics()]
+    rand = [(key, t) for key, t in specs if t.random]
+    head = (f"{'variant':<28} " + " ".join(f"{t.header:>{t.widths[0]}} {t.delta:>{t.widths[1]}}" for _, t in specs)
+            + "".join(f" {t.random:>{max(8, len(t.random))}}" for _, t in rand) + f" {'paper':>6} {'d paper':>8} {'direction':>9}")
     lines = [f"{result['grid']}: deltas against '{result['baseline']}'; paper = {result.get('paper_metric') or '-'}; "
              f"direction compares d {result['compared_to']} with d paper", head, "-" * len(head)]
-
-    def f(x, w, signed=False):
-        return f"{x:>+{w}.3f}" if (x is not None and signed) else (f"{x:>{w}.3f}" if x is not None else f"{'-':>{w}}")
-
     for name, r in result["rows"].items():
-        m, d = r["measures"], r["delta"]
+        m, d, ri = r["measures"], r["delta"], r.get("random_init", {})
         paper = f"{r['paper']:>6.1f}" if r["paper"] is not None else f"{'-':>6}"
         pd = f"{r['paper_delta']:>+8.1f}" if "paper_delta" in r else f"{'-':>8}"
-        lines.append(f"{name:<28} {f(m.get('knn_top1'), 7)} {f(d.get('knn_top1'), 7, True)} {f(m.get('probe_top1'), 7)} "
-                     f"{f(d.get('probe_top1'), 8, True)} {f(m.get('rank_cls'), 8)} {f(d.get('rank_cls'), 7, True)} "
-                     f"{f(r.get('random_init', {}).get('knn_top1'), 8)} {f(r.get('random_init', {}).get('probe_top1'), 8)} "
-                     f"{paper} {pd} {r.get('direction', '-'):>9}")
+        lines.append(f"{name:<28} " + " ".join(f"{_cell(m.get(k), t.widths[0])} {_cell(d.get(k), t.widths[1], True)}" for k, t in specs)
+                     + "".join(f" {_cell(ri.get(k), max(8, len(t.random)))}" for k, t in rand)
+                     + f" {paper} {pd} {r.get('direction', '-'):>9}")
     px = result.get("pixels") or {}
     if px:
-        lines.append(f"{'raw pixels (no model)':<28} {f(px.get('knn_top1'), 7)} {'':>7} {f(px.get('probe_top1'), 7)} {'':>8} "
-                     f"{f(px.get('rank_cls'), 8)}")
-    lines.append("kNN rand / prb rand: the same variant's encoder at its random initialisation (before training), same protocol")
+        cells = " ".join(f"{_cell(px.get(k), t.widths[0])} {'':>{t.widths[1]}}" for k, t in specs)
+        lines.append(f"{'raw pixels (no model)':<28} {cells}".rstrip())
+    lines.append(f"{' / '.join(t.random for _, t in rand)}: the same variant's encoder at its random initialisation "
+                 "(before training), same protocol")
     return "\n".join(lines)

@@ -18,12 +18,13 @@ from ..train.checkpoint import load_model
 from ..train.config import load_config
 from ..data import build_dataset, fashion_mnist_available
 from ..errors import UserError
-from ..eval import effective_rank, extract_features, knn_accuracy
+from ..eval import effective_rank, extract_block_features, knn_accuracy
+from ..eval.protocol import KNN_K, KNN_TEMPERATURE as KNN_T, KNN_VOTE
 from ..viz.figures import plot_pca_maps
 from ..viz.plots import plot_alpha_schedules, plot_loss_curves, plot_reconstructions, reconstruct
 from ..train.runlog import read_log
 from ..train.environment import numerics_environment
-from .pretrain import train
+from .pretrain import train_with_online_eval
 
 # (preset, overrides, the decayed model's default alpha_min). digits and fashion-mnist are sized so that
 # both models together train in a few minutes on a 2-core CPU. fashion-mnist-m is the regime where the
@@ -35,7 +36,6 @@ DEMO_DATA = {
     "fashion-mnist": ("mae-tiny-fmnist", [*_WIDTH_96, "train.epochs=4", "train.warmup_epochs=1"], 0.6),
     "fashion-mnist-m": ("mae-tiny-fmnistm", [*_WIDTH_96, "train.epochs=16", "train.warmup_epochs=2"], 0.8),
 }
-KNN_K, KNN_T = 20, 0.07
 
 
 def pick_data(data: str) -> str:
@@ -53,8 +53,8 @@ def measure(model, cfg, progress: bool) -> dict:
     """kNN (bank = train split, queries = test split) and effective rank of the last block."""
     bank_ds, info = build_dataset(cfg.data, "train", cfg.model.img_size, augment=False)
     test_ds, _ = build_dataset(cfg.data, "test", cfg.model.img_size, augment=False)
-    bank, bank_y = extract_features(model, bank_ds, pools=("mean",), progress=progress, desc="features (train)")
-    test, test_y = extract_features(model, test_ds, pools=("mean", "cls"), progress=progress, desc="features (test)")
+    bank, bank_y = extract_block_features(model, bank_ds, pools=("mean",), progress=progress, desc="features (train)")
+    test, test_y = extract_block_features(model, test_ds, pools=("mean", "cls"), progress=progress, desc="features (test)")
     return {
         "knn_top1": knn_accuracy(bank[(-1, "mean")], bank_y, test[(-1, "mean")], test_y, k=KNN_K, temperature=KNN_T),
         "effective_rank_cls": effective_rank(test[(-1, "cls")]),
@@ -62,7 +62,7 @@ def measure(model, cfg, progress: bool) -> dict:
         "protocol": {
             "data": cfg.data.name, "bank": f"train split, {len(bank_y)} images, no augmentation",
             "queries": f"test split, {len(test_y)} images", "layer": f"last encoder block ({cfg.model.depth - 1}), raw (no norm)",
-            "knn": {"feature": "mean over all tokens incl. cls", "k": KNN_K, "temperature": KNN_T, "vote": "exp(cos/T)"},
+            "knn": {"feature": "mean over all tokens incl. cls", "k": KNN_K, "temperature": KNN_T, "vote": KNN_VOTE},
             "effective_rank": {"formula": "paper eq. 6 (entropy of normalised covariance spectrum, no exp)",
                                "split": "test", "features": ["cls token", "mean over all tokens"]},
         },
@@ -91,7 +91,7 @@ def run_demo(data: str = "auto", out_dir: str = "runs/demo", epochs: int | None 
         slug = "plain" if label.startswith("plain") else "decayed"
         cfg = load_config(p, [*common, *own, f"train.out_dir={out / slug}"])
         print(f"\n=== {label}: preset {p} ===")
-        summary = train(cfg, progress=progress, overwrite=True)  # a demo rerun redoes the demo (it says so)
+        summary = train_with_online_eval(cfg, progress=progress, overwrite=True)  # a demo rerun redoes the demo (it says so)
         model, cfg = load_model(summary["checkpoint"])
         m = measure(model, cfg, progress)
         results[label] = {"preset": p, "run_dir": str(out / slug), "alpha_min": cfg.model.alpha_min,

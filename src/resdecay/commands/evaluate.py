@@ -16,7 +16,8 @@ from ..errors import UserError
 from ..eval.compare import compare_reports, format_comparison, load_report
 from ..eval.diffusion_probe import FAST_RECIPE, NOISE_LEVELS, check_levels, probe_grid
 from ..eval.inputs import check_data_path, check_writable, write_failure
-from ..eval.suite import EvalSettings, checked_checkpoint, evaluate_checkpoint, format_report
+from ..eval.reports import format_report
+from ..eval.suite import EvalSettings, checked_checkpoint, evaluate_checkpoint
 from ..io import run_dir_of
 from ..models import is_diffusion
 from ..train import distributed as D
@@ -69,6 +70,12 @@ def _bad_files_note(report: dict) -> str | None:
             f"(the run's data.on_bad_file=skip); listed in {report['bad_files']['train']} and {report['bad_files']['test']}")
 
 
+def _protocol_note(settings: EvalSettings) -> str:
+    """One line under a profile overlay: the feature and each metric's protocol, from the registry."""
+    ms = settings.metric_settings()
+    return "; ".join([f"feature {settings.feature}", *(f"{m.label}: {m.describe(m.protocol(ms))}" for m in settings.metrics())])
+
+
 def run_eval(checkpoints: list[str], settings: EvalSettings, out: str | None = None) -> dict:
     """Evaluate each checkpoint, write ``eval.json`` (or ``profile.json`` + PNG with ``layer="all"``)
     and, for several profiles, an overlay. Under torchrun every rank extracts, rank 0 reports.
@@ -100,9 +107,7 @@ def run_eval(checkpoints: list[str], settings: EvalSettings, out: str | None = N
               f"test {'hit' if hits['test_hit'] else 'new'}, in {hits['dir']}{'' if hits['written'] else ', not written'})\n")
         reports[str(ckpt)] = report
     if len(profiles) > 1:
-        path = plot_profile(profiles, Path(out or "runs/eval") / "profile_overlay.png",
-                            note=f"feature {settings.feature}; kNN k={settings.knn_k}, T={settings.knn_temperature}; "
-                                 "fast probe; ranks on test split")
+        path = plot_profile(profiles, Path(out or "runs/eval") / "profile_overlay.png", note=_protocol_note(settings))
         print(f"overlay: {path}")
     if env is not None and dist.is_initialized():
         D.cleanup(env)

@@ -25,7 +25,7 @@ from ..errors import CheckpointError, ConfigError
 from ..eval.knn import topk_accuracy
 from ..io import file_sha256, run_dir_of
 from ..train.distributed import is_main_process
-from .pretrain import train
+from .pretrain import train_with_online_eval
 
 
 def build_config(checkpoint: Path, preset: str, overrides: list[str]):
@@ -77,7 +77,7 @@ def run_finetune(checkpoint: str, preset: str = "finetune-mae", overrides: list[
                  resume: str | None = None, progress: bool = True, overwrite: bool = False, allow_changes: bool = False) -> dict:
     checkpoint = Path(checkpoint)
     cfg, state = build_config(checkpoint, preset, overrides or [])
-    summary = train(cfg, resume=resume, progress=progress, init=encoder_loader(state), overwrite=overwrite,
+    summary = train_with_online_eval(cfg, resume=resume, progress=progress, init=encoder_loader(state), overwrite=overwrite,
                     allow_changes=allow_changes)
     if not is_main_process():  # other torchrun ranks only helped train
         return summary

@@ -14,7 +14,8 @@ from ..train.config import shortcut_tag
 from ..data import DataConfig, build_dataset
 from ..errors import UserError
 from ..eval.inputs import check_data_path
-from ..viz.figures import (DIFFUSION_KEYS, online_rows, plot_correlation, plot_diffusion_curves, plot_pca_maps,
+from ..eval.metrics import column_title, get_metric
+from ..viz.figures import (diffusion_keys, online_rows, plot_correlation, plot_diffusion_curves, plot_pca_maps,
                            plot_rank_and_accuracy, plot_tsne)
 from ..io import run_dir_of
 from ..viz.plots import plot_reconstructions, reconstruct
@@ -40,19 +41,20 @@ def run_plot(runs: list[str], out: str, accuracy: str = "probe") -> dict:
             raise UserError(f"{path}: log.jsonl has no online evaluations; pretrain with train.online_eval_every=N")
         logs[run_label(path)] = rows
     out_dir = Path(out)
-    if any(DIFFUSION_KEYS[0] in r for rows in logs.values() for r in rows):  # diffusion runs: FID and probe curves
+    fid_key, *other_keys = diffusion_keys()
+    if any(fid_key in r for rows in logs.values() for r in rows):  # diffusion runs: FID and probe curves
         curves = plot_diffusion_curves(logs, out_dir / "fid_and_probe.png")
         report = {"diffusion_curves": curves, "runs": dict(zip(logs, runs))}
         (out_dir / "plot.json").write_text(json.dumps(report, indent=2, default=str))
         for label, rows in logs.items():
-            last = [r for r in rows if DIFFUSION_KEYS[0] in r]
+            last = [r for r in rows if fid_key in r]
             if last:
                 r = last[-1]
-                print(f"{label}: epoch {r.get('epoch', '?'):g}: proxy FID {r[DIFFUSION_KEYS[0]]:.3f}, "
-                      f"best probe {r.get(DIFFUSION_KEYS[1], float('nan')):.4f}")
+                rest = "".join(f", {column_title(k)} {r.get(k, float('nan')):.4f}" for k in other_keys)
+                print(f"{label}: epoch {r.get('epoch', '?'):g}: {column_title(fid_key)} {r[fid_key]:.3f}{rest}")
         print(f"wrote {out_dir / 'fid_and_probe.png'}, {out_dir / 'plot.json'}")
         return report
-    acc_key = {"probe": "online_probe_top1", "knn": "online_knn_top1"}[accuracy]
+    acc_key = f"online_{get_metric(accuracy).key}"  # the accuracy metric's logged column (probe_top1, knn_top1)
     fig4 = plot_rank_and_accuracy(logs, out_dir / "rank_and_accuracy.png", accuracy_key=acc_key)
     fig5 = plot_correlation(logs, out_dir / "rank_accuracy_correlation.png", accuracy_key=acc_key)
     report = {"figure4": fig4, "figure5c": fig5, "runs": dict(zip(logs, runs))}

@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..eval.inputs import check_writable
 from ..io import run_dir_of
 from ..models import is_diffusion
-from ..train import distributed as D
+from ..train import distributed as dist_env
 from ..train.checkpoint import load_model
 
 
@@ -48,7 +48,7 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
         raise UserError(f"--n must be a positive number of samples, got {n}")
     if batch_size < 1:
         raise UserError(f"--batch-size must be a positive integer, got {batch_size}")
-    env = D.setup(device)
+    env = dist_env.setup(device)
     model, cfg = load_model(checkpoint, env.device, ema=use_ema)
     m = cfg.model
     if not is_diffusion(m.family):
@@ -84,7 +84,7 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
     else:  # more ranks than samples
         side = m.img_size * (8 if latent else 1)
         imgs = np.zeros((0, side, side, 3 if latent else m.in_chans), np.uint8)
-    pieces = D.gather_objects(env, imgs)
+    pieces = dist_env.gather_objects(env, imgs)
     result: dict = {}
     if env.is_main:
         order = np.concatenate([np.arange(r, n, env.world_size) for r in range(env.world_size)]).argsort()
@@ -101,5 +101,5 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
                   "checkpoint": str(checkpoint), "alpha_min": m.alpha_min, "skips": m.skips,
                   "decoded_with_vae": vae if latent else None, "npz": str(npz), "png": str(png)}
         (out_dir / f"samples_{tag}.json").write_text(json.dumps(result, indent=2))
-    D.cleanup(env)
+    dist_env.cleanup(env)
     return result

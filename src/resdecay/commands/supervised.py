@@ -20,12 +20,14 @@ from ..data import build_dataset
 from ..train.distributed import resolve_device
 from ..nn.decayify import alphas_of
 from ..errors import ConfigError
-from ..eval.features import extract_features
+from ..eval.features import extract_block_features
+from ..eval.metrics import result_row
+from ..eval.protocol import RANK_FORMS
 from ..eval.rank import effective_rank
 from ..io import file_sha256
 from .finetune import test_accuracy
 from ..train.distributed import is_main_process
-from .pretrain import train
+from .pretrain import train_with_online_eval
 
 
 def run_supervised(preset: str, overrides: list[str] | None = None, resume: str | None = None, progress: bool = True,
@@ -33,14 +35,14 @@ def run_supervised(preset: str, overrides: list[str] | None = None, resume: str 
     cfg = load_config(preset, overrides or [])
     if cfg.model.family != "resnet":
         raise ConfigError(f"preset {preset!r} is a {cfg.model.family!r} model; train-supervised takes resnet presets")
-    summary = train(cfg, resume=resume, progress=progress, overwrite=overwrite, allow_changes=allow_changes)
+    summary = train_with_online_eval(cfg, resume=resume, progress=progress, overwrite=overwrite, allow_changes=allow_changes)
     if not is_main_process():  # other torchrun ranks only helped train
         return summary
     device = resolve_device(cfg.train.device)
     values, n_test = test_accuracy(Path(summary["checkpoint"]), device, progress=progress)
     model, _ = load_model(summary["checkpoint"], device)
     test, _ = build_dataset(cfg.data, "test", cfg.model.img_size, augment=False)
-    feats, _ = extract_features(model, test, pools=("mean",), device=device, progress=progress)
+    feats, _ = extract_block_features(model, test, pools=("mean",), device=device, progress=progress)
     rank = effective_rank(feats[(-1, "mean")])
     m, t = cfg.model, cfg.train
     card = {"data": cfg.data.name, "train_images": summary["images"], "test_images": n_test, "test_augmentation": "none",
@@ -48,13 +50,13 @@ def run_supervised(preset: str, overrides: list[str] | None = None, resume: str 
             "schedule": m.schedule, "zero_init": m.zero_init, "optimizer": t.optimizer, "epochs": t.epochs,
             "effective_batch": summary["effective_batch"], "lr": summary["lr"], "weight_decay": t.weight_decay, "seed": t.seed}
     rank_card = {**card, "feature": "global-average-pooled output of the last block (the classifier's input)",
-                 "form": "entropy of normalised covariance spectrum (paper eq. 6)", "split": "test"}
+                 "form": RANK_FORMS[False], "split": "test"}
     layer = m.depth - 1
     report = {"resdecay_eval": 1, "checkpoint": summary["checkpoint"], "checkpoint_sha256": file_sha256(Path(summary["checkpoint"])),
               "step": summary["steps"], "preset": preset, "label": f"{preset} (alpha_min {m.alpha_min:g}, {m.depth} blocks)",
               "model": dataclasses.asdict(m), "alphas": {name: list(a) for name, a in alphas_of(model)},
-              "results": [{"metric": "supervised", "layer": layer, "feature": "pooled", "values": values, "protocol": card},
-                          {"metric": "rank", "layer": layer, "feature": "pooled", "values": {"effective_rank": rank}, "protocol": rank_card}]}
+              "results": [result_row("supervised", layer, "pooled", values, card),
+                          result_row("rank", layer, "pooled", {"effective_rank": rank}, rank_card)]}
     out = Path(summary["out_dir"])
     (out / "eval.json").write_text(json.dumps(report, indent=2))
     print(f"supervised: test top-1 {values['top1']:.4f}, top-5 {values['top5']:.4f}, effective rank {rank:.3f} (eq. 6, "

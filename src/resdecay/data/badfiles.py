@@ -91,7 +91,7 @@ class SkipBadFiles(Dataset):
 
     def __init__(self, samples: Dataset, log: Path):
         self.samples, self.log, self.seen = samples, Path(log), set()
-        self.dataset = samples  # so wrappers that look through .dataset (uint8 batches) still find the images
+        self.dataset = samples  # readers that look through wrappers (.dataset) still find the images
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -26,7 +26,7 @@ import torch
 
 from ..errors import ConfigError, DataError
 from .fast_images import BadImage, bad_image_reason, decode_uint8, normalize
-from .samplers import sample_seed
+from .resumable import SeededSamples, sample_seed
 
 INSTALL = "data.decoder=dali needs NVIDIA DALI: pip install nvidia-dali-cuda130 (or use data.decoder=tensor)"
 
@@ -72,11 +72,13 @@ def crop_window(key: tuple[int, int], seed: int, height: int, width: int, scale:
 
 
 def folder_samples(dataset) -> list[tuple[str, int]]:
-    """The (path, label) list behind an ImageFolder, through ``SeededSamples`` and ``Subset``."""
-    inner = getattr(dataset, "dataset", dataset)  # SeededSamples -> ImageFolder or Subset
-    if isinstance(inner, torch.utils.data.Subset):
-        return [inner.dataset.samples[i] for i in inner.indices]
-    return list(inner.samples)
+    """The (path, label) list of an ImageFolder or a ``Subset`` of one (optionally in ``SeededSamples``),
+    in dataset index order. Reads the list only; the dataset is left as it is."""
+    if isinstance(dataset, SeededSamples):
+        dataset = dataset.dataset
+    if isinstance(dataset, torch.utils.data.Subset):
+        return [dataset.dataset.samples[i] for i in dataset.indices]
+    return list(dataset.samples)
 
 
 class DaliLoader:

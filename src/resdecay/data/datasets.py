@@ -1,4 +1,4 @@
-"""Datasets, augmentation and the resumable sampler. Nothing here downloads anything.
+"""Datasets, each constructed with its view's transform (transforms.py). Nothing here downloads anything.
 
 Supported (``data.name``):
     digits         scikit-learn's embedded 8x8 digits (1,797 images; stratified 80/20 split)
@@ -10,15 +10,14 @@ Supported (``data.name``):
     synthetic      random images (benchmarks); size from the model
     latents        VAE latents cached by ``resdecay latents`` (latent diffusion), in ``data.path``
 
-Determinism: the sampler yields ``(index, epoch)`` and augmentation of a sample is seeded by
-``(seed, epoch, index)``, so a run resumed mid-epoch sees exactly the batches and crops an
+Determinism: the sampler (resumable.py) yields ``(index, epoch)`` and augmentation of a sample is
+seeded by ``(seed, epoch, index)``, so a run resumed mid-epoch sees exactly the batches and crops an
 uninterrupted run would, whatever the number of DataLoader workers.
 """
 
 from __future__ import annotations
 
 import gzip
-import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -32,13 +31,13 @@ from ..errors import ConfigError, DataError, check_fields
 from ..io import safe_load
 from ..safe_pickle import load_data_pickle
 from .fashion_mnist_m import NUISANCES, composite, validate_knobs
-from .fast_images import BadImage, Uint8View, bad_image_reason, crop_scale, decode_uint8
+from .fast_images import BadImage, bad_image_reason, decode_uint8
+from .transforms import RECIPES, Augment, choose_decoder, create_transform
 
 DatasetName = Literal["digits", "fashion-mnist", "fashion-mnist-m", "cifar10", "cifar100", "imagefolder", "synthetic", "latents"]
 Normalize = Literal["dataset", "symmetric"]
-Augment = Literal["none", "flip", "mae", "rrc", "randaug", "cifar"]
 Decoder = Literal["tensor", "pil", "dali"]
-DATASETS, NORMALIZE, AUGMENTS = get_args(DatasetName), get_args(Normalize), get_args(Augment)
+DATASETS, NORMALIZE = get_args(DatasetName), get_args(Normalize)
 FASHION_MNIST_DEBIAN = "/usr/share/datasets/fashion-mnist"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -48,9 +47,7 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 class DataConfig:
     name: DatasetName = "digits"
     path: str | None = None  # dataset folder; fashion-mnist defaults to the Debian path
-    augment: Augment = "none"  # none | flip | mae (RandomResizedCrop 0.2-1 + flip: MAE pretraining) | rrc (0.08-1 + flip:
-    #                            MAE's linear probe, supervised ImageNet) | randaug (fine-tuning) | cifar (pad-4 crop + flip,
-    #                            in-memory data sets only: one meaning everywhere, issue 23.9)
+    augment: Augment = "none"  # none | flip | mae | rrc | randaug | cifar: one table, transforms.RECIPES
     num_workers: int = 0  # DataLoader worker processes (0 = load in the main process)
     train_subset: int | None = None  # use only the first N training images (quick runs)
     resize: bool = False  # resize fixed-size datasets to model.img_size instead of refusing
@@ -60,7 +57,8 @@ class DataConfig:
     dataset_seed: int = 0  # fashion-mnist-m: image i of a split is drawn from a generator seeded by (dataset_seed, split, i)
     on_bad_file: Literal["stop", "skip"] = "stop"  # an unreadable image in training: stop the run | skip (replace it deterministically, list it in <run>/bad_files.txt)
     decoder: Decoder = "tensor"  # imagefolder: tensor (uint8 decode + transforms.v2, fast_images.py) | pil (PIL + v1 transforms)
-    #                              | dali (training crops decoded on the GPU by NVIDIA DALI, dali_images.py; optional package)
+    #                              | dali (training crops decoded on the GPU by NVIDIA DALI, dali_images.py; optional package);
+    #                              read only by transforms.choose_decoder
 
     def validate(self) -> None:
         check_fields(self, "data")
@@ -71,15 +69,7 @@ class DataConfig:
             raise ConfigError(problem)
         if self.train_subset is not None and self.train_subset < 1:
             raise ConfigError(f"data.train_subset must be a positive number of images, got {self.train_subset}")
-        if self.name == "imagefolder" and self.augment == "cifar":
-            raise ConfigError("data.augment=cifar is CIFAR's pad-4 random crop + flip of in-memory data sets (cifar10/100, "
-                              "fashion-mnist, digits); for an ImageFolder use data.augment=rrc (RandomResizedCrop 0.08-1 + "
-                              "flip) or mae (RandomResizedCrop 0.2-1 + flip)")
-        if self.decoder == "dali" and (self.name != "imagefolder" or self.augment not in ("mae", "rrc")
-                                       or self.on_bad_file != "stop"):
-            raise ConfigError("data.decoder=dali decodes ImageFolder training crops (data.name=imagefolder, data.augment "
-                              f"mae or rrc, data.on_bad_file=stop); got {self.name}, {self.augment}, {self.on_bad_file}; "
-                              "use data.decoder=tensor")
+        choose_decoder(self, "none")  # refuses impossible name x augment x decoder combinations; every config has an eval view
 
 
 @dataclass
@@ -253,70 +243,61 @@ def _image_folder(root: Path, transform, loader=_checked_pil_loader):
                         f"expected {root}/<class>/<image>{IMG_EXTENSIONS[0]}") from None
 
 
-def _tensor_transform(augment: str, size: int, native: int, resize: bool):
-    import torchvision.transforms.v2 as T
-
-    ops = []
-    if augment in ("mae", "rrc", "randaug"):  # MAE pretraining crops 0.2-1; linear probe and fine-tuning 0.08-1
-        scale = crop_scale(augment)
-        ops.append(T.RandomResizedCrop(size, scale=scale, interpolation=T.InterpolationMode.BICUBIC, antialias=True))
-    elif native != size and resize:
-        ops.append(T.Resize(size, interpolation=T.InterpolationMode.BICUBIC, antialias=True))
-    if augment == "cifar":  # the standard supervised CIFAR recipe
-        ops.append(T.RandomCrop(size, padding=4))
-    if augment != "none":
-        ops.append(T.RandomHorizontalFlip())
-    if augment == "randaug":  # MAE fine-tuning: RandAugment(2, 9) and random erasing 0.25
-        ops += [T.RandAugment(num_ops=2, magnitude=9), T.RandomErasing(p=0.25, value=0)]
-    return T.Compose(ops) if ops else None
-
-
-def _pil_transform(augment: str, size: int, mean, std):
-    import torchvision.transforms as T
-
-    bicubic = T.InterpolationMode.BICUBIC
-    if augment == "randaug":  # MAE fine-tuning's timm pipeline
-        from timm.data import create_transform
-
-        return create_transform(size, is_training=True, auto_augment="rand-m9-mstd0.5-inc1", interpolation="bicubic",
-                                re_prob=0.25, re_mode="pixel", re_count=1, mean=mean, std=std)
-    if augment in ("mae", "rrc"):
-        ops = [T.RandomResizedCrop(size, scale=crop_scale(augment), interpolation=bicubic), T.RandomHorizontalFlip()]
-    else:  # evaluation view (MAE: resize to 256/224 of the side, centre crop)
-        ops = [T.Resize(int(math.ceil(size * 256 / 224)), interpolation=bicubic), T.CenterCrop(size)]
-        if augment == "flip":
-            ops.append(T.RandomHorizontalFlip())
-    return T.Compose([*ops, T.ToTensor(), T.Normalize(mean, std)])
+def _folder_dataset(cfg: DataConfig, train: bool, img_size: int, aug: str, pipeline: str, uint8_out: bool):
+    """An ImageFolder split, constructed with its view's transform (``transforms.create_transform``)."""
+    root = _need_dir(cfg.path, "imagefolder", "ImageNet layout: <path>/train/<class>/*.JPEG and <path>/val/...")
+    sub = root / ("train" if train else "val")
+    if not sub.is_dir():
+        if not train:
+            raise DataError(f"data path {root} has no val/ folder for evaluation; add <path>/val/<class>/*")
+        sub = root
+    mean, std = ((0.5,) * 3, (0.5,) * 3) if cfg.normalize == "symmetric" else (IMAGENET_MEAN, IMAGENET_STD)
+    # DALI decodes the training crops in its own loader; the dataset keeps the same crops on the CPU (uint8 path)
+    view = "uint8" if pipeline == "dali" else pipeline
+    transform = create_transform(aug, img_size, view, mean=mean, std=std, uint8_out=uint8_out)
+    ds = _image_folder(sub, transform, loader=decode_uint8 if view == "uint8" else _checked_pil_loader)
+    info = DataInfo("imagefolder", len(ds.classes), 3, None, mean, std)
+    if cfg.train_subset and train:
+        ds = torch.utils.data.Subset(ds, range(min(cfg.train_subset, len(ds))))
+    return ds, info
 
 
-def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | None = None):
+def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | None = None, uint8_out: bool = False):
     """The ``split`` ("train" | "test") of a dataset as (Dataset, DataInfo).
 
-    Training views get ``cfg.augment``; pass ``augment=False`` for frozen-feature evaluation.
+    Args:
+        cfg: the data config.
+        split: "train" or "test".
+        img_size: the model's input side.
+        augment: None: training views get ``cfg.augment``, test views none; False: no augmentation
+            (frozen-feature evaluation); True: ``cfg.augment`` on either split.
+        uint8_out: images decoded on the uint8 path (``choose_decoder`` says "uint8" or "dali")
+            come out as uint8, to be normalised on the device with ``DataInfo.mean``/``std``
+            (``DeviceLoader``); the training loader asks for this. Any other path refuses it.
     """
     cfg.validate()
     train = split == "train"
     aug = cfg.augment if (augment is None and train) or augment else "none"
-    if cfg.name == "latents":
+    pipeline = choose_decoder(cfg, aug)
+    if uint8_out and pipeline not in ("uint8", "dali"):
+        raise ValueError(f"uint8_out applies to ImageFolder data on the uint8 path, not to {cfg.name} on the {pipeline} path")
+    if pipeline == "latents":
         return latent_dataset(cfg, split)
-    symmetric = cfg.normalize == "symmetric"  # diffusion models see pixels in [-1, 1]
-    if cfg.name == "imagefolder":
-        root = _need_dir(cfg.path, "imagefolder", "ImageNet layout: <path>/train/<class>/*.JPEG and <path>/val/...")
-        sub = root / ("train" if train else "val")
-        if not sub.is_dir():
-            if not train:
-                raise DataError(f"data path {root} has no val/ folder for evaluation; add <path>/val/<class>/*")
-            sub = root
-        mean, std = ((0.5,) * 3, (0.5,) * 3) if symmetric else (IMAGENET_MEAN, IMAGENET_STD)
-        if cfg.decoder in ("tensor", "dali") and aug != "randaug":  # fine-tuning's RandAugment stays on timm's PIL pipeline
-            ds = _image_folder(sub, Uint8View(aug, img_size, mean, std), loader=decode_uint8)
-        else:
-            ds = _image_folder(sub, _pil_transform(aug, img_size, mean, std))
-        info = DataInfo("imagefolder", len(ds.classes), 3, None, mean, std)
-        if cfg.train_subset and train:
-            ds = torch.utils.data.Subset(ds, range(min(cfg.train_subset, len(ds))))
-        return ds, info
+    if pipeline != "memory":
+        return _folder_dataset(cfg, train, img_size, aug, pipeline, uint8_out)
+    images, labels, info = _memory_split(cfg, train, img_size)
+    native = info.native_size
+    if native != img_size and not cfg.resize and RECIPES[aug].crop_scale is None:  # a resized crop makes img_size pixels
+        raise DataError(
+            f"{cfg.name} images are {native}x{native} but model.img_size is {img_size}; "
+            f"set model.img_size={native} (with a patch_size that divides it) or data.resize=true"
+        )
+    transform = create_transform(aug, img_size, pipeline, native=native, resize=cfg.resize)
+    return TensorImages(images, labels, info, transform), info
 
+
+def _memory_split(cfg: DataConfig, train: bool, img_size: int):
+    """(uint8 images, labels, DataInfo) of a data set held in memory."""
     if cfg.name == "digits":
         images, labels = _load_digits(train)
         stats = ((0.3056,), (0.3777,))
@@ -336,19 +317,12 @@ def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | No
         stats = ((0.5,) * 3, (0.29,) * 3)
     if len(images) == 0:
         raise DataError(f"{cfg.name} at {cfg.path} holds no images")
-    native = int(images.shape[-1])
-    if native != img_size and not cfg.resize and aug not in ("mae", "rrc"):  # a resized crop makes img_size pixels
-        raise DataError(
-            f"{cfg.name} images are {native}x{native} but model.img_size is {img_size}; "
-            f"set model.img_size={native} (with a patch_size that divides it) or data.resize=true"
-        )
     if cfg.train_subset and train:
         images, labels = images[: cfg.train_subset], labels[: cfg.train_subset]
     num_classes = 100 if cfg.name == "cifar100" else 10
-    if symmetric:
+    if cfg.normalize == "symmetric":  # diffusion models see pixels in [-1, 1]
         stats = ((0.5,) * images.shape[1], (0.5,) * images.shape[1])
-    info = DataInfo(cfg.name, num_classes, int(images.shape[1]), native, *stats)
-    return TensorImages(images, labels, info, _tensor_transform(aug, img_size, native, cfg.resize)), info
+    return images, labels, DataInfo(cfg.name, num_classes, int(images.shape[1]), int(images.shape[-1]), *stats)
 
 
 class LatentDataset(Dataset):

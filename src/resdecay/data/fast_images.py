@@ -10,8 +10,9 @@ and leave the float conversion and normalisation to the device.
   here give the same pixels as PIL on JPEG and PNG (libjpeg-turbo / libpng underneath). A file
   neither reads raises the same ``DataError`` as the PIL path: ``cannot read image <path>:
   <PIL's reason>; remove or replace the file``.
-* ``Uint8View``: the transform. It returns normalised float images (the dataset contract every
-  evaluator relies on) unless ``uint8_out`` is set, which ``uint8_batches`` does for training.
+* The transform on these uint8 tensors (``Uint8View``) is built by ``transforms.create_transform``;
+  it returns normalised float images (the dataset contract every evaluator relies on), or uint8
+  images when the training dataset is built with ``uint8_out`` (``build_dataset``).
 * ``DeviceLoader``: wraps the training DataLoader of uint8 batches; on CUDA it copies the next
   batch on a side stream while the current one computes (as timm's ``PrefetchLoader``), then
   converts and normalises on the device with the same operations as ``ToTensor``+``Normalize``
@@ -24,7 +25,6 @@ per (seed, epoch, index): a resumed run sees the same crops, whatever the number
 from __future__ import annotations
 
 import io
-import math
 import re
 from functools import lru_cache
 
@@ -111,55 +111,12 @@ def decode_uint8(path: str) -> torch.Tensor:
     return _pil_rgb(path, raw)
 
 
-def crop_scale(augment: str) -> tuple[float, float]:
-    """RandomResizedCrop's area range: MAE pretraining (main_pretrain.py) 0.2-1; MAE's linear probe
-    (main_linprobe.py, torchvision's default) and fine-tuning (timm) 0.08-1."""
-    return (0.2, 1.0) if augment == "mae" else (0.08, 1.0)
-
-
-class Uint8View:
-    """uint8 (3, H, W) -> the training or evaluation view (uint8, or normalised float32)."""
-
-    def __init__(self, augment: str, size: int, mean, std):
-        import torchvision.transforms.v2 as T
-
-        bicubic = T.InterpolationMode.BICUBIC
-        if augment in ("mae", "rrc"):  # the PIL path's choices, on uint8 tensors
-            ops = [T.RandomResizedCrop(size, scale=crop_scale(augment), interpolation=bicubic, antialias=True),
-                   T.RandomHorizontalFlip()]
-        else:  # evaluation view (MAE: resize to 256/224 of the side, centre crop)
-            ops = [T.Resize(int(math.ceil(size * 256 / 224)), interpolation=bicubic, antialias=True), T.CenterCrop(size)]
-            if augment == "flip":
-                ops.append(T.RandomHorizontalFlip())
-        self.ops = T.Compose(ops)
-        self.mean, self.std = tuple(mean), tuple(std)
-        self.uint8_out = False
-
-    def __call__(self, img: torch.Tensor) -> torch.Tensor:
-        img = self.ops(img)
-        if self.uint8_out:
-            return img.contiguous()
-        return normalize(img, self.mean, self.std)
-
-
 def normalize(images: torch.Tensor, mean, std) -> torch.Tensor:
     """uint8 (..., C, H, W) -> float32 (x / 255 - mean) / std, as ToTensor + Normalize."""
     shape = (-1, 1, 1)
     m = torch.as_tensor(mean, dtype=torch.float32, device=images.device).view(shape)
     s = torch.as_tensor(std, dtype=torch.float32, device=images.device).view(shape)
     return images.float().div_(255.0).sub_(m).div_(s)
-
-
-def uint8_batches(dataset) -> tuple | None:
-    """Switch an ImageFolder built on the uint8 path to uint8 output; returns its (mean, std), or
-    None for any other dataset (which keeps producing normalised floats)."""
-    inner = getattr(dataset, "dataset", dataset)  # through SeededSamples / Subset
-    inner = getattr(inner, "dataset", inner)
-    view = getattr(inner, "transform", None)
-    if not isinstance(view, Uint8View):
-        return None
-    view.uint8_out = True
-    return view.mean, view.std
 
 
 class DeviceLoader:

@@ -186,7 +186,7 @@ def _check(cfg, sampler, steps, cfg_scale, labels, n, image_shape, batch_size, a
         raise ConfigError(f"cfg_scale must be a finite number, got {cfg_scale}")
     if cfg.num_classes == 0 and (labels is not None or cfg_scale != 1.0):
         raise UserError("class labels / cfg_scale != 1 were asked of a model that is unconditional "
-                        "(model.num_classes=0); drop --cfg/labels")
+                        "(model.num_classes=0); drop --guidance-scale/--labels")
     if cfg_scale != 1.0 and not cfg.class_dropout > 0:
         raise UserError(f"cfg_scale={cfg_scale}: guidance needs label dropout in training (model.class_dropout>0), "
                         "this model has class_dropout=0; use cfg_scale=1")

@@ -1,5 +1,6 @@
-"""Reference points for every evaluation: the same kNN / probe / rank on raw pixels and on a
-randomly initialised encoder of the same architecture.
+"""Reference points for every evaluation: the same registered metrics (kNN, probe, rank, ...; the
+suite runs them through ``metrics.measure``) on raw pixels and on a randomly initialised encoder of
+the same architecture. This module makes those two feature sources.
 
 A pretrained model's kNN of 0.45 means little alone: on Fashion-MNIST raw pixels already reach
 0.833 (20k bank, 10k queries), on Fashion-MNIST-M 0.238. These two rows say how much the pretraining added. The
@@ -19,9 +20,6 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from ..models import build_model
-from .knn import knn_topk
-from .probe import linear_probe
-from .rank import effective_rank
 
 SOURCES = ("pixels", "random-init")
 
@@ -48,28 +46,6 @@ def random_init_key(cfg) -> str:
     """A stand-in for a checkpoint hash in feature-cache keys: the architecture and the seed."""
     blob = json.dumps({"random-init": cfg.to_dict()["model"], "seed": cfg.train.seed}, sort_keys=True, default=str)
     return "random-init-" + hashlib.sha256(blob.encode()).hexdigest()
-
-
-def measure(source: str, layer: int | None, feature: str, train, train_y, test, test_y, test_cls, evals, settings,
-            recipe, base_card: dict, device) -> list[dict]:
-    """kNN / probe / rank rows for one baseline feature set, each with its protocol card."""
-    card = {**base_card, "source": source, "layer": layer, "feature": feature}
-    rows = []
-    if "knn" in evals:
-        v = knn_topk(train, train_y, test, test_y, settings.knn_k, settings.knn_temperature)
-        rows.append({"metric": "knn", "source": source, "layer": layer, "feature": feature, "values": v,
-                     "protocol": {**card, "k": settings.knn_k, "temperature": settings.knn_temperature, "vote": "exp(cos/T)"}})
-    if "probe" in evals:
-        v = linear_probe(train, train_y, test, test_y, recipe, device)
-        rows.append({"metric": "probe", "source": source, "layer": layer, "feature": feature, "values": v,
-                     "protocol": {**card, "probe": recipe.card()}})
-    if "rank" in evals:
-        form = "exp(entropy) (Roy & Vetterli)" if settings.rank_exp else "entropy of normalised covariance spectrum (paper eq. 6)"
-        for feat, x in ((feature, test), *((("cls", test_cls),) if test_cls is not None else ())):
-            rows.append({"metric": "rank", "source": source, "layer": layer, "feature": feat,
-                         "values": {"effective_rank": effective_rank(x, exp=settings.rank_exp)},
-                         "protocol": {**card, "feature": feat, "form": form, "split": "test"}})
-    return rows
 
 
 def baseline_value(report: dict, source: str, metric: str, feature: str, value: str, layer: int | None = None):

@@ -1,7 +1,8 @@
 """``resdecay compare``: put evaluation results of several runs side by side, but only numbers
 measured the same way. Two numbers are comparable when their protocol cards are equal (data,
 split sizes, layer, feature, k, T, probe recipe, ...); otherwise the comparison is refused with
-the differing fields named, or shown with them marked under ``--force``.
+the differing fields named, or shown with them marked under ``--force``. Which values of a row are
+compared is its metric's (``eval/metrics.py``), so a plugin's metric is compared like the built-in ones.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 from pathlib import Path
 
 from ..errors import UserError
+from .metrics import get_metric
 
 
 def load_report(path: str | Path) -> dict:
@@ -57,6 +59,15 @@ def protocol_differences(cards: list[dict]) -> list[str]:
     return diffs
 
 
+def _compared_values(metric: str, rows) -> list[str]:
+    """The values of a metric worth a row: those its registered ``Metric`` reports (kNN: top1, top5), or
+    every number for a metric not registered now (a report written with a plugin not loaded)."""
+    m = get_metric(metric)
+    if m is not None:
+        return list(m.shown_values())
+    return list(dict.fromkeys(k for r in rows for k, v in r["values"].items() if isinstance(v, (int, float))))
+
+
 def compare_reports(reports: list[dict], labels: list[str], force: bool = False) -> dict:
     """Rows ``{name: {label: value}}`` of every measurement present in at least two runs, and the
     protocol differences per row. Raises UserError on differences unless ``force``."""
@@ -69,7 +80,7 @@ def compare_reports(reports: list[dict], labels: list[str], force: bool = False)
         if len(entries) < 2:
             continue
         diffs = protocol_differences([e["protocol"] for e in entries.values()])
-        for value_key in ("top1", "top5", "effective_rank"):
+        for value_key in _compared_values(metric, entries.values()):
             vals = {lab: e["values"][value_key] for lab, e in entries.items() if value_key in e["values"]}
             if vals:
                 name = f"{metric} {value_key} (layer {layer}, {feature})"

@@ -5,7 +5,7 @@ heat map, and the best cell reported as the paper does.
 Each image is noised once per level with a fixed, seeded noise draw (the same draw for every
 layer, so cells in one column see the same inputs); class-conditional models get the null label, so
 the label never leaks into the features. Features are the mean over all tokens of a block's output.
-Extraction goes through ``extract_features`` (chunked, tqdm, split across ranks under torchrun).
+Extraction goes through ``extract_block_features`` (chunked, tqdm, split across ranks under torchrun).
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import torch.nn as nn
 
 from ..diffusion.objectives import objective_for
 from ..errors import UserError
-from .features import extract_features
-from .probe import FAST_RECIPE, linear_probe
+from .features import extract_block_features
+from .probe import linear_probe
+from .protocol import FAST_RECIPE, NOISE_LEVELS
 
-NOISE_LEVELS = (0.0, 0.1, 0.25, 0.5, 0.75)
+__all__ = ["FAST_RECIPE", "NOISE_LEVELS", "NoisedFeatures", "check_levels", "probe_grid"]
 
 
 class NoisedFeatures(nn.Module):
@@ -63,11 +64,11 @@ def probe_grid(model: nn.Module, train_set, test_set, layers: list[int] | None =
     grid = torch.zeros(len(layers), len(levels))
     for j, level in enumerate(levels):
         view = NoisedFeatures(model, level, seed)
-        tr, ytr = extract_features(view, train_set, layers, batch_size=batch_size, device=device, progress=progress,
-                                   desc=f"train features, noise {level:g}")
+        tr, ytr = extract_block_features(view, train_set, layers, batch_size=batch_size, device=device, progress=progress,
+                                         desc=f"train features, noise {level:g}")
         view.calls = 0
-        te, yte = extract_features(view, test_set, layers, batch_size=batch_size, device=device, progress=progress,
-                                   desc=f"test features, noise {level:g}")
+        te, yte = extract_block_features(view, test_set, layers, batch_size=batch_size, device=device, progress=progress,
+                                         desc=f"test features, noise {level:g}")
         for i, l in enumerate(layers):
             res = linear_probe(tr[(l, "mean")], ytr, te[(l, "mean")], yte, FAST_RECIPE, device=device)
             grid[i, j] = res["top1"]

@@ -1,4 +1,5 @@
-"""Frozen-feature extraction: one pass of a model's encoder over a dataset, no augmentation."""
+"""Frozen-feature extraction: one pass of a model's encoder over a dataset, no augmentation,
+keeping the pooled tokens of chosen blocks (``extract_block_features``)."""
 
 from __future__ import annotations
 
@@ -26,10 +27,12 @@ def pool_tokens(tokens: torch.Tensor, pool: str) -> torch.Tensor:
 
 
 @torch.no_grad()
-def extract_features(model: torch.nn.Module, dataset: Dataset, layers: list[int] | None = None,
+def extract_block_features(model: torch.nn.Module, dataset: Dataset, layers: list[int] | None = None,
                      pools: tuple[str, ...] = ("mean",), batch_size: int = 256, device: str | torch.device = "cpu",
                      num_workers: int = 0, progress: bool = True, desc: str = "features") -> tuple[dict, torch.Tensor]:
-    """Features of every image: ``({(layer, pool): (N, D) tensor}, labels (N,))``, in dataset order.
+    """Pooled token features of the given encoder blocks for every image of ``dataset``:
+    ``({(layer, pool): (N, D) tensor}, labels (N,))``, in dataset order. (The notebook API's
+    ``resdecay.extract_features`` wraps this for tensors and numpy arrays.)
 
     ``layers`` are encoder block indices (default: the last block, -1). Under torchrun each rank
     takes every world_size-th image and the pieces are gathered back into dataset order on every

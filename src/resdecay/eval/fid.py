@@ -8,7 +8,9 @@ Two feature extractors, never mixed:
 
 Statistics (mean, covariance) are accumulated in float64 with a fixed extraction batch size and
 saved once per image set; the Fréchet distance itself is torchmetrics' ``_compute_fid``.
-Images: float tensors in [0, 1] (B, C, H, W), uint8 NHWC arrays (ADM's .npz ``arr_0``) or such a file.
+Images: float tensors in [0, 1] (B, C, H, W), uint8 NHWC arrays (ADM's .npz ``arr_0``) or such a file
+(read into fixed batches by ``image_sets.image_chunks`` / ``rebatch``). An extractor is any module; resdecay's
+own are ``FeatureExtractor`` subclasses whose ``ExtractorCard`` says what the statistics record.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -26,8 +28,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from ..data import DataConfig, build_dataset
-from ..errors import UserError, one_line
-from ..io import atomic_save, file_sha256, first_sentence, progress_bar, safe_load
+from ..errors import UserError
+from ..io import atomic_save, file_sha256, progress_bar, safe_load
+from .image_sets import image_chunks, rebatch, unit_float
 from .knn import tf32_matmuls
 
 BATCH_SIZE = 100  # fixed: features (and so FID) must not depend on how the caller chunked the images
@@ -51,14 +54,70 @@ def _digest(path: Path) -> str:
 
 
 # ----------------------------------------------------------------------------- extractors
-class InceptionFeatures(nn.Module):
-    """[0, 1] images (B, C, H, W) -> (B, 2048) pool features of the FID Inception network."""
+@dataclass(frozen=True)
+class ExtractorCard:
+    """What FID statistics record about the network that made them: two statistics files are
+    comparable only when their cards' ``id`` and resolution agree.
 
-    label, resize_filter, needs_rgb, name = INCEPTION_LABEL, INCEPTION_RESIZE, True, "inception-v3-compat"
+    Args:
+        name: e.g. ``inception-v3-compat``, ``proxy-cnn-digits-8px``.
+        label: the metric's name in reports, e.g. "proxy FID (proxy-cnn-digits-8px)".
+        kind: ``inception`` | ``proxy`` | ``custom`` (names the online log's column: ``proxy_fid``).
+        resolution: the (C, H, W) images it was trained on; None: any size.
+        resize_filter: how images reach its input size.
+        needs_rgb: grayscale images are repeated to three channels.
+        fingerprint: short hash of its weights file; None: unknown.
+    """
+
+    name: str
+    label: str
+    kind: str = "custom"
+    resolution: tuple[int, int, int] | None = None
+    resize_filter: str = "none"
+    needs_rgb: bool = False
+    fingerprint: str | None = None
+
+    @property
+    def id(self) -> str:
+        """The identity ``feature_stats`` records: the name plus the weights' hash."""
+        return f"{self.name}@{self.fingerprint}" if self.fingerprint else self.name
+
+
+class FeatureExtractor(nn.Module):
+    """Base of resdecay's FID extractors: [0, 1] images (B, C, H, W) -> (B, D) features, described by
+    ``card``. Any other ``nn.Module`` works too, as an anonymous extractor (``extractor_card``)."""
+
+    card: ExtractorCard
+
+    @property
+    def name(self) -> str:
+        return self.card.name
+
+    @property
+    def label(self) -> str:
+        return self.card.label
+
+    @property
+    def fingerprint(self) -> str | None:
+        return self.card.fingerprint
+
+
+def extractor_card(extractor: nn.Module) -> ExtractorCard:
+    """The card of an extractor; a plain module is named after its class, with no fingerprint."""
+    if isinstance(extractor, FeatureExtractor):
+        return extractor.card
+    name = type(extractor).__name__
+    return ExtractorCard(name=name, label=f"proxy FID ({name})")
+
+
+class InceptionFeatures(FeatureExtractor):
+    """[0, 1] images (B, C, H, W) -> (B, 2048) pool features of the FID Inception network."""
 
     def __init__(self, net: nn.Module, fingerprint: str):
         super().__init__()
-        self.net, self.fingerprint = net, fingerprint
+        self.net = net
+        self.card = ExtractorCard(name="inception-v3-compat", label=INCEPTION_LABEL, kind="inception",
+                                  resize_filter=INCEPTION_RESIZE, needs_rgb=True, fingerprint=fingerprint)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[1] == 1:  # the network is RGB-only: grayscale is repeated (the stats record it)
@@ -89,14 +148,16 @@ def inception_extractor(weights_path: str | os.PathLike | None) -> InceptionFeat
     return InceptionFeatures(net, _digest(path))
 
 
-class ProxyCNN(nn.Module):
+class ProxyCNN(FeatureExtractor):
     """[0, 1] images -> three conv stages -> global average pool: (B, 4 * width) features; ``head``
-    classifies them in training. Once trained it is the proxy extractor, for its training resolution."""
-
-    resize_filter, needs_rgb = "none (the proxy runs at its training resolution)", False
+    classifies them in training. Once trained it is the proxy extractor, for its training resolution
+    (``proxy_extractor`` names it in its card and keeps its training record in ``meta``)."""
 
     def __init__(self, in_chans: int, num_classes: int, width: int = 32):
         super().__init__()
+        self.card = ExtractorCard(name=type(self).__name__, label=f"proxy FID ({type(self).__name__})", kind="proxy",
+                                  resize_filter="none (the proxy runs at its training resolution)")
+        self.meta: dict = {}
 
         def stage(cin, cout, pool):
             return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
@@ -154,7 +215,7 @@ def _accuracy(net: ProxyCNN, images, labels) -> float:
 def proxy_extractor(dataset_name: str, data_path=None, cache_dir=None, img_size: int | None = None,
                     in_chans: int | None = None, device: str | torch.device = "cpu") -> ProxyCNN:
     """The dataset's proxy feature extractor: trained on its training split once, then loaded from
-    ``cache_dir`` (default ``default_cache_dir()``). ``.name``, ``.label`` and ``.meta`` describe it."""
+    ``cache_dir`` (default ``default_cache_dir()``). ``.card`` and ``.meta`` describe it."""
     if dataset_name not in PROXY_DATASETS:
         raise UserError(f"proxy FID needs a labelled fixed-size dataset ({', '.join(PROXY_DATASETS)}), got "
                         f"{dataset_name!r}: for other images use Inception FID with --inception-weights PATH")
@@ -181,70 +242,10 @@ def proxy_extractor(dataset_name: str, data_path=None, cache_dir=None, img_size:
         atomic_save(saved, path)
     net = ProxyCNN(chans, saved["meta"]["num_classes"])
     net.load_state_dict(saved["state_dict"])
-    net.name, net.label, net.fingerprint, net.meta = name, f"proxy FID ({name})", _digest(path), saved["meta"]
-    net.resolution = (chans, size, size)
+    net.card = replace(net.card, name=name, label=f"proxy FID ({name})", fingerprint=_digest(path),
+                       resolution=(chans, size, size))
+    net.meta = saved["meta"]
     return net.eval()
-
-
-# ----------------------------------------------------------------------------- images -> batches
-def _chunks(images):
-    """Raw chunks as uint8 or float tensors (N, C, H, W); converted to float only batch by batch."""
-    if isinstance(images, (str, os.PathLike)):
-        path = Path(images).expanduser()
-        try:
-            z = np.load(path, allow_pickle=False)
-            if isinstance(z, np.lib.npyio.NpzFile):  # ADM's .npz; a plain .npy holds the array itself
-                with z:
-                    z = z["arr_0"]
-        except Exception as e:
-            raise UserError(f"cannot read samples file {path} ({type(e).__name__}: {first_sentence(one_line(e), 100)}): pass an "
-                            f".npz holding uint8 NHWC images in 'arr_0' (ADM format)") from None
-        images = z
-    if isinstance(images, np.ndarray):
-        if images.dtype != np.uint8 or images.ndim not in (3, 4):
-            raise UserError(f"numpy samples must be uint8 NHWC images (ADM .npz 'arr_0'), got {images.dtype} "
-                            f"{images.shape}: convert with (x * 255).round().astype(np.uint8)")
-        t = torch.from_numpy(images)
-        yield t.unsqueeze(1) if t.ndim == 3 else t.permute(0, 3, 1, 2)
-    elif isinstance(images, torch.Tensor):
-        yield images
-    elif hasattr(images, "__iter__") and not isinstance(images, (dict, bytes)):  # DataLoader, list of batches
-        for item in images:
-            yield from _chunks(item[0] if isinstance(item, (tuple, list)) else item)  # (images, labels) pairs
-    else:
-        raise UserError(f"samples of type {type(images).__name__} are not images: pass a float tensor in [0, 1] "
-                        f"(B, C, H, W), a uint8 NHWC array, an .npz path (ADM 'arr_0') or a loader of such tensors")
-
-
-def _as_float(x: torch.Tensor) -> torch.Tensor:
-    if x.ndim != 4 or x.shape[1] not in (1, 3):
-        raise UserError(f"images must be (B, C, H, W) with 1 or 3 channels (numpy: uint8 NHWC), got {tuple(x.shape)}")
-    if x.dtype != torch.uint8 and not x.is_floating_point():
-        raise UserError(f"image tensors must be float in [0, 1] or uint8, got {x.dtype}")
-    # a fresh copy with standard strides: batches cut from NHWC arrays (even 1-channel ones) would
-    # otherwise run channels-last conv kernels and give features that differ in the last bits
-    y = torch.empty(x.shape, dtype=torch.float32, device=x.device).copy_(x)
-    if x.dtype == torch.uint8:
-        return y.div_(255)
-    lo, hi = float(y.min()), float(y.max())
-    if lo < -1e-3 or hi > 1 + 1e-3:  # e.g. mean/std-normalised dataset items, or [-1, 1] model outputs
-        raise UserError(f"images must be floats in [0, 1], got values in [{lo:.3g}, {hi:.3g}]: map [-1, 1] "
-                        f"outputs with (x + 1) / 2 and undo any mean/std normalisation")
-    return y.clamp_(0, 1)
-
-
-def _rebatch(chunks, batch_size: int):
-    """Exactly batch_size images per batch (the last may be short), however the input was chunked."""
-    buf, n = [], 0
-    for piece in (p for c in chunks for p in c.split(batch_size)):
-        buf.append(piece)
-        n += len(piece)
-        if n >= batch_size:
-            cat = torch.cat(buf)
-            yield cat[:batch_size]
-            buf, n = [cat[batch_size:]], n - batch_size
-    if n:
-        yield torch.cat(buf)
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -268,20 +269,19 @@ def feature_stats(images, extractor: nn.Module, batch_size: int = BATCH_SIZE, de
 
     ``reference``: stats these images will be compared with; a mismatch stops at the first batch."""
 
-    name = getattr(extractor, "name", type(extractor).__name__)
-    ext_id = feature_stats_id(extractor)
+    card = extractor_card(extractor)
     extractor = extractor.eval().to(device)
     shift = total = cross = resolution = None
     n = 0
-    for raw in progress_bar(_rebatch(_chunks(images), batch_size), desc="FID features", disable=not progress, leave=False):
-        x = _as_float(raw)
+    for raw in progress_bar(rebatch(image_chunks(images), batch_size), desc="FID features", disable=not progress, leave=False):
+        x = unit_float(raw)
         if resolution is None:
-            resolution, expected = tuple(x.shape[1:]), getattr(extractor, "resolution", None)
+            resolution, expected = tuple(x.shape[1:]), card.resolution
             if expected is not None and tuple(expected) != resolution:
-                raise UserError(f"{name} was trained on {_res(expected)} images, these are {_res(resolution)}: "
+                raise UserError(f"{card.name} was trained on {_res(expected)} images, these are {_res(resolution)}: "
                                 f"use the proxy built for {_res(resolution)} or images of {_res(expected)}")
             if reference is not None:
-                _check_pair(reference, ext_id, resolution)
+                _check_pair(reference, card.id, resolution)
         elif tuple(x.shape[1:]) != resolution:
             raise UserError(f"images change size from {_res(resolution)} to {_res(x.shape[1:])}: FID needs one size")
         with tf32_matmuls(device):  # CUDA only; the statistics below stay float64
@@ -298,9 +298,9 @@ def feature_stats(images, extractor: nn.Module, batch_size: int = BATCH_SIZE, de
         raise UserError(f"FID needs at least 2 images, got {n}")
     return {"format": STATS_FORMAT, "mu": (shift + total / n).cpu(),
             "sigma": ((cross - torch.outer(total, total) / n) / (n - 1)).cpu(), "n": n,
-            "extractor": name, "extractor_id": ext_id, "label": getattr(extractor, "label", f"proxy FID ({name})"),
-            "resolution": resolution, "resize_filter": getattr(extractor, "resize_filter", "none"),
-            "grayscale_to_rgb": bool(getattr(extractor, "needs_rgb", False) and resolution[0] == 1),
+            "extractor": card.name, "extractor_id": card.id, "label": card.label,
+            "resolution": resolution, "resize_filter": card.resize_filter,
+            "grayscale_to_rgb": bool(card.needs_rgb and resolution[0] == 1),
             "batch_size": batch_size, "dtype": "float64"}
 
 
@@ -373,7 +373,7 @@ def dataset_reference(dataset: str, extractor, data_path=None, batch_size: int =
     """Reference statistics of ``dataset``'s training split under ``extractor``: loaded from ``ref_out``
     (default ``runs/fid_refs/<data>-train-<extractor>.pt``) when they were built with this very
     extractor, else built now and saved there. Returns (stats, path, built_now)."""
-    ref_path = Path(ref_out or f"runs/fid_refs/{dataset}-train-{getattr(extractor, 'name', 'inception')}.pt")
+    ref_path = Path(ref_out or f"runs/fid_refs/{dataset}-train-{extractor_card(extractor).name}.pt")
     stats = load_stats(ref_path) if ref_path.is_file() else None
     built = stats is None or stats.get("extractor_id") != feature_stats_id(extractor)
     if built:
@@ -387,8 +387,7 @@ def dataset_reference(dataset: str, extractor, data_path=None, batch_size: int =
 
 def feature_stats_id(extractor) -> str:
     """The identity string ``feature_stats`` records for an extractor (its name plus a hash of its weights)."""
-    name = getattr(extractor, "name", type(extractor).__name__)
-    return f"{name}@{extractor.fingerprint}" if getattr(extractor, "fingerprint", None) else name
+    return extractor_card(extractor).id
 
 
 def imagefolder_images(data_path: str | None, img_size: int, batch_size: int):

@@ -10,10 +10,14 @@ uint8 (N, C, H, W) chunks: a folder of 50k images is never held in memory at onc
 A folder is read like pytorch-fid reads one: the files with an image suffix directly inside it,
 in sorted order. Its images are 1-channel when every file is grayscale (mode L or 1; what
 ``resdecay sample`` writes for 1-channel models) and RGB otherwise (``convert("RGB")``, as pytorch-fid).
+
+``image_chunks`` / ``rebatch`` / ``unit_float`` turn any of these inputs (and tensors, arrays or loaders)
+into the fixed-size [0, 1] float batches FID features are computed on.
 """
 
 from __future__ import annotations
 
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,3 +148,65 @@ def _decode(path: Path, mode: str) -> np.ndarray:
     except Exception as e:
         raise UserError(f"cannot read image {path} ({type(e).__name__}: {first_sentence(one_line(e), 100)}): "
                         "remove or replace it") from None
+
+
+# ----------------------------------------------------------------------------- any images -> fixed batches (FID)
+def image_chunks(images):
+    """Raw chunks as uint8 or float tensors (N, C, H, W); converted to float only batch by batch."""
+    if isinstance(images, (str, os.PathLike)):
+        path = Path(images).expanduser()
+        try:
+            z = np.load(path, allow_pickle=False)
+            if isinstance(z, np.lib.npyio.NpzFile):  # ADM's .npz; a plain .npy holds the array itself
+                with z:
+                    z = z["arr_0"]
+        except Exception as e:
+            raise UserError(f"cannot read samples file {path} ({type(e).__name__}: {first_sentence(one_line(e), 100)}): pass an "
+                            f".npz holding uint8 NHWC images in 'arr_0' (ADM format)") from None
+        images = z
+    if isinstance(images, np.ndarray):
+        if images.dtype != np.uint8 or images.ndim not in (3, 4):
+            raise UserError(f"numpy samples must be uint8 NHWC images (ADM .npz 'arr_0'), got {images.dtype} "
+                            f"{images.shape}: convert with (x * 255).round().astype(np.uint8)")
+        t = torch.from_numpy(images)
+        yield t.unsqueeze(1) if t.ndim == 3 else t.permute(0, 3, 1, 2)
+    elif isinstance(images, torch.Tensor):
+        yield images
+    elif hasattr(images, "__iter__") and not isinstance(images, (dict, bytes)):  # DataLoader, list of batches
+        for item in images:
+            yield from image_chunks(item[0] if isinstance(item, (tuple, list)) else item)  # (images, labels) pairs
+    else:
+        raise UserError(f"samples of type {type(images).__name__} are not images: pass a float tensor in [0, 1] "
+                        f"(B, C, H, W), a uint8 NHWC array, an .npz path (ADM 'arr_0') or a loader of such tensors")
+
+
+def unit_float(x: torch.Tensor) -> torch.Tensor:
+    """One batch as float32 in [0, 1] (uint8 divided by 255); anything else outside [0, 1] is refused."""
+    if x.ndim != 4 or x.shape[1] not in (1, 3):
+        raise UserError(f"images must be (B, C, H, W) with 1 or 3 channels (numpy: uint8 NHWC), got {tuple(x.shape)}")
+    if x.dtype != torch.uint8 and not x.is_floating_point():
+        raise UserError(f"image tensors must be float in [0, 1] or uint8, got {x.dtype}")
+    # a fresh copy with standard strides: batches cut from NHWC arrays (even 1-channel ones) would
+    # otherwise run channels-last conv kernels and give features that differ in the last bits
+    y = torch.empty(x.shape, dtype=torch.float32, device=x.device).copy_(x)
+    if x.dtype == torch.uint8:
+        return y.div_(255)
+    lo, hi = float(y.min()), float(y.max())
+    if lo < -1e-3 or hi > 1 + 1e-3:  # e.g. mean/std-normalised dataset items, or [-1, 1] model outputs
+        raise UserError(f"images must be floats in [0, 1], got values in [{lo:.3g}, {hi:.3g}]: map [-1, 1] "
+                        f"outputs with (x + 1) / 2 and undo any mean/std normalisation")
+    return y.clamp_(0, 1)
+
+
+def rebatch(chunks, batch_size: int):
+    """Exactly batch_size images per batch (the last may be short), however the input was chunked."""
+    buf, n = [], 0
+    for piece in (p for c in chunks for p in c.split(batch_size)):
+        buf.append(piece)
+        n += len(piece)
+        if n >= batch_size:
+            cat = torch.cat(buf)
+            yield cat[:batch_size]
+            buf, n = [cat[batch_size:]], n - batch_size
+    if n:
+        yield torch.cat(buf)

@@ -80,7 +80,8 @@ def write_failure(path: Path, exc: BaseException, fix: str, nbytes: int = 0) -> 
         return one_line(exc)
     if is_disk_full(exc):
         return no_space_message(path, nbytes, fix)
-    return f"cannot write {path} ({getattr(exc, 'strerror', None) or one_line(exc)}): {fix}"
+    reason = exc.strerror if isinstance(exc, OSError) else None  # "Permission denied", without the errno noise
+    return f"cannot write {path} ({reason or one_line(exc)}): {fix}"
 
 
 def warn(message: str) -> None:

@@ -2,7 +2,7 @@
 
 Protocol: L2-normalise bank and queries, take the k most cosine-similar bank entries, weight
 each neighbour's vote by exp(similarity / T), predict the class with the largest summed vote.
-Defaults k = 20 (the paper's K), T = 0.07. Queries go in chunks so memory stays at
+Defaults k = 20 (the paper's K), T = 0.07 (``eval/protocol.py``). Queries go in chunks so memory stays at
 chunk x bank, whatever the number of queries.
 """
 
@@ -12,6 +12,8 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+
+from .protocol import KNN_K, KNN_TEMPERATURE
 
 
 @contextlib.contextmanager
@@ -41,8 +43,8 @@ def _check(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Tensor,
 
 
 @torch.no_grad()
-def knn_scores(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Tensor, k: int = 20,
-               temperature: float = 0.07, num_classes: int | None = None, chunk_size: int = 1024) -> torch.Tensor:
+def knn_scores(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Tensor, k: int = KNN_K,
+               temperature: float = KNN_TEMPERATURE, num_classes: int | None = None, chunk_size: int = 1024) -> torch.Tensor:
     """Summed neighbour votes per class, shape (num_queries, num_classes)."""
     _check(bank, bank_labels, queries, k)
     bank_labels = bank_labels.long().to(bank.device)
@@ -60,7 +62,7 @@ def knn_scores(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Ten
 
 
 def knn_topk(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor, test_labels: torch.Tensor,
-             k: int = 20, temperature: float = 0.07, topk: tuple[int, ...] = (1, 5), chunk_size: int = 1024) -> dict:
+             k: int = KNN_K, temperature: float = KNN_TEMPERATURE, topk: tuple[int, ...] = (1, 5), chunk_size: int = 1024) -> dict:
     """Top-k accuracies of the weighted kNN vote, e.g. ``{"top1": 0.71, "top5": 0.93}``
     (a top-k larger than the number of classes counts every class)."""
     if len(test_labels) != len(test_feats):
@@ -78,6 +80,6 @@ def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor, topk: tuple[int, .
 
 
 def knn_accuracy(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
-                 test_labels: torch.Tensor, k: int = 20, temperature: float = 0.07, chunk_size: int = 1024) -> float:
+                 test_labels: torch.Tensor, k: int = KNN_K, temperature: float = KNN_TEMPERATURE, chunk_size: int = 1024) -> float:
     """Top-1 accuracy (0..1) of the weighted cosine kNN vote of ``test_feats`` on the bank."""
     return knn_topk(train_feats, train_labels, test_feats, test_labels, k, temperature, (1,), chunk_size)["top1"]

@@ -1,11 +1,14 @@
 """Online tracking during training, written into the run's log.jsonl (and TensorBoard) as
 ``online_*`` values that ``resdecay plot`` draws; the training loop gets them as its epoch-end hook.
 
-``OnlineEval`` (encoders, the paper's Figure 4): every N epochs, kNN, a fast linear probe and the
-effective rank of the last encoder block on a fixed labelled subset.
+Both iterate the metric registry (``eval/metrics.py``): every metric registered for ``online`` runs,
+and its columns are logged as ``online_<column>`` (``online_knn_top1``, ``online_rank_cls``, ...).
 
-``OnlineDiffusionEval``: every N epochs, a proxy FID of freshly drawn samples and the best cell of a
-small probe grid. Why: with decayed shortcuts the paper reports *both* better samples (Table 4's FID)
+``OnlineEval`` (encoders, the paper's Figure 4): every N epochs, the ``features`` metrics (kNN, the
+fast linear probe, effective rank) of the last encoder block on a fixed labelled subset.
+
+``OnlineDiffusionEval``: every N epochs, the ``samples`` metrics (a proxy FID of freshly drawn samples)
+and the ``diffusion`` metrics (the best cell of a small probe grid). Why: with decayed shortcuts the paper reports *both* better samples (Table 4's FID)
 and more abstract features (its probe column); the curves show whether and when the two separate
 from a plain model's, without keeping and re-sampling every checkpoint. The samples come from the
 EMA weights (what ``resdecay sample`` uses), from the same seeded noise every time, so the curve
@@ -23,12 +26,17 @@ from ..data import build_dataset
 from ..diffusion.samplers import DEFAULT_SAMPLER, DEFAULT_STEPS, sample, to_uint8
 from ..errors import ConfigError
 from ..models import is_diffusion
-from .diffusion_probe import probe_grid
-from .features import extract_features
-from .fid import PROXY_DATASETS, compute_fid, dataset_reference, default_cache_dir, proxy_extractor
-from .knn import knn_topk
-from .probe import FAST_RECIPE, linear_probe
-from .rank import effective_rank
+from .features import extract_block_features
+from .fid import PROXY_DATASETS, dataset_reference, default_cache_dir, proxy_extractor
+from .metrics import DIFFUSION, FEATURES, SAMPLES, DiffusionSet, FeatureSet, SampleSet, measure, registered
+from .protocol import FAST_RECIPE, KNN_K, ONLINE_LEVELS, MetricSettings
+
+FEATURE = "mean"  # the pooling online kNN / probe use: all tokens of the last block
+
+
+def _log_columns(columns: dict) -> dict:
+    """Metric columns as log.jsonl keys: knn_top1 -> online_knn_top1 (what ``resdecay plot`` reads)."""
+    return {f"online_{k}": v for k, v in columns.items()}
 
 
 class OnlineEval:
@@ -40,29 +48,26 @@ class OnlineEval:
         # the same first images every time, so that the curves measure the model, not the sample
         self.bank = Subset(bank, range(min(size, len(bank))))
         self.queries = Subset(queries, range(min(size, len(queries))))
-        self.k = min(20, len(self.bank))
+        self.metrics = registered(FEATURES, "online")
+        self.settings = MetricSettings(knn_k=min(KNN_K, len(self.bank)), probe=FAST_RECIPE, device=device)
+        self.test_pools = tuple(sorted({FEATURE, *(p for m in self.metrics for p in m.extra_pools)}))
         self.protocol = {"data": cfg.data.name, "bank": f"first {len(self.bank)} train images",
                          "queries": f"first {len(self.queries)} test images", "layer": "last block", "augmentation": "none",
-                         "knn": f"mean-pooled, k={self.k}, T=0.07", "probe": f"fast recipe ({FAST_RECIPE.epochs} epochs, mean-pooled)",
-                         "rank": "paper eq. 6 on test features (cls / mean)"}
+                         "feature": f"{FEATURE}-pooled", **{m.name: m.protocol(self.settings) for m in self.metrics}}
 
     def __call__(self, model, epoch: int, step: int, log) -> None:
         done = epoch + 1
         if done % self.every and done != self.epochs:
             return
-        tr, tr_y = extract_features(model, self.bank, pools=("mean",), device=self.device, progress=False)
-        te, te_y = extract_features(model, self.queries, pools=("mean", "cls"), device=self.device, progress=False)
-        row = {"step": step, "epoch": float(done),
-               "online_knn_top1": knn_topk(tr[(-1, "mean")], tr_y, te[(-1, "mean")], te_y, self.k, 0.07, (1,))["top1"],
-               "online_probe_top1": linear_probe(tr[(-1, "mean")], tr_y, te[(-1, "mean")], te_y, FAST_RECIPE, self.device)["top1"],
-               "online_rank_cls": effective_rank(te[(-1, "cls")]), "online_rank_mean": effective_rank(te[(-1, "mean")]),
-               "online_protocol": self.protocol}
+        tr, tr_y = extract_block_features(model, self.bank, pools=(FEATURE,), device=self.device, progress=False)
+        te, te_y = extract_block_features(model, self.queries, pools=self.test_pools, device=self.device, progress=False)
+        feats = FeatureSet({FEATURE: tr[(-1, FEATURE)]}, tr_y, {p: te[(-1, p)] for p in self.test_pools}, te_y, FEATURE)
+        _, columns = measure(self.metrics, feats, self.settings, {}, -1)
+        row = {"step": step, "epoch": float(done), **_log_columns(columns), "online_protocol": self.protocol}
         log.write(row)
-        print(f"epoch {done}: online kNN {row['online_knn_top1']:.4f}, probe {row['online_probe_top1']:.4f}, "
-              f"rank cls {row['online_rank_cls']:.3f} (eq. 6)")
+        print(f"epoch {done}: online " + ", ".join(f"{k} {v:.4f}" for k, v in columns.items()))
 
 
-ONLINE_LEVELS = (0.0, 0.25)  # clean and lightly noised: where Table 4's best cells lie
 ONLINE_STEPS = {"dpm-solver++": 25}  # U-ViT's sampler at the 25 steps RESULTS §10 uses; dopri5 picks its own
 
 
@@ -102,15 +107,16 @@ class OnlineDiffusionEval:
         g = torch.Generator().manual_seed(0)
         x = sample(model, self.size, sampler=self.sampler, steps=self.steps, image_shape=self.shape, generator=g,
                    device=self.device, batch_size=500, clip_denoised=True)
-        fid = compute_fid(to_uint8(x.cpu()), self.ref, self.extractor, device=self.device)
-        grid = probe_grid(model, self.bank, self.queries, levels=ONLINE_LEVELS, device=self.device, progress=False)
-        best = grid["best"]
-        row = {"step": step, "epoch": float(done), "online_proxy_fid": fid["value"], "online_probe_best_top1": best["top1"],
-               "online_probe_best_cell": {"block": best["layer"], "noise": best["level"]},
+        settings = MetricSettings(probe=FAST_RECIPE, device=self.device)
+        columns = {}  # sample metrics first (FID), then the model's probe grid: the order the RNG has always seen
+        for kind, inputs in ((SAMPLES, SampleSet(to_uint8(x.cpu()), self.ref, self.extractor)),
+                             (DIFFUSION, DiffusionSet(model, self.bank, self.queries, ONLINE_LEVELS))):
+            columns.update(measure(registered(kind, "online"), inputs, settings, {}, None)[1])
+        row = {"step": step, "epoch": float(done), **_log_columns(columns),
                "online_eval_s": time.perf_counter() - t0, "online_protocol": self.protocol}
         log.write(row)
-        print(f"epoch {done}: online {fid['label']} {fid['value']:.3f}, best probe {best['top1']:.4f} "
-              f"(block {best['layer']}, noise {best['level']:g}) [{row['online_eval_s']:.0f} s]")
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in columns.items() if isinstance(v, (int, float)))
+        print(f"epoch {done}: online {shown} ({self.extractor.label}) [{row['online_eval_s']:.0f} s]")
 
 
 def online_evaluator(cfg, device: torch.device):

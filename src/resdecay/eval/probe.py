@@ -1,4 +1,5 @@
-"""Linear probes on cached (frozen, un-augmented) features.
+"""Linear probes on cached (frozen, un-augmented) features. The recipes are defined in
+``eval/protocol.py`` with the other protocol constants.
 
 ``IN100_RECIPE`` is the authors' ImageNet-100 protocol (paper A.2, paper-notes §4): one Linear
 layer, AdamW lr 1e-2 (torch's default weight decay 0.01), batch 1024, 200 epochs, per-iteration
@@ -14,33 +15,16 @@ LARS on augmented views through the frozen encoder) cannot run on cached feature
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
 from ..io import progress_bar
-
 from .knn import topk_accuracy
+from .protocol import FAST_RECIPE, IN100_RECIPE, ProbeRecipe
 
-
-@dataclass(frozen=True)
-class ProbeRecipe:
-    name: str = "in100"
-    epochs: int = 200
-    batch_size: int = 1024
-    lr: float = 1e-2
-    weight_decay: float = 0.01  # torch.optim.AdamW's default, which the authors' probe keeps
-    schedule: str = "cosine"  # per iteration, to 0, no warmup
-    feature_norm: str = "none"  # none | batchnorm (BatchNorm1d without affine, as MAE's probe)
-    seed: int = 0
-
-    def card(self) -> dict:
-        return asdict(self)
-
-
-IN100_RECIPE = ProbeRecipe()
-FAST_RECIPE = ProbeRecipe(name="fast", epochs=30, batch_size=256, feature_norm="batchnorm")
+__all__ = ["FAST_RECIPE", "IN100_RECIPE", "ProbeRecipe", "linear_probe"]  # the recipes live in eval/protocol.py
 
 
 def linear_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,

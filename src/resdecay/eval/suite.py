@@ -1,9 +1,10 @@
 """``resdecay eval``: frozen features extracted once per (checkpoint, data, protocol) and cached
-on disk, then kNN, linear probe and effective rank, every number carrying its protocol card.
+on disk, then every registered ``features`` metric (``eval/metrics.py``: kNN, linear probe, effective
+rank, and any a plugin registers), each number carrying its protocol card.
 
-With ``layer="all"`` it is the per-layer abstraction profile: for every encoder block kNN, a
-fast linear probe, effective rank, the mean token norm and the shortcut-to-branch norm ratio
-||alpha*x|| / ||f(x)|| of both sub-blocks.
+With ``layer="all"`` it is the per-layer abstraction profile: for every encoder block the same
+metrics (the probe with the fast recipe) plus the ``blocks`` metrics: the mean token norm and the
+shortcut-to-branch norm ratio ||alpha*x|| / ||f(x)|| of both sub-blocks.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ import torch
 from ..data import DataConfig, check_first_sample
 from ..errors import UserError
 from ..io import file_sha256, run_dir_of
+from ..models import MAEConfig
 from ..nn.blocks import block_statistics as record_block_statistics
 from ..nn.decayify import alphas_of
 from ..train.checkpoint import load_checkpoint, load_model
@@ -26,25 +28,23 @@ from ..train.config import from_dict, shortcut_tag
 from ..train.distributed import resolve_device
 from . import baselines as bl
 from .feature_cache import FeatureCache
-from .features import POOLINGS, extract_features
+from .features import POOLINGS, extract_block_features
 from .inputs import (bad_files_list, check_data_path, check_encoder_family, check_writable, eval_split,
                      replaced_count, replaced_list, restore_replaced)
-from .knn import knn_topk
-from .probe import FAST_RECIPE, IN100_RECIPE, linear_probe
-from .rank import effective_rank
+from .metrics import BLOCKS, FEATURES, BlockStats, FeatureSet, Metric, measure, metric_names, registered
+from .protocol import FAST_RECIPE, IN100_RECIPE, KNN_K, KNN_TEMPERATURE, STATS_IMAGES, MetricSettings
 
-EVALS = ("knn", "probe", "rank")
 FEATURE_FORMAT = 1  # bump when extraction changes, so old caches are not reused
-STATS_IMAGES = 512  # test images used for the norm statistics of the profile
 
 
 @dataclass
 class EvalSettings:
-    evals: tuple[str, ...] = EVALS
+    # the registered ``features`` metrics to run; default: all of them (a plugin's too)
+    evals: tuple[str, ...] = field(default_factory=lambda: metric_names(FEATURES))
     layer: int | str = -1  # encoder block index, or "all" for the per-layer profile
     feature: str = "mean"  # pooling for kNN and probe: mean (all tokens incl. cls) | cls | patch_mean
-    knn_k: int = 20
-    knn_temperature: float = 0.07
+    knn_k: int = KNN_K
+    knn_temperature: float = KNN_TEMPERATURE
     probe_epochs: int | None = None  # None: 200 (IN-100 recipe) for one layer, 30 (fast) for the profile
     probe_norm: str | None = None  # None: the recipe's (none for IN-100, batchnorm for fast) | none | batchnorm
     rank_exp: bool = False  # False: paper eq. 6 (entropy); True: exp of it (Roy & Vetterli)
@@ -60,18 +60,38 @@ class EvalSettings:
     data_path: str | None = None  # with data=None: the checkpoint's data set, read from this folder
 
     def validate(self) -> None:
-        bad = [e for e in self.evals if e not in EVALS]
+        names = metric_names(FEATURES)
+        bad = [e for e in self.evals if e not in names]
         if bad or not self.evals:
-            raise UserError(f"unknown evaluation {bad[0] if bad else '(none)'!r}; choose from {', '.join(EVALS)}")
+            raise UserError(f"unknown evaluation {bad[0] if bad else '(none)'!r}; choose from {', '.join(names)}")
         if self.feature not in POOLINGS:
             raise UserError(f"--feature {self.feature!r} is unknown; choose one of {', '.join(POOLINGS)}")
         if self.knn_k < 1:
             raise UserError(f"--k must be a positive integer, got {self.knn_k}")
         if self.probe_norm not in (None, "none", "batchnorm"):
             raise UserError(f"--probe-norm {self.probe_norm!r} is unknown; choose none or batchnorm")
-        for name in ("max_train", "max_test", "probe_epochs"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
+        for flag, value in (("--max-train", self.max_train), ("--max-test", self.max_test),
+                            ("--probe-epochs", self.probe_epochs)):
+            if value is not None and value < 1:
+                raise UserError(f"{flag} must be a positive integer, got {value}")
+
+    def metrics(self) -> list[Metric]:
+        """The selected ``features`` metrics, in registry order (the order of eval.json's rows)."""
+        return [m for m in registered(FEATURES, "profile" if self.layer == "all" else "eval") if m.name in self.evals]
+
+    def pools(self) -> set[str]:
+        """The poolings to extract: the feature, and those a selected metric also reads (rank: cls)."""
+        return {self.feature, *(p for m in self.metrics() for p in m.extra_pools)}
+
+    def metric_settings(self, device: str | torch.device = "cpu") -> MetricSettings:
+        """The protocol the metrics run under: the IN-100 probe for one layer, the fast one for the profile."""
+        recipe = IN100_RECIPE if self.layer != "all" else FAST_RECIPE
+        if self.probe_epochs:
+            recipe = replace(recipe, epochs=self.probe_epochs)
+        if self.probe_norm:
+            recipe = replace(recipe, feature_norm=self.probe_norm)
+        return MetricSettings(knn_k=self.knn_k, knn_temperature=self.knn_temperature, probe=recipe, rank_exp=self.rank_exp,
+                              device=device, progress=self.progress and self.layer != "all")
 
 
 def _data_card(data: DataConfig, split: str, n: int, img_size: int) -> dict:
@@ -96,8 +116,10 @@ def cached_features(model, ckpt_sha: str, data: DataConfig, split: str, img_size
     check_first_sample(dataset, model.cfg.in_chans, img_size, data.name)
     if limit:
         dataset = torch.utils.data.Subset(dataset, range(min(limit, len(dataset))))
-    if split == "train" and "knn" in s.evals and s.knn_k > len(dataset):  # before extracting, not after
-        raise UserError(f"--k {s.knn_k} is larger than the kNN bank ({len(dataset)} training images); lower --k")
+    if split == "train":  # settings that cannot work on this bank are refused before extracting, not after
+        for m in s.metrics():
+            if m.check is not None:
+                m.check(len(dataset), s.metric_settings())
     card = _data_card(data, split, len(dataset), img_size)
     key = {"format": FEATURE_FORMAT, "checkpoint_sha256": ckpt_sha, **card, "layers": layers, "pools": sorted(pools)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
@@ -109,8 +131,8 @@ def cached_features(model, ckpt_sha: str, data: DataConfig, split: str, img_size
         if skip:  # extracted under the same policy: the files it replaced are kept with the features
             card["unreadable_replaced"] = restore_replaced(bad_files, split, blob.get("unreadable_list", ""))
         return feats, labels, card, True
-    feats, labels = extract_features(model, dataset, layers, tuple(sorted(pools)), s.batch_size, device,
-                                     s.num_workers, s.progress, desc=f"features ({split})")
+    feats, labels = extract_block_features(model, dataset, layers, tuple(sorted(pools)), s.batch_size, device,
+                                           s.num_workers, s.progress, desc=f"features ({split})")
     if skip:  # in the card: these numbers are of a data set where some images stand in for unreadable ones
         card["unreadable_replaced"] = replaced_count(bad_files, split)
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
@@ -120,15 +142,13 @@ def cached_features(model, ckpt_sha: str, data: DataConfig, split: str, img_size
 
 
 @torch.no_grad()
-def block_statistics(model, dataset, n: int, device) -> list[dict]:
-    """Per-block mean token norms on the first ``n`` images: output norm and the shortcut-to-
-    branch ratio ||alpha*x|| / ||f(x)|| of the attention and MLP sub-blocks."""
+def block_norms(model, dataset, n: int, device) -> list[dict]:
+    """Per-block mean token norms on the first ``n`` images (``nn.blocks.block_statistics``): of the
+    output, and of the scaled shortcut and the branch of the attention and MLP sub-blocks."""
     images = torch.stack([dataset[i][0] for i in range(min(n, len(dataset)))]).to(device)
     with record_block_statistics(model.blocks) as stats:
         model.forward_intermediates(images, [len(model.blocks) - 1])
-    return [{"feature_norm": st["output"],
-             "shortcut_ratio_attn": st["shortcut_attn"] / max(st["branch_attn"], 1e-12),
-             "shortcut_ratio_mlp": st["shortcut_mlp"] / max(st["branch_mlp"], 1e-12)} for st in stats]
+    return stats
 
 
 def checked_checkpoint(checkpoint: str | Path, s: EvalSettings) -> tuple[dict, object, DataConfig]:
@@ -176,6 +196,11 @@ def _bad_files_folder(data: DataConfig, report_dir: Path) -> Path | None:
     return report_dir
 
 
+def feature_set(train: dict, train_y, test: dict, test_y, layer: int, pools: list[str], feature: str) -> FeatureSet:
+    """One layer's features as the metrics read them, poolings in the order given (rank rows follow it)."""
+    return FeatureSet({p: train[(layer, p)] for p in pools}, train_y, {p: test[(layer, p)] for p in pools}, test_y, feature)
+
+
 def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str | Path | None = None) -> dict | None:
     """Evaluate one checkpoint; returns the report (None on non-zero torchrun ranks).
 
@@ -193,8 +218,7 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str
     bad_files = _bad_files_folder(data, Path(report_dir) if report_dir else run_dir_of(checkpoint) / "eval")
     sha = file_sha256(checkpoint)
     cache = FeatureCache.open(Path(s.cache_dir) if s.cache_dir else run_dir_of(checkpoint) / "eval" / "cache")
-    pools = {s.feature, "cls"} if "rank" in s.evals else {s.feature}
-    img = cfg.model.img_size
+    pools, img = s.pools(), cfg.model.img_size
     train, train_y, train_card, hit_tr = cached_features(model, sha, data, "train", img, layers, pools, s.max_train, s,
                                                          cache, device, bad_files)
     test, test_y, test_card, hit_te = cached_features(model, sha, data, "test", img, layers, pools, s.max_test, s,
@@ -205,35 +229,14 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str
         return None
     if train_y.unique().numel() < 2:
         raise UserError(f"{data.name}: the training split has labels of fewer than 2 classes; kNN and probes need labelled data")
-    recipe = IN100_RECIPE if s.layer != "all" else FAST_RECIPE
-    if s.probe_epochs:
-        recipe = replace(recipe, epochs=s.probe_epochs)
-    if s.probe_norm:
-        recipe = replace(recipe, feature_norm=s.probe_norm)
+    ms = s.metric_settings(device)
     base = {"train": train_card, "test": test_card, "norm": "none", "checkpoint_sha256": sha}
     results, profile = [], []
     for layer in layers:
-        row = {"layer": layer}
-        card = {**base, "layer": layer, "feature": s.feature}
-        if "knn" in s.evals:
-            v = knn_topk(train[(layer, s.feature)], train_y, test[(layer, s.feature)], test_y, s.knn_k, s.knn_temperature)
-            results.append({"metric": "knn", "layer": layer, "feature": s.feature, "values": v,
-                            "protocol": {**card, "k": s.knn_k, "temperature": s.knn_temperature, "vote": "exp(cos/T)"}})
-            row["knn_top1"] = v["top1"]
-        if "probe" in s.evals:
-            v = linear_probe(train[(layer, s.feature)], train_y, test[(layer, s.feature)], test_y, recipe, device,
-                             progress=s.progress and s.layer != "all")
-            results.append({"metric": "probe", "layer": layer, "feature": s.feature, "values": v,
-                            "protocol": {**card, "probe": recipe.card()}})
-            row["probe_top1"] = v["top1"]
-        if "rank" in s.evals:
-            for feature in sorted(pools):
-                r = effective_rank(test[(layer, feature)], exp=s.rank_exp)
-                form = "exp(entropy) (Roy & Vetterli)" if s.rank_exp else "entropy of normalised covariance spectrum (paper eq. 6)"
-                results.append({"metric": "rank", "layer": layer, "feature": feature, "values": {"effective_rank": r},
-                                "protocol": {**base, "layer": layer, "feature": feature, "form": form, "split": "test"}})
-                row[f"rank_{feature}"] = r
-        profile.append(row)
+        rows, columns = measure(s.metrics(), feature_set(train, train_y, test, test_y, layer, sorted(pools), s.feature),
+                                ms, base, layer)
+        results += rows
+        profile.append({"layer": layer, **columns})
     report = {"resdecay_eval": 1, "checkpoint": str(checkpoint), "checkpoint_sha256": sha,
               "alphas": {name: list(a) for name, a in alphas_of(model)},  # in use (learned values if learnable)
               "step": state["train_state"]["step"], "preset": cfg.preset, "label": _label(cfg),
@@ -243,14 +246,14 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str
         report["bad_files"] = {"policy": "data.on_bad_file=skip (the run's): an unreadable image is replaced by the next readable one",
                                **{split: str(bad_files_list(bad_files, split)) for split in ("train", "test")}}
     if s.baselines:
-        report["baselines"] = baseline_rows(cfg, data, s, layers, untrained, recipe, base, device, bad_files)
+        report["baselines"] = baseline_rows(cfg, data, s, layers, untrained, base, device, bad_files)
     if s.layer == "all":
-        test_ds = eval_split(data, "test", img, bad_files)
-        for row, st in zip(profile, block_statistics(model, test_ds, STATS_IMAGES, device)):
-            row.update(st)
+        block_metrics = registered(BLOCKS, "profile")
+        for row, norms in zip(profile, block_norms(model, eval_split(data, "test", img, bad_files), STATS_IMAGES, device)):
+            row.update(measure(block_metrics, BlockStats(row["layer"], norms), ms, base, row["layer"])[1])
         report["profile"] = profile
-        report["profile_protocol"] = {**base, "feature": s.feature, "probe": recipe.card(), "k": s.knn_k,
-                                      "temperature": s.knn_temperature, "norm_statistics": f"first {STATS_IMAGES} test images, mean per-token L2 norm"}
+        cards = {k: v for m in [*s.metrics(), *block_metrics] for k, v in m.protocol(ms).items()}
+        report["profile_protocol"] = {**base, "feature": s.feature, **cards}
     return report
 
 
@@ -266,57 +269,25 @@ def random_init_features(cfg, data: DataConfig, s: EvalSettings, layers: list[in
     return train, train_y, test, test_y
 
 
-def baseline_rows(cfg, data: DataConfig, s: EvalSettings, layers: list[int], untrained: tuple, recipe, base: dict,
+def baseline_rows(cfg, data: DataConfig, s: EvalSettings, layers: list[int], untrained: tuple, base: dict,
                   device, bad_files: Path | None = None) -> list[dict]:
-    """The same measurements on raw pixels and on the run's randomly initialised encoder."""
+    """The same metrics on raw pixels and on the run's randomly initialised encoder, rows with a ``source``."""
     img = cfg.model.img_size
     card = {k: v for k, v in base.items() if k != "checkpoint_sha256"}
+    metrics = [m for m in s.metrics() if "baselines" in m.where]
+    ms = replace(s.metric_settings(device), progress=False)
     (tr, tr_y), (te, te_y) = (bl.pixel_features(eval_split(data, split, img, bad_files), limit)
                               for split, limit in (("train", s.max_train), ("test", s.max_test)))
-    rows = bl.measure("pixels", None, "pixels", tr, tr_y, te, te_y, None, s.evals, s, recipe, card, device)
+    pixels = FeatureSet({"pixels": tr}, tr_y, {"pixels": te}, te_y, "pixels")
+    rows = measure(metrics, pixels, ms, card, None, "pixels")[0]
     train, train_y, test, test_y = untrained
+    pools = [s.feature, *sorted(s.pools() - {s.feature})]  # the feature first, as the baseline rows always listed it
     for layer in layers:
-        rows += bl.measure("random-init", layer, s.feature, train[(layer, s.feature)], train_y, test[(layer, s.feature)], test_y,
-                           test.get((layer, "cls")), s.evals, s, recipe, {**card, "init_seed": cfg.train.seed}, device)
+        fs = feature_set(train, train_y, test, test_y, layer, pools, s.feature)
+        rows += measure(metrics, fs, ms, {**card, "init_seed": cfg.train.seed}, layer, "random-init")[0]
     return rows
 
 
 def _label(cfg) -> str:
-    return f"{cfg.preset} ({shortcut_tag(cfg.model.alpha_min, getattr(cfg.model, 'skips', False))})"
-
-
-def format_report(report: dict) -> str:
-    lines = [f"{report['label']} | {report['checkpoint']} (step {report['step']}, sha256 {report['checkpoint_sha256'][:12]})"]
-    if "profile" in report:
-        keys = [k for k in ("knn_top1", "probe_top1", "rank_cls", "rank_mean", "rank_patch_mean", "feature_norm",
-                            "shortcut_ratio_attn", "shortcut_ratio_mlp") if any(k in r for r in report["profile"])]
-        lines.append(f"{'layer':>5} " + " ".join(f"{k:>19}" for k in keys))
-        for r in report["profile"]:
-            lines.append(f"{r['layer']:>5} " + " ".join(f"{r.get(k, float('nan')):>19.4f}" for k in keys))
-        return "\n".join(lines + _baseline_lines(report))
-    lines.append(f"{'metric':<8} {'layer':>5} {'feature':<10} {'value':<32} protocol")
-    for r in report["results"]:
-        p = r["protocol"]
-        vals = ", ".join(f"{k} {v:.4f}" for k, v in r["values"].items() if k in ("top1", "top5", "effective_rank"))
-        extra = {"knn": lambda: f"k={p['k']} T={p['temperature']}",
-                 "probe": lambda: (f"{p['probe']['name']} recipe, {p['probe']['epochs']} epochs, lr {p['probe']['lr']}, "
-                                   f"feature norm {p['probe']['feature_norm']}"),
-                 "rank": lambda: p["form"]}[r["metric"]]()
-        split = f"test {p['test']['images']}" if r["metric"] == "rank" else f"train {p['train']['images']} -> test {p['test']['images']}"
-        lines.append(f"{r['metric']:<8} {r['layer']:>5} {r['feature']:<10} {vals:<32} {p['train']['data']} {split}; {extra}")
-    return "\n".join(lines + _baseline_lines(report))
-
-
-def _baseline_lines(report: dict) -> list[str]:
-    """Baselines as a short table: what pixels and an untrained encoder already give."""
-    rows = report.get("baselines", [])
-    if not rows:
-        return []
-    lines = ["baselines (same protocol): raw pixels and the randomly initialised encoder (seed "
-             f"{next((r['protocol'].get('init_seed') for r in rows if 'init_seed' in r['protocol']), '-')})",
-             f"{'source':<12} {'metric':<6} {'layer':>5} {'feature':<8} value"]
-    for r in rows:
-        v = ", ".join(f"{k} {x:.4f}" for k, x in r["values"].items() if k in ("top1", "top5", "effective_rank"))
-        layer = "-" if r["layer"] is None else r["layer"]
-        lines.append(f"{r['source']:<12} {r['metric']:<6} {layer:>5} {r['feature']:<8} {v}")
-    return lines
+    skips = cfg.model.skips if isinstance(cfg.model, MAEConfig) else False  # only the MAE has long skips
+    return f"{cfg.preset} ({shortcut_tag(cfg.model.alpha_min, skips)})"

@@ -28,10 +28,11 @@ import torch.nn as nn
 from ..errors import CheckpointError
 from ..io import atomic_save, safe_load
 from ..nn.decayify import decayify
+from ..nn.residual import shortcut_names
 from ..schedule import BRANCHES, SCHEDULES
 
 FORMAT = "resdecay-decayified-v1"
-SPEC_KEYS = ("alpha_min", "schedule", "branches")
+SPEC_KEYS = ("alpha_min", "schedule", "branches", "shortcut")  # shortcut: only where not "decay"
 LEGACY_SPEC_KEYS = ("zero_init",)  # written before issue 23.3; read and ignored (an init, not structure)
 
 
@@ -63,6 +64,11 @@ def check_spec(spec: Any, source: str) -> dict:
     if out["schedule"] not in SCHEDULES or out["branches"] not in BRANCHES:
         raise CheckpointError(f"{source}: resdecay_spec schedule {out['schedule']!r} / branches {out['branches']!r} unknown; "
                               f"schedules: {', '.join(SCHEDULES)}; branches: {', '.join(BRANCHES)}")
+    if spec.get("shortcut", "decay") != "decay":
+        if spec["shortcut"] not in shortcut_names():
+            raise CheckpointError(f"{source}: resdecay_spec shortcut {spec['shortcut']!r} is not a registered formula "
+                                  f"({', '.join(shortcut_names())}); register it (resdecay.register_shortcut) before loading")
+        out["shortcut"] = spec["shortcut"]
     return out
 
 

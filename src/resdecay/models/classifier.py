@@ -20,15 +20,17 @@ import torch.nn.functional as F
 
 from ..errors import check_fields
 from ..nn.blocks import init_linear_xavier, init_patch_embed, sincos_pos_embed_2d
+from .contract import ModelConfig
 from .encoder import ViTEncoder
-from .mae import MAEConfig
+from .mae import TINY_MAE, MAEConfig
+from .registry import register_family
 
 Head = Literal["ln_linear", "bn_linear"]
 Pool = Literal["patch_mean", "cls", "mean"]
 
 
 @dataclass
-class ClassifierConfig:
+class ClassifierConfig(ModelConfig):
     family: str = "classifier"
     encoder: dict = field(default_factory=dict)  # the pretrained MAE's model config
     num_classes: int = 10
@@ -42,7 +44,8 @@ class ClassifierConfig:
     label_smoothing: float = 0.0
     pretrained: str | None = None  # the MAE checkpoint the encoder started from
 
-    # the trainer and data code read these from any model config
+    # ModelConfig members (what the trainer and the data pipeline read from any model config),
+    # answered from the pretrained encoder's config: the classifier has its input, decay and depth
     @property
     def img_size(self) -> int:
         return self.encoder_config().img_size
@@ -79,6 +82,34 @@ class ClassifierConfig:
             raise ValueError("model.mixup, model.cutmix and model.label_smoothing must be >= 0")
 
 
+def classifier_objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return model(images, labels)[0]
+
+
+def classifier_param_groups(model: EncoderClassifier, weight_decay: float) -> list[dict]:
+    """MAE's fine-tuning groups: layer-wise lr decay (patch embedding, cls and positions are layer
+    0, block i is layer i+1, the head is layer depth+1 with scale 1) and no weight decay on biases,
+    1-D parameters and the cls token."""
+    depth, decay = len(model.blocks), model.head_cfg.layer_decay
+    groups: dict[tuple, dict] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if name.startswith(("cls_token", "pos_embed", "patch_embed")):
+            layer = 0
+        elif name.startswith("blocks."):
+            layer = int(name.split(".")[1]) + 1
+        else:
+            layer = depth + 1
+        no_wd = p.ndim <= 1 or name.endswith(".bias") or name == "cls_token"
+        g = groups.setdefault((layer, no_wd), {"params": [], "weight_decay": 0.0 if no_wd else weight_decay,
+                                               "lr_scale": decay ** (depth + 1 - layer)})
+        g["params"].append(p)
+    return list(groups.values())
+
+
+@register_family("classifier", config=ClassifierConfig, objective=classifier_objective, param_groups=classifier_param_groups,
+                 tiny=dict(encoder=TINY_MAE, num_classes=10))
 class EncoderClassifier(ViTEncoder):
     def __init__(self, cfg: ClassifierConfig):
         cfg.validate()
@@ -110,6 +141,11 @@ class EncoderClassifier(ViTEncoder):
         nn.init.trunc_normal_(self.head.weight, std=2e-5 if self.head_cfg.head == "ln_linear" else 0.01)
         nn.init.zeros_(self.head.bias)
 
+    @property
+    def decoder_blocks(self) -> nn.ModuleList:
+        """A classifier has no decoder (the model contract's empty list)."""
+        return nn.ModuleList()
+
     def train(self, mode: bool = True):
         super().train(mode)
         if self.head_cfg.freeze_encoder:  # a frozen encoder always runs as at test time
@@ -138,29 +174,3 @@ class EncoderClassifier(ViTEncoder):
         n = self.patch_embed.num_patches
         f = 2 * n * self.cfg.in_chans * self.cfg.patch_size**2 * self.cfg.embed_dim + self.encoder_flops(n + 1)
         return float(f if not self.head_cfg.freeze_encoder else f / 3)  # frozen: no backward through the encoder
-
-
-def classifier_objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return model(images, labels)[0]
-
-
-def classifier_param_groups(model: EncoderClassifier, weight_decay: float) -> list[dict]:
-    """MAE's fine-tuning groups: layer-wise lr decay (patch embedding, cls and positions are layer
-    0, block i is layer i+1, the head is layer depth+1 with scale 1) and no weight decay on biases,
-    1-D parameters and the cls token."""
-    depth, decay = len(model.blocks), model.head_cfg.layer_decay
-    groups: dict[tuple, dict] = {}
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if name.startswith(("cls_token", "pos_embed", "patch_embed")):
-            layer = 0
-        elif name.startswith("blocks."):
-            layer = int(name.split(".")[1]) + 1
-        else:
-            layer = depth + 1
-        no_wd = p.ndim <= 1 or name.endswith(".bias") or name == "cls_token"
-        g = groups.setdefault((layer, no_wd), {"params": [], "weight_decay": 0.0 if no_wd else weight_decay,
-                                               "lr_scale": decay ** (depth + 1 - layer)})
-        g["params"].append(p)
-    return list(groups.values())

@@ -1,10 +1,8 @@
-"""What every model family shares: the block-index rule of ``forward_intermediates`` and the
-config checks more than one family needs.
+"""What more than one model family shares: the block-index rule of ``forward_intermediates``, the
+config checks, the diffusion stem and the diffusion families' objective and example batch.
 
-The model contract (timm's, kept by MAE, classifier, ResNet, U-ViT and SiT):
-``forward_intermediates(x, indices=None)`` (diffusion families: ``(x, t, y=None, indices=None)``)
-returns the outputs of the requested 0-indexed blocks (negative counts from the end, None = the
-last) and refuses other indices through ``resolve_blocks``; ``flops_per_sample()``; ``alphas``.
+The model contract itself (``ResidualModel``, ``ModelConfig``) is written down in ``contract.py``;
+``resolve_blocks`` is how every family refuses a block index outside the network.
 """
 
 from __future__ import annotations
@@ -14,10 +12,12 @@ import dataclasses
 import torch
 import torch.nn as nn
 
+from ..diffusion.objectives import diffusion_loss, objective_for
 from ..errors import ConfigError, check_fields
 from ..nn.blocks import PatchEmbed
 from ..nn.conditioning import LabelEmbedder, TimestepEmbedder
 from ..schedule import check_alpha_min
+from .registry import ExampleBatch, image_batch
 
 
 class BlockIndexError(IndexError, ValueError):
@@ -67,6 +67,20 @@ def diffusion_stem(model: nn.Module, cfg) -> None:
     model.y_embedder = LabelEmbedder(cfg.num_classes, cfg.embed_dim, cfg.class_dropout) if cfg.num_classes > 0 else None
 
 
+def diffusion_objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Denoising loss of the model's own objective (``model.cfg.objective``: DDPM eps or SiT velocity);
+    the noise and the time live in ``resdecay.diffusion``, not in the backbone (DiT's split)."""
+    return diffusion_loss(model, images, labels)
+
+
+def diffusion_batch(model: nn.Module, batch: int) -> ExampleBatch:
+    """Images, times drawn as the model's objective draws them, and labels: ``(t, y)`` is what a
+    diffusion backbone's ``forward_intermediates(x, t, y)`` takes after the images."""
+    images = image_batch(model, batch)
+    t = objective_for(model.cfg).sample_t(batch, images.images.device)
+    return ExampleBatch(images.images, (t, images.labels), images.labels)
+
+
 def count_parameters(cfg, build, big: int = 32) -> int | None:
     """Parameters of ``build(cfg)`` without allocating them: the model is built on the meta device.
     Block counts (``depth``, ``decoder_depth``) above ``big`` are extrapolated linearly from two
@@ -83,7 +97,7 @@ def count_parameters(cfg, build, big: int = 32) -> int | None:
         with torch.device("meta"):
             return sum(p.numel() for p in build(c).parameters())
 
-    large = {k: v for k in ("depth", "decoder_depth") if isinstance(v := getattr(cfg, k, None), int) and v > big}
+    large = {k: v for k, v in vars(cfg).items() if k in ("depth", "decoder_depth") and isinstance(v, int) and v > big}
     try:
         if not large:
             return count(cfg)

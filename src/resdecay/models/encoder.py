@@ -9,13 +9,15 @@ import torch
 import torch.nn as nn
 
 from ..nn.blocks import Block, PatchEmbed, block_flops
-from ..schedule import effective_decay, shortcut_factors
+from ..nn.residual import shortcut_plan
+from ..schedule import effective_decay
 from .common import resolve_blocks
 
 
 class ViTEncoder(nn.Module):
     """Patch embedding, learned cls token, fixed 2-D sin-cos positions and ``depth`` pre-LN blocks
-    whose identity shortcuts follow ``alpha_schedule(depth, alpha_min, schedule)``.
+    whose residual adds follow the shortcut formula ``cfg.shortcut`` (``resdecay.nn.residual``; the
+    default ``decay`` is ``alpha_schedule(depth, alpha_min, schedule)``) on ``cfg.decay_branches``.
 
     ``cfg`` needs img_size, in_chans, patch_size, embed_dim, depth, num_heads, mlp_ratio,
     alpha_min, schedule and encoder_norm (an ``MAEConfig`` has them all)."""
@@ -27,20 +29,22 @@ class ViTEncoder(nn.Module):
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, D), requires_grad=False)
-        shortcut = cfg.shortcut
-        self.alphas, betas = shortcut_factors(cfg.depth, cfg.alpha_min, cfg.schedule, cfg.decay_branches, shortcut)  # (depth, 2) each
+        plan = shortcut_plan(cfg.depth, cfg.alpha_min, cfg.schedule, cfg.decay_branches, cfg.shortcut)
+        self.alphas = plan.alphas  # (depth, 2): attention, MLP
         rates = [drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # stochastic depth grows with depth (timm)
-        self.blocks = nn.ModuleList(
-            Block(D, cfg.num_heads, cfg.mlp_ratio, alpha_attn=a, alpha_mlp=m, drop_path=r,
-                  learnable_alpha=shortcut == "learnable", beta_attn=b[0], beta_mlp=b[1])
-            for (a, m), b, r in zip(self.alphas.tolist(), betas.tolist(), rates)
-        )
+        self.blocks = nn.ModuleList(Block(D, cfg.num_heads, cfg.mlp_ratio, drop_path=r, **factors)
+                                    for factors, r in zip(plan.block_kwargs(), rates))
         # U-Net MAE: no final norm, the bottleneck is the raw last block (paper-notes §2).
         self.norm = nn.LayerNorm(D, eps=1e-6) if cfg.encoder_norm else nn.Identity()
 
     @property
     def alpha_eff(self) -> float:
         return effective_decay(self.alphas)
+
+    @property
+    def num_blocks(self) -> int:
+        """Encoder blocks: what ``forward_intermediates`` indices count."""
+        return len(self.blocks)
 
     def cls_with_pos(self, batch: int) -> torch.Tensor:  # (B, 1, D)
         return (self.cls_token + self.pos_embed[:, :1]).expand(batch, -1, -1)
@@ -61,6 +65,8 @@ class ViTEncoder(nn.Module):
         return [out[i] for i in wanted]
 
     def forward_features(self, imgs: torch.Tensor, layer: int = -1) -> torch.Tensor:
+        """Unmasked tokens (B, 1+N, D) of encoder block ``layer`` (default: the last), raw: what
+        evaluation pools (the model contract's features)."""
         return self.forward_intermediates(imgs, [layer])[0]
 
     def encoder_flops(self, tokens: int) -> float:

@@ -20,13 +20,16 @@ import torch.nn.functional as F
 
 from ..errors import check_fields
 from ..nn.blocks import Block, block_flops, init_linear_xavier, init_patch_embed, patchify, sincos_pos_embed_2d, unpatchify
-from ..schedule import Branches, Schedule, Shortcut, alpha_schedule, check_alpha_min
+from ..nn.residual import check_shortcut, shortcut_plan
+from ..schedule import Branches, Schedule, check_alpha_min
 from .common import check_patch_size
+from .contract import ModelConfig
 from .encoder import ViTEncoder
+from .registry import register_family
 
 
 @dataclass
-class MAEConfig:
+class MAEConfig(ModelConfig):
     family: str = "mae"
     img_size: int = 224  # square input side; must be divisible by patch_size
     in_chans: int = 3
@@ -40,9 +43,9 @@ class MAEConfig:
     decoder_num_heads: int = 16
     alpha_min: float = 0.6  # shortcut factor of the last encoder sub-block; 1 = plain residual
     schedule: Schedule = "linear"  # see resdecay.schedule: linear | paper | cosine | constant
-    shortcut: Shortcut = "decay"  # decay | learnable | scaled_sum (sqrt(.5)(x+f)) | scaled_branch (x+sqrt(.5)f)
-    decay_branches: Branches = "both"  # both | attn | mlp: which sub-blocks the schedule decays (Table 3b)
-    decoder_decay: bool = False  # also decay the decoder's shortcuts (its own schedule to alpha_min)
+    shortcut: str = "decay"  # a registered formula: decay | learnable | scaled_sum (sqrt(.5)(x+f)) | scaled_branch (x+sqrt(.5)f)
+    decay_branches: Branches = "both"  # both | attn | mlp: which sub-blocks the formula applies to (Table 3b)
+    decoder_decay: bool = False  # the decoder follows shortcut/decay_branches too (own schedule to alpha_min); off: plain x + f
     skips: bool = True  # encoder->decoder long skips (U-Net MAE); False = standard MAE decoder
     skip_sources: list[int] | None = None  # explicit encoder blocks for the skips (0-indexed)
     zero_init: bool = True  # zero the last layer of every branch, fusion and the pixel head
@@ -53,6 +56,7 @@ class MAEConfig:
     def validate(self) -> None:
         check_fields(self, "model", positive=("depth", "decoder_depth", "embed_dim", "decoder_embed_dim", "patch_size", "img_size"))
         check_alpha_min(self.alpha_min)
+        check_shortcut(self.shortcut, self.decay_branches)
         check_patch_size(self.img_size, self.patch_size, " or resize the images")
         if not 0.0 <= self.mask_ratio < 1.0:
             raise ValueError(f"model.mask_ratio must lie in [0, 1), got {self.mask_ratio}")
@@ -67,6 +71,20 @@ class MAEConfig:
                 raise ValueError(f"model.{what}embed_dim {dim} must be divisible by 4 and by model.{what}num_heads {heads}")
         if self.skips:
             choose_skip_sources(self.depth, self.decoder_depth, self.skip_sources)
+
+    def warnings(self) -> list[str]:
+        """A U-Net MAE whose decoder is too shallow to take a long skip from most encoder blocks."""
+        sources = choose_skip_sources(self.depth, self.decoder_depth, self.skip_sources) if self.skips else []
+        if not sources or 4 * len(sources) >= self.depth:
+            return []
+        return [f"warning: only {len(sources)} of {self.depth} encoder blocks feed the decoder (model.decoder_depth="
+                f"{self.decoder_depth} long skips); raise model.decoder_depth to about {math.ceil(self.depth / 2)} "
+                "or set model.skip_sources"]
+
+
+# The smallest MAE: what the contract tests build (and the classifier's tiny encoder).
+TINY_MAE = dict(img_size=16, in_chans=3, patch_size=4, embed_dim=32, depth=4, num_heads=2, decoder_embed_dim=32,
+                decoder_depth=2, decoder_num_heads=2)
 
 
 def choose_skip_sources(depth: int, decoder_depth: int, override: list[int] | None = None) -> list[int]:
@@ -126,6 +144,12 @@ class SkipFusion(nn.Module):
         return dec + self.fc2(self.act(F.linear(dec, w_dec, self.fc1.bias) + e))  # (B, 1+N, Dd)
 
 
+def mae_objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """MAE pretraining loss: norm-pix MSE on the removed patches (labels unused)."""
+    return model(images)[0]
+
+
+@register_family("mae", config=MAEConfig, objective=mae_objective, tiny=TINY_MAE)
 class MaskedAutoencoder(ViTEncoder):
     def __init__(self, cfg: MAEConfig):
         cfg.validate()
@@ -146,9 +170,12 @@ class MaskedAutoencoder(ViTEncoder):
             self.decoder_embed = nn.Linear(D, Dd)
             self.mask_token = nn.Parameter(torch.zeros(1, 1, Dd))
         self.decoder_pos_embed = nn.Parameter(torch.zeros(1, N + 1, Dd), requires_grad=False)
-        dec_alphas = alpha_schedule(cfg.decoder_depth, cfg.alpha_min if cfg.decoder_decay else 1.0, cfg.schedule)
-        self.decoder_blocks = nn.ModuleList(Block(Dd, cfg.decoder_num_heads, cfg.mlp_ratio, alpha_attn=a, alpha_mlp=m)
-                                            for a, m in dec_alphas.tolist())
+        # The decoder is MAE's plain x + f(x) (the paper decays the encoder only) unless decoder_decay:
+        # then the formula applies to it as to the encoder, on its own depth (schedule to alpha_min).
+        dec = (shortcut_plan(cfg.decoder_depth, cfg.alpha_min, cfg.schedule, cfg.decay_branches, cfg.shortcut)
+               if cfg.decoder_decay else shortcut_plan(cfg.decoder_depth, 1.0, cfg.schedule))
+        self.decoder_blocks = nn.ModuleList(Block(Dd, cfg.decoder_num_heads, cfg.mlp_ratio, **factors)
+                                            for factors in dec.block_kwargs())
         self.decoder_norm = nn.LayerNorm(Dd, eps=1e-6)
         self.decoder_pred = nn.Linear(Dd, p * p * cfg.in_chans)
         self.initialize_weights()

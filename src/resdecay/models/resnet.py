@@ -18,12 +18,15 @@ from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
 from ..errors import ConfigError, check_fields
 from ..nn.decayify import alphas_of, decayify
-from ..schedule import Schedule, check_alpha_min
+from ..nn.residual import check_shortcut
+from ..schedule import Branches, Schedule, check_alpha_min
 from .common import resolve_blocks
+from .contract import ModelConfig
+from .registry import register_family
 
 
 @dataclass
-class ResNetConfig:
+class ResNetConfig(ModelConfig):
     family: str = "resnet"
     img_size: int = 32
     in_chans: int = 3
@@ -34,12 +37,15 @@ class ResNetConfig:
     small_input: bool = True  # CIFAR stem: 3x3 conv, stride 1, no max-pool
     alpha_min: float = 1.0
     schedule: Schedule = "linear"
+    shortcut: str = "decay"  # a registered formula with fixed factors: decay | scaled_sum | scaled_branch (not learnable)
+    decay_branches: Branches = "both"  # one residual add per block: only "both"
     zero_init: bool = False  # zero the last BatchNorm scale of every block
     label_smoothing: float = 0.0
 
     def validate(self) -> None:
         check_fields(self, "model", positive=("width",))
         check_alpha_min(self.alpha_min)
+        check_shortcut(self.shortcut, self.decay_branches, adds_per_block=1, fixed_by="a ResNet (decayify's hooks)")
         if len(self.layers) != 4 or min(self.layers) < 1:
             raise ConfigError("model.layers must be four positive block counts, e.g. [2, 2, 2, 2]")
         if self.num_classes < 2:
@@ -64,13 +70,25 @@ class SupervisedResNet(nn.Module):
             net.maxpool = nn.Identity()
         elif cfg.in_chans != 3:
             net.conv1 = nn.Conv2d(cfg.in_chans, net.conv1.out_channels, 7, 2, 3, bias=False)
-        self.net = decayify(net, cfg.alpha_min, cfg.schedule, zero_init=cfg.zero_init)
+        self.net = decayify(net, cfg.alpha_min, cfg.schedule, zero_init=cfg.zero_init, branches=cfg.decay_branches,
+                            shortcut=cfg.shortcut)
         self.alphas = torch.tensor([a for _, a in alphas_of(self.net)], dtype=torch.float64)  # (blocks, 1)
         self._flops = None
 
     @property
-    def blocks(self) -> list[nn.Module]:
-        return [b for stage in (self.net.layer1, self.net.layer2, self.net.layer3, self.net.layer4) for b in stage]
+    def blocks(self) -> nn.ModuleList:
+        """The residual blocks of the four stages in network order (a view: they stay registered
+        under ``net.layerN``, so the state_dict keys are torchvision's)."""
+        return nn.ModuleList(b for stage in (self.net.layer1, self.net.layer2, self.net.layer3, self.net.layer4) for b in stage)
+
+    @property
+    def decoder_blocks(self) -> nn.ModuleList:
+        """A ResNet has no decoder (the model contract's empty list)."""
+        return nn.ModuleList()
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(self.cfg.layers)
 
     def forward(self, imgs: torch.Tensor, labels: torch.Tensor | None = None):
         logits = self.net(imgs)
@@ -93,6 +111,10 @@ class SupervisedResNet(nn.Module):
             if i in wanted:
                 out[i] = x.mean((2, 3)).unsqueeze(1)
         return [out[i] for i in wanted]
+
+    def forward_features(self, imgs: torch.Tensor) -> torch.Tensor:
+        """The last block's globally pooled output as one (B, 1, C) token: what evaluation pools."""
+        return self.forward_intermediates(imgs)[0]
 
     def flops_per_sample(self) -> float:
         """Forward multiply-add FLOPs of one image, counted once with hooks on convs and linears."""
@@ -140,3 +162,7 @@ def _narrow_resnet(block, cfg: ResNetConfig) -> ResNet:
 
 def resnet_objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return model(images, labels)[0]
+
+
+register_family("resnet", build=SupervisedResNet, config=ResNetConfig, objective=resnet_objective,
+                tiny=dict(img_size=16, width=8, layers=[1, 1, 1, 1], alpha_min=0.7))

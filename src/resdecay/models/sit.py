@@ -4,8 +4,9 @@ decayed identity shortcuts and additive encoder->decoder long skips (paper-notes
     plain SiT (= DiT's network)   alpha_min=1,   skips=False
     decayed SiT (the paper's)     alpha_min=0.8, skips=True
 
-Block i uses the shortcut factors ``alpha_schedule(depth, alpha_min)[i]``: the decay runs through
-the whole network and reaches alpha_min at the last block (paper-notes §1, §3).
+Block i uses row i of the shortcut formula's factors (``model.shortcut``; the default decay is
+``alpha_schedule(depth, alpha_min)[i]``): the decay runs through the whole network and reaches
+alpha_min at the last block (paper-notes §1, §3).
 
 The conditioning pieces (timestep / label embedders, adaLN-Zero block, final layer) are DiT's and
 live in ``resdecay.nn.conditioning``; this file is the network, read top to bottom like DiT's.
@@ -25,12 +26,16 @@ from ..diffusion.objectives import NoiseSchedule, Objective
 from ..errors import ConfigError
 from ..nn.blocks import block_flops, init_linear_xavier, init_patch_embed, sincos_pos_embed_2d, unpatchify
 from ..nn.conditioning import AdaLNBlock, FinalLayer, embed_labels
-from ..schedule import Schedule, alpha_schedule
+from ..nn.residual import check_shortcut, shortcut_plan
+from ..schedule import Branches, Schedule
 from .common import check_diffusion_config, diffusion_stem, resolve_blocks
+from .common import diffusion_batch, diffusion_objective
+from .contract import ModelConfig
+from .registry import register_family
 
 
 @dataclass
-class SiTConfig:
+class SiTConfig(ModelConfig):
     family: str = "sit"
     img_size: int = 32  # square input side (32x32x4 VAE latents of 256-px images)
     in_chans: int = 4
@@ -44,6 +49,8 @@ class SiTConfig:
     class_dropout: float = 0.1  # training-time probability of replacing a label with the null label
     alpha_min: float = 1.0  # shortcut factor of the last sub-block (paper: 0.8 for SiT-XL/2); 1 = plain
     schedule: Schedule = "linear"  # see resdecay.schedule
+    shortcut: str = "decay"  # a registered formula (resdecay.nn.residual): decay | learnable | scaled_sum | scaled_branch
+    decay_branches: Branches = "both"  # both | attn | mlp: which sub-blocks the formula applies to (Table 3b)
     skips: bool = True  # additive long skips between mirrored halves (paper-notes §3)
     zero_init: bool = False  # zero the skip Linears; False = the authors' xavier weights, zero bias
     #                          (adaLN-Zero and the zero final layer are always on)
@@ -53,6 +60,7 @@ class SiTConfig:
 
     def validate(self) -> None:
         check_diffusion_config(self, "sit")
+        check_shortcut(self.shortcut, self.decay_branches)
         if self.embed_dim % 4:
             raise ConfigError(f"model.embed_dim {self.embed_dim} must be divisible by 4 (2-D sin-cos positions)")
         if self.skips and (self.depth < 2 or self.depth % 2):
@@ -60,6 +68,9 @@ class SiTConfig:
                               "(the network splits into two mirrored halves); or set model.skips=false")
 
 
+@register_family("sit", config=SiTConfig, objective=diffusion_objective, diffusion=True, example_batch=diffusion_batch,
+                 tiny=dict(img_size=8, in_chans=4, patch_size=2, embed_dim=32, depth=4, num_heads=2, num_classes=10,
+                           alpha_min=0.8))
 class SiT(nn.Module):
     def __init__(self, cfg: SiTConfig):
         super().__init__()
@@ -67,10 +78,11 @@ class SiT(nn.Module):
         D, N = cfg.embed_dim, self.patch_embed.num_patches
         self.num_prefix_tokens = 0  # SiT has patch tokens only
         self.pos_embed = nn.Parameter(torch.zeros(1, N, D), requires_grad=False)  # fixed sin-cos (DiT)
-        self.alphas = alpha_schedule(cfg.depth, cfg.alpha_min, cfg.schedule)  # (depth, 2) over ALL blocks
+        plan = shortcut_plan(cfg.depth, cfg.alpha_min, cfg.schedule, cfg.decay_branches, cfg.shortcut)
+        self.alphas = plan.alphas  # (depth, 2) over ALL blocks
         self.num_blocks = cfg.depth
-        self.blocks = nn.ModuleList(AdaLNBlock(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, a, m, cfg.gelu)
-                                    for a, m in self.alphas.tolist())
+        self.blocks = nn.ModuleList(AdaLNBlock(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, gelu=cfg.gelu, **factors)
+                                    for factors in plan.block_kwargs())
         # Long skips (paper-notes §3): decoder block j (second half) adds Linear(D->D) of the output
         # of encoder block depth/2-1-j to its input, U-Net style (deepest encoder block first).
         self.half = cfg.depth // 2
@@ -139,6 +151,15 @@ class SiT(nn.Module):
         for i, blk in enumerate(self.blocks[: max(wanted) + 1]):
             x = out[i] = self.block(i, blk, x, c, skips)
         return [out[i] for i in wanted]
+
+    @property
+    def decoder_blocks(self) -> nn.ModuleList:
+        """SiT has no separate decoder (the model contract's empty list): its blocks are one list."""
+        return nn.ModuleList()
+
+    def forward_features(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """The last block's output tokens, raw: what evaluation pools (the model contract's features)."""
+        return self.forward_intermediates(x, t, y)[0]
 
     def flops_per_sample(self) -> float:
         """Analytic forward matmul FLOPs of one sample (2 per multiply-add), as MAE's."""

@@ -9,8 +9,9 @@ decayed identity shortcuts (paper Table 4, paper-notes §3: "replacing only the 
 Layout of the ``depth`` (odd) blocks, held in one ``blocks`` list in network order:
 in blocks 0..n-1, the mid block n, out blocks n+1..2n, with n = (depth-1)//2. Before out block j
 runs, its input is concatenated with the output of the mirrored in block n-1-j and mapped back by
-Linear(2D -> D) (U-ViT's ``skip_linear``). Block i uses ``alpha_schedule(depth, alpha_min)[i]``:
-the decay runs through all blocks and ends at the last out block (paper-notes §1).
+Linear(2D -> D) (U-ViT's ``skip_linear``). Block i uses row i of the shortcut formula's factors
+(``model.shortcut``; the default decay is ``alpha_schedule(depth, alpha_min)[i]``): the decay runs
+through all blocks and ends at the last out block (paper-notes §1).
 
 Shapes: images (B, C, H, W); N = (H/p)^2 patches; tokens (B, E+N, D) with E = 1 (time) or 2
 (time, label) prefix tokens.
@@ -27,12 +28,16 @@ from ..diffusion.objectives import NoiseSchedule, Objective
 from ..errors import ConfigError
 from ..nn.blocks import Block, block_flops, init_linear_xavier, init_patch_embed, unpatchify
 from ..nn.conditioning import embed_labels
-from ..schedule import Schedule, alpha_schedule
+from ..nn.residual import check_shortcut, shortcut_plan
+from ..schedule import Branches, Schedule
 from .common import check_diffusion_config, diffusion_stem, resolve_blocks
+from .common import diffusion_batch, diffusion_objective
+from .contract import ModelConfig
+from .registry import register_family
 
 
 @dataclass
-class UViTConfig:
+class UViTConfig(ModelConfig):
     family: str = "uvit"
     img_size: int = 32  # square input side (pixels, or latents for the -m2 preset)
     in_chans: int = 3
@@ -46,6 +51,8 @@ class UViTConfig:
     class_dropout: float = 0.1  # training-time probability of replacing a label with the null label
     alpha_min: float = 1.0  # shortcut factor of the last sub-block; 1 = plain residual
     schedule: Schedule = "linear"  # see resdecay.schedule
+    shortcut: str = "decay"  # a registered formula (resdecay.nn.residual): decay | learnable | scaled_sum | scaled_branch
+    decay_branches: Branches = "both"  # both | attn | mlp: which sub-blocks the formula applies to (Table 3b)
     skips: bool = True  # U-ViT's concatenating long skips
     zero_init: bool = True  # zero each block's branch output layer (attn proj, MLP fc2)
     objective: Objective = "ddpm-eps"  # stored for the loss/sampler module: ddpm-eps (U-ViT's) | interp-v
@@ -53,11 +60,14 @@ class UViTConfig:
 
     def validate(self) -> None:
         check_diffusion_config(self, "uvit")
+        check_shortcut(self.shortcut, self.decay_branches)
         if self.depth < 3 or self.depth % 2 == 0:
             raise ConfigError(f"model.depth {self.depth} must be odd and >= 3 for U-ViT "
                               "((depth-1)/2 in blocks, 1 mid block, (depth-1)/2 out blocks), e.g. 7, 13, 17")
 
 
+@register_family("uvit", config=UViTConfig, objective=diffusion_objective, diffusion=True, example_batch=diffusion_batch,
+                 tiny=dict(img_size=8, patch_size=2, embed_dim=32, depth=5, num_heads=2, num_classes=10, alpha_min=0.7))
 class UViT(nn.Module):
     def __init__(self, cfg: UViTConfig):
         super().__init__()
@@ -67,10 +77,11 @@ class UViT(nn.Module):
         D, N = cfg.embed_dim, self.patch_embed.num_patches
         self.num_prefix_tokens = 1 + (self.y_embedder is not None)  # [time, (label)] before the patches
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + N, D))  # learned (U-ViT)
-        self.alphas = alpha_schedule(cfg.depth, cfg.alpha_min, cfg.schedule)  # (depth, 2) over ALL blocks
+        plan = shortcut_plan(cfg.depth, cfg.alpha_min, cfg.schedule, cfg.decay_branches, cfg.shortcut)
+        self.alphas = plan.alphas  # (depth, 2) over ALL blocks
         self.num_blocks = cfg.depth
-        self.blocks = nn.ModuleList(Block(D, cfg.num_heads, cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, alpha_attn=a, alpha_mlp=m)
-                                    for a, m in self.alphas.tolist())
+        self.blocks = nn.ModuleList(Block(D, cfg.num_heads, cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, **factors)
+                                    for factors in plan.block_kwargs())
         self.num_in = (cfg.depth - 1) // 2  # in blocks; the mid block is blocks[num_in]
         self.skip_linears = nn.ModuleList(nn.Linear(2 * D, D) for _ in range(self.num_in if cfg.skips else 0))
         self.norm = nn.LayerNorm(D)
@@ -135,6 +146,15 @@ class UViT(nn.Module):
         for i, blk in enumerate(self.blocks[: max(wanted) + 1]):
             x = out[i] = self.block(i, blk, x, skips)
         return [out[i] for i in wanted]
+
+    @property
+    def decoder_blocks(self) -> nn.ModuleList:
+        """UViT has no separate decoder (the model contract's empty list): its blocks are one list."""
+        return nn.ModuleList()
+
+    def forward_features(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """The last block's output tokens, raw: what evaluation pools (the model contract's features)."""
+        return self.forward_intermediates(x, t, y)[0]
 
     def flops_per_sample(self) -> float:
         """Analytic forward matmul FLOPs of one sample (2 per multiply-add), as MAE's."""

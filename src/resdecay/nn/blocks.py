@@ -1,5 +1,6 @@
 """Building blocks shared by every model family: attention, MLP, the decayed pre-LN block,
-patch embedding and fixed sin-cos position tables.
+patch embedding and fixed sin-cos position tables. The residual add and its factors are
+``resdecay.nn.residual``'s.
 
 Parameter names follow timm / facebookresearch/mae (``norm1``, ``attn.qkv``, ``attn.proj``,
 ``norm2``, ``mlp.fc1``, ``mlp.fc2``) so that checkpoints written by those projects map onto
@@ -18,29 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath
 
-
-def decayed_add(x: torch.Tensor, branch: torch.Tensor, alpha: float | torch.Tensor, beta: float = 1.0) -> torch.Tensor:
-    """``alpha * x + beta * branch`` (paper eq. 3 has beta = 1): alpha scales the identity path.
-
-    For a fixed alpha, ``torch.add(branch, x, alpha=alpha)`` is one fused multiply-add kernel in
-    the forward pass, the same cost as a plain ``x + branch``; the backward pass adds one
-    elementwise scale of the identity gradient (within noise on CPU; +2.7-2.9% of an eager bf16
-    ViT-B block on an H100, which torch.compile can fuse away; benchmarks/block_overhead.py).
-    A tensor alpha (the learnable-alpha ablation) takes the autograd path. beta != 1 is only
-    used by the Table 3b variants (sqrt(0.5) scalings).
-    """
-    if beta != 1.0:
-        branch = branch * beta
-    if isinstance(alpha, torch.Tensor):
-        return branch + alpha * x
-    if alpha == 1.0:
-        return x + branch
-    return torch.add(branch, x, alpha=alpha)
-
-
-def scalar(a: float | torch.Tensor) -> float:
-    """A shortcut factor as a Python float, fixed or learnable."""
-    return float(a.detach()) if isinstance(a, torch.Tensor) else float(a)
+from .residual import decayed_add as decayed_add  # re-exported: the add's name before issue 21
+from .residual import factors_of, factors_repr, residual_add, set_block_factors
 
 
 class Attention(nn.Module):
@@ -94,8 +74,9 @@ class Block(nn.Module):
         norm_eps: LayerNorm epsilon (1e-6 as MAE).
         zero_init: zero the last layer of both branches (paper §3, ``zero_init_branches``).
         drop_path: stochastic-depth rate of the branches; the decayed shortcut is never dropped.
-        learnable_alpha: make the two alphas trained scalars (Table 3a); otherwise they are plain
-            Python floats recorded by the model's config, so a checkpoint rebuilds the same network.
+        learnable_alpha: make the alphas trained scalars (Table 3a), both (True) or per add
+            ``(attn, mlp)``; otherwise they are plain Python floats recorded by the model's config,
+            so a checkpoint rebuilds the same network.
         beta_attn: branch factor of the attention sub-block (Table 3b's sqrt(0.5) variants).
         beta_mlp: branch factor of the MLP sub-block.
     """
@@ -111,7 +92,7 @@ class Block(nn.Module):
         norm_eps: float = 1e-6,
         zero_init: bool = False,
         drop_path: float = 0.0,
-        learnable_alpha: bool = False,
+        learnable_alpha: bool | tuple[bool, bool] = False,
         beta_attn: float = 1.0,
         beta_mlp: float = 1.0,
     ):
@@ -120,13 +101,7 @@ class Block(nn.Module):
         self.attn = Attention(dim, num_heads, qkv_bias)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
-        if learnable_alpha:  # Table 3a's learnable alpha: one scalar per sub-block, trained
-            self.alpha_attn = nn.Parameter(torch.tensor(float(alpha_attn)))
-            self.alpha_mlp = nn.Parameter(torch.tensor(float(alpha_mlp)))
-        else:
-            self.alpha_attn = float(alpha_attn)
-            self.alpha_mlp = float(alpha_mlp)
-        self.beta_attn, self.beta_mlp = float(beta_attn), float(beta_mlp)
+        set_block_factors(self, alpha_attn, alpha_mlp, beta_attn, beta_mlp, learnable_alpha)
         # stochastic depth on the branches (fine-tuning); the decayed shortcut is never dropped
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         if zero_init:
@@ -136,8 +111,8 @@ class Block(nn.Module):
         """``stats``: a dict that receives this call's norm statistics (see ``block_statistics``)."""
         if stats is not None:  # the per-layer profile's side channel, recorded by hooks
             return self._forward_recording(x, stats)
-        x = decayed_add(x, self.drop_path(self.attn(self.norm1(x))), self.alpha_attn, self.beta_attn)
-        return decayed_add(x, self.drop_path(self.mlp(self.norm2(x))), self.alpha_mlp, self.beta_mlp)
+        x = residual_add(x, self.drop_path(self.attn(self.norm1(x))), self.alpha_attn, self.beta_attn)
+        return residual_add(x, self.drop_path(self.mlp(self.norm2(x))), self.alpha_mlp, self.beta_mlp)
 
     def _forward_recording(self, x: torch.Tensor, stats: dict) -> torch.Tensor:
         with block_statistics([self]) as rows:
@@ -156,8 +131,7 @@ class Block(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def extra_repr(self) -> str:
-        beta = f", beta_attn={self.beta_attn:.4f}, beta_mlp={self.beta_mlp:.4f}" if (self.beta_attn, self.beta_mlp) != (1.0, 1.0) else ""
-        return f"alpha_attn={scalar(self.alpha_attn):.4f}, alpha_mlp={scalar(self.alpha_mlp):.4f}{beta}"
+        return factors_repr(self)
 
 
 class PatchEmbed(nn.Module):
@@ -222,7 +196,9 @@ def block_statistics(blocks) -> Iterator[list[dict]]:
     shortcut and of each branch (``shortcut_attn``, ``branch_attn``, ``shortcut_mlp``,
     ``branch_mlp``) and of the block's output (``output``): the per-layer profile's
     shortcut-to-branch ratio. Forward hooks keep this side channel out of ``Block.forward``;
-    the branch norms are read before DropPath, which is the identity in eval mode."""
+    the branch norms are read before DropPath, which is the identity in eval mode. The factors
+    are read when each hook runs, from ``factors_of`` (the place the add reads them), so a
+    learnable alpha counts at its current value."""
     stats: list[dict] = []
     handles = []
 
@@ -236,10 +212,10 @@ def block_statistics(blocks) -> Iterator[list[dict]]:
     for blk in blocks:
         row: dict = {}
         hooks = (
-            (blk.norm1, "pre", lambda m, a, row=row, b=blk: row.update(shortcut_attn=norm(a[0]) * scalar(b.alpha_attn))),
-            (blk.attn, "post", lambda m, a, o, row=row, b=blk: row.update(branch_attn=norm(o) * b.beta_attn)),
-            (blk.norm2, "pre", lambda m, a, row=row, b=blk: row.update(shortcut_mlp=norm(a[0]) * scalar(b.alpha_mlp))),
-            (blk.mlp, "post", lambda m, a, o, row=row, b=blk: row.update(branch_mlp=norm(o) * b.beta_mlp)),
+            (blk.norm1, "pre", lambda m, a, row=row, b=blk: row.update(shortcut_attn=norm(a[0]) * factors_of(b).alphas[0])),
+            (blk.attn, "post", lambda m, a, o, row=row, b=blk: row.update(branch_attn=norm(o) * factors_of(b).betas[0])),
+            (blk.norm2, "pre", lambda m, a, row=row, b=blk: row.update(shortcut_mlp=norm(a[0]) * factors_of(b).alphas[1])),
+            (blk.mlp, "post", lambda m, a, o, row=row, b=blk: row.update(branch_mlp=norm(o) * factors_of(b).betas[1])),
             (blk, "post", lambda m, a, o, row=row: done(row, o)),
         )
         for module, kind, fn in hooks:

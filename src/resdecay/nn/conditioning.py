@@ -12,7 +12,8 @@ import math
 import torch
 import torch.nn as nn
 
-from .blocks import Attention, Mlp, decayed_add
+from .blocks import Attention, Mlp
+from .residual import factors_repr, residual_add, set_block_factors
 
 
 class TimestepEmbedder(nn.Module):
@@ -75,33 +76,37 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
 class AdaLNBlock(nn.Module):
     """DiT's adaLN-Zero block with decayed identity shortcuts::
 
-        x = alpha_attn * x + gate_msa * Attn(modulate(LN(x), shift_msa, scale_msa))
-        x = alpha_mlp  * x + gate_mlp * MLP(modulate(LN(x), shift_mlp, scale_mlp))
+        x = alpha_attn * x + beta_attn * gate_msa * Attn(modulate(LN(x), shift_msa, scale_msa))
+        x = alpha_mlp  * x + beta_mlp  * gate_mlp * MLP(modulate(LN(x), shift_mlp, scale_mlp))
 
     The six modulation vectors come from c through SiLU + Linear(D -> 6D). Zeroing that Linear
     (adaLN-Zero) zeroes both gates, so at init the block maps x -> alpha_attn * alpha_mlp * x, the
     same start the paper's branch zero-init gives a pre-LN block (paper-notes §1). The MLP's GELU
     is the tanh approximation by default, as DiT's and SiT's (``gelu="exact"`` for erf's).
+    The factors (alpha, beta, learnable alpha) mean what they mean for ``Block``; the model's
+    ``shortcut`` formula chooses them (``resdecay.nn.residual``).
     """
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True,
-                 alpha_attn: float = 1.0, alpha_mlp: float = 1.0, gelu: str = "tanh"):
+                 alpha_attn: float = 1.0, alpha_mlp: float = 1.0, gelu: str = "tanh", beta_attn: float = 1.0,
+                 beta_mlp: float = 1.0, learnable_alpha: bool | tuple[bool, bool] = False):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.attn = Attention(dim, num_heads, qkv_bias)
         self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), gelu)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
-        self.alpha_attn, self.alpha_mlp = float(alpha_attn), float(alpha_mlp)  # fixed numbers, not parameters
+        set_block_factors(self, alpha_attn, alpha_mlp, beta_attn, beta_mlp, learnable_alpha)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:  # (B, T, D), (B, D) -> (B, T, D)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=1)
-        x = decayed_add(x, gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa)), self.alpha_attn)
-        x = decayed_add(x, gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp)), self.alpha_mlp)
-        return x
+        x = residual_add(x, gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa)),
+                         self.alpha_attn, self.beta_attn)
+        return residual_add(x, gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp)),
+                            self.alpha_mlp, self.beta_mlp)
 
     def extra_repr(self) -> str:
-        return f"alpha_attn={self.alpha_attn:.4f}, alpha_mlp={self.alpha_mlp:.4f}"
+        return factors_repr(self)
 
 
 class FinalLayer(nn.Module):

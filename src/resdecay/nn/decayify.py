@@ -1,23 +1,29 @@
 """``decayify``: put decayed identity shortcuts into models people already have, by composition.
 
 Supported residual blocks (found in ``model.modules()`` order, i.e. depth order):
-    resdecay.nn.blocks.Block              its alpha_attn / alpha_mlp are set
+    resdecay.nn.blocks.Block              its alpha_attn / alpha_mlp (and betas) are set
     timm VisionTransformer ``Block``      x + drop_path(ls(f(norm(x)))) per sub-block: a forward
                                           pre-hook on ``norm1``/``norm2`` keeps the sub-block input x
                                           and a forward hook on ``drop_path1``/``drop_path2`` returns
-                                          branch - (1 - alpha) * x, so the add gives alpha*x + branch
+                                          ``residual_correction`` (branch - (1 - alpha) * x for beta 1),
+                                          so the block's own add gives alpha*x + beta*branch
     torchvision ``BasicBlock`` / ``Bottleneck``
                                           the identity path (and the downsample path) is scaled:
                                           a forward hook on ``downsample``, or a parameter-free
-                                          ``ShortcutScale`` put in its empty place
+                                          ``ShortcutScale`` put in its empty place; beta != 1 scales
+                                          the branch's last BatchNorm output by a forward hook
+
+The factors come from the shortcut formula registry (``shortcut``, default ``"decay"``) and every
+form of the add is ``resdecay.nn.residual``'s. Formulas that train alpha are refused: a hook holds
+fixed numbers.
 
 No class is subclassed or swapped, no parameter is added or renamed: the state_dict keys are the
 model's own, so pretrained weights load unchanged, and with alpha_min = 1 the hooks are not even
 installed, so outputs are exactly the original model's. The settings are recorded on the model
 as ``model.resdecay_spec`` (``resdecay.save_decayified`` stores it beside the weights and
 ``resdecay.load_decayified`` re-applies it). The spec is the *structure* only (alpha_min,
-schedule, branches): ``zero_init`` is an initialisation done once, when asked for, and is never
-recorded, so ``decayify(model, **model.resdecay_spec)`` on trained weights leaves them as they are.
+schedule, branches, and shortcut where it is not "decay"): ``zero_init`` is an initialisation
+done once, when asked for, and is never recorded, so ``decayify(model, **model.resdecay_spec)`` on trained weights leaves them as they are.
 
 Residual blocks of other kinds (a hybrid timm model's ResNet stem, timm's parallel blocks) are
 left at alpha 1; ``decayify`` says so in one ``PartialDecayWarning`` naming them.
@@ -33,24 +39,11 @@ import torch
 import torch.nn as nn
 
 from . import blocks as rd_blocks
+from .residual import (ShortcutScale, check_shortcut, factors_of, residual_correction, scale_branch, scale_identity,
+                       set_block_factors, shortcut_plan)
 from ..errors import UserError
-from ..schedule import alpha_schedule
 
 SUPPORTED = ("resdecay.nn.blocks.Block", "timm VisionTransformer Block", "torchvision BasicBlock", "torchvision Bottleneck")
-
-
-class ShortcutScale(nn.Module):
-    """Parameter-free ``x -> alpha * x`` for a ResNet block's identity path."""
-
-    def __init__(self, alpha: float):
-        super().__init__()
-        self.alpha = float(alpha)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.alpha
-
-    def extra_repr(self) -> str:
-        return f"alpha={self.alpha:.4f}"
 
 
 def _kind(module: nn.Module) -> str | None:
@@ -70,12 +63,13 @@ def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     return [(name, m, k) for name, m in model.named_modules() if (k := _kind(m)) is not None]
 
 
-# The hooks are module-level functions that keep nothing themselves. Each reads its alpha from
-# the module it is called with (``module.resdecay_alpha``). The sub-block input x, which the
-# norm's pre-hook sees and the drop_path's hook needs, is kept per *thread* (``_LOCAL``), under a
-# key object that the norm and drop_path of one sub-block share (``_SLOT``): one model called from
-# several threads at once (an inference server, a threaded data-parallel wrapper, whose replicas
-# share their modules' attributes) never mixes the inputs of two calls (issue 23.7). A
+# The hooks are module-level functions that keep nothing themselves. Each reads its factor from
+# the module it is called with (``module.resdecay_alpha`` / ``resdecay_beta``). The sub-block
+# input x, which the norm's pre-hook sees and the drop_path's hook needs, is kept per *thread*
+# (``_LOCAL``), under a key object that the norm and drop_path of one sub-block share
+# (``_SLOT``): one model called from several threads at once (an inference server, a threaded
+# data-parallel wrapper, whose replicas share their modules' attributes) never mixes the inputs
+# of two calls (issue 23.7). A
 # ``copy.deepcopy`` (EMA, torch.compile) gets new keys and its own alphas, so changing alpha on
 # one never reaches the other. Nothing per call is stored on a module.
 _SLOT = "_resdecay_slot"  # on a norm and its drop_path: the key of their pending input
@@ -102,15 +96,20 @@ def _stash_input(norm: nn.Module, args: tuple) -> None:
 
 
 def _decayed_branch(drop_path: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
-    """Forward hook on drop_path1/drop_path2: branch - (1 - alpha) * x, so that the block's
-    ``x + branch`` becomes ``alpha * x + branch``."""
+    """Forward hook on drop_path1/drop_path2: the correction form of the add, so that the block's
+    ``x + out`` becomes ``alpha * x + beta * branch``."""
     x = _pending().pop(drop_path.__dict__[_SLOT])
-    return out - (1.0 - drop_path.resdecay_alpha) * x
+    return residual_correction(x, out, drop_path.resdecay_alpha, drop_path.__dict__.get("resdecay_beta", 1.0))
 
 
 def _scale_output(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
     """Forward hook on a ResNet block's downsample path: alpha * downsample(x)."""
-    return out * module.resdecay_alpha
+    return scale_identity(out, module.resdecay_alpha)
+
+
+def _scale_last_norm(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+    """Forward hook on a ResNet block's last BatchNorm (the branch's end): beta * branch."""
+    return scale_branch(out, module.resdecay_beta)
 
 
 def _refuse_script():
@@ -118,7 +117,7 @@ def _refuse_script():
                     "on the decayified model, or script the model before decayify (alpha_min=1 installs no hooks)")
 
 
-_HOOKS = (_stash_input, _decayed_branch, _scale_output)
+_HOOKS = (_stash_input, _decayed_branch, _scale_output, _scale_last_norm)
 
 
 def _remove_hooks(block: nn.Module) -> None:
@@ -126,24 +125,34 @@ def _remove_hooks(block: nn.Module) -> None:
         for table in (m._forward_pre_hooks, m._forward_hooks):
             for key in [k for k, fn in table.items() if fn in _HOOKS]:
                 del table[key]
-        for name in (_SLOT, "resdecay_alpha", "__prepare_scriptable__"):
+        for name in (_SLOT, "resdecay_alpha", "resdecay_beta", "__prepare_scriptable__"):
             m.__dict__.pop(name, None)
     if isinstance(getattr(block, "downsample", None), ShortcutScale):
         block.downsample = None
 
 
-def _timm_hooks(block: nn.Module, a_attn: float, a_mlp: float) -> None:
-    for norm, drop_path, a in ((block.norm1, block.drop_path1, a_attn), (block.norm2, block.drop_path2, a_mlp)):
-        if a == 1.0:
+def _timm_hooks(block: nn.Module, alphas: list[float], betas: list[float]) -> None:
+    for norm, drop_path, a, b in zip((block.norm1, block.norm2), (block.drop_path1, block.drop_path2), alphas, betas):
+        if a == 1.0 and b == 1.0:
             continue
         drop_path.resdecay_alpha = float(a)
+        if b != 1.0:
+            drop_path.resdecay_beta = float(b)
         norm.__dict__[_SLOT] = drop_path.__dict__[_SLOT] = _Slot()  # a plain attribute: state_dict keys unchanged
         norm.register_forward_pre_hook(_stash_input)
         drop_path.register_forward_hook(_decayed_branch)
         block.__dict__["__prepare_scriptable__"] = _refuse_script  # torch.jit.script calls it on every submodule
 
 
-def _resnet_shortcut(block: nn.Module, a: float) -> None:
+def _last_norm(block: nn.Module) -> nn.Module:
+    return block.bn3 if hasattr(block, "bn3") else block.bn2  # Bottleneck / BasicBlock
+
+
+def _resnet_shortcut(block: nn.Module, a: float, b: float) -> None:
+    if b != 1.0:
+        _last_norm(block).resdecay_beta = float(b)
+        _last_norm(block).register_forward_hook(_scale_last_norm)
+        block.__dict__["__prepare_scriptable__"] = _refuse_script
     if a == 1.0:
         return
     if block.downsample is None:
@@ -163,7 +172,7 @@ def _zero_last_layer(block: nn.Module, kind: str) -> None:
             if layer.bias is not None:
                 nn.init.zeros_(layer.bias)
     else:  # the last BatchNorm's scale, torchvision's zero_init_residual
-        nn.init.zeros_((block.bn3 if hasattr(block, "bn3") else block.bn2).weight)
+        nn.init.zeros_(_last_norm(block).weight)
 
 
 class PartialDecayWarning(UserWarning):
@@ -203,13 +212,14 @@ def _say_what_was_left(model: nn.Module, found: list, skipped: list[tuple[str, s
 
 
 def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_init: bool = False,
-             branches: str = "both") -> nn.Module:
-    """Scale the identity shortcut of every residual block of ``model`` (in place) by the
-    factors of ``alpha_schedule``, from 1 at the first residual add to ``alpha_min`` at the last.
+             branches: str = "both", shortcut: str = "decay") -> nn.Module:
+    """Scale the identity shortcut of every residual block of ``model`` (in place) by the factors
+    of the shortcut formula ``shortcut`` (by default the decay: ``alpha_schedule``, from 1 at the
+    first residual add to ``alpha_min`` at the last).
 
     Transformer blocks have two adds (attention, MLP), ResNet blocks one. Calling it again
     replaces the settings. ``model.resdecay_spec`` records the structure (alpha_min, schedule,
-    branches), so ``decayify(model, **model.resdecay_spec)`` rebuilds it and never touches weights.
+    branches, shortcut), so ``decayify(model, **model.resdecay_spec)`` rebuilds it and never touches weights.
 
     Args:
         model: a model holding supported residual blocks (see ``SUPPORTED``).
@@ -218,6 +228,8 @@ def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_
         zero_init: zero the last layer of every branch *now* (the paper's init for a model about to be
             trained). Off unless asked for, and not recorded in the spec: loaded weights stay as they are.
         branches: "both", "attn" or "mlp": which sub-block of transformer blocks is decayed (Table 3b).
+        shortcut: a registered formula with fixed factors (``resdecay.nn.residual``: decay, scaled_sum,
+            scaled_branch, or one registered by the caller); recorded in the spec unless "decay".
 
     Returns:
         ``model``, decayified in place. Blocks of unsupported kinds beside supported ones stay at alpha 1
@@ -232,38 +244,48 @@ def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_
     kinds = {k for _, _, k in found}
     if "resnet" in kinds and len(kinds) > 1:
         raise TypeError("decayify does not mix ResNet and transformer blocks in one model")
-    if "resnet" in kinds and branches != "both":
-        raise ValueError("branches='attn'/'mlp' applies to transformer blocks; ResNet blocks have one residual add")
-    alphas = alpha_schedule(len(found), alpha_min, schedule, branches=branches, adds_per_block=1 if "resnet" in kinds else 2)
-    if skipped and float(alpha_min) != 1.0:
+    adds = 1 if "resnet" in kinds else 2
+    check_shortcut(shortcut, branches, adds, fixed_by="decayify (its hooks)", keys=("shortcut", "branches"))
+    plan = shortcut_plan(len(found), alpha_min, schedule, branches, shortcut, adds)
+    if skipped and bool((plan.alphas != 1.0).any() or (plan.betas != 1.0).any()):
         _say_what_was_left(model, found, skipped)
-    for (name, block, kind), a in zip(found, alphas.tolist()):
+    for (name, block, kind), a, b in zip(found, plan.alphas.tolist(), plan.betas.tolist()):
         _remove_hooks(block)
         if kind == "resdecay":
-            block.alpha_attn, block.alpha_mlp = a
+            set_block_factors(block, *a, *b)
         elif kind == "timm":
-            _timm_hooks(block, *a)
+            _timm_hooks(block, a, b)
         else:
-            _resnet_shortcut(block, a[0])
+            _resnet_shortcut(block, a[0], b[0])
         block.resdecay_alpha = tuple(a)
         if zero_init:
             _zero_last_layer(block, kind)
     # the structure only: zero_init is an action of this call, never something to re-apply (issue 23.3)
     model.resdecay_spec = {"alpha_min": float(alpha_min), "schedule": schedule, "branches": branches}
+    if shortcut != "decay":  # specs written before formulas reached decayify have no key: decay
+        model.resdecay_spec["shortcut"] = shortcut
     return model
+
+
+def block_factors(block: nn.Module) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(alphas, betas) a residual block uses now, read where its add reads them: the hooked modules
+    of a timm or torchvision ResNet block (so a hand-changed ``resdecay_alpha`` shows), or a resdecay
+    block's own attributes (``factors_of``: ``Block``, ``AdaLNBlock``). Transformer blocks give
+    ``(attn, mlp)`` pairs, ResNet blocks one factor each."""
+    kind = _kind(block)
+    if kind == "timm":
+        paths = (block.drop_path1, block.drop_path2)
+        return (tuple(float(dp.__dict__.get("resdecay_alpha", 1.0)) for dp in paths),
+                tuple(float(dp.__dict__.get("resdecay_beta", 1.0)) for dp in paths))
+    if kind != "resnet":
+        return factors_of(block)
+    ds = block.downsample
+    alpha = ds.alpha if isinstance(ds, ShortcutScale) else (1.0 if ds is None else ds.__dict__.get("resdecay_alpha", 1.0))
+    return (float(alpha),), (float(_last_norm(block).__dict__.get("resdecay_beta", 1.0)),)
 
 
 def alphas_of(model: nn.Module) -> list[tuple[str, tuple[float, ...]]]:
     """The shortcut factors in use, per residual block: ``[(name, (alpha_attn, alpha_mlp)), ...]``
     for transformer blocks, ``[(name, (alpha,)), ...]`` for ResNet blocks. Learnable factors are
     read as their current values."""
-    out = []
-    for name, block, kind in residual_blocks(model):
-        if kind == "resdecay":
-            out.append((name, (rd_blocks.scalar(block.alpha_attn), rd_blocks.scalar(block.alpha_mlp))))
-        elif kind == "timm":  # read from the modules the hooks read, so a changed alpha shows
-            out.append((name, tuple(float(getattr(dp, "resdecay_alpha", 1.0)) for dp in (block.drop_path1, block.drop_path2))))
-        else:
-            ds = block.downsample
-            out.append((name, (float(ds.alpha if isinstance(ds, ShortcutScale) else getattr(ds, "resdecay_alpha", 1.0)),)))
-    return out
+    return [(name, block_factors(block)[0]) for name, block, _ in residual_blocks(model)]

@@ -61,7 +61,8 @@ def check_fits(cfg, device: torch.device) -> int | None:
     need = training_bytes(params, cfg.train.optimizer, cfg.train.ema_decay > 0)
     free, what = available_memory(device)
     if free is not None and need > free:
-        sizes = ", ".join(f"model.{k}={getattr(cfg.model, k)}" for k in SIZE_KEYS if hasattr(cfg.model, k))
+        settings = vars(cfg.model)  # the family's config fields: the size settings it has are named
+        sizes = ", ".join(f"model.{k}={settings[k]}" for k in SIZE_KEYS if k in settings)
         sizes = f" ({sizes})" if sizes else ""
         raise ConfigError(f"the model would have {params / 1e6:,.0f} M parameters{sizes}: its weights, gradients and "
                           f"{cfg.train.optimizer} state alone need about {format_bytes(need)}, more than the "

@@ -1,9 +1,22 @@
-"""Checkpoints: written atomically, pruned to the last k, loaded with ``weights_only=True``.
+"""Checkpoints: the format, saving a run's state (atomically, pruned to the last k, optionally in the
+background), restoring it on resume, and loading a trained model (``weights_only=True``).
 
-A checkpoint holds named parts (as torchtitan): ``model``, ``optimizer``, ``scaler``,
-``train_state`` (step, epoch, position in the epoch), ``rng`` (every rank's Python, NumPy,
-torch CPU and CUDA generator states) and ``config`` (the fully resolved run config, alpha_min
-and schedule included, so the network can be rebuilt without the preset).
+A checkpoint is one ``torch.save``d dict of named parts (as torchtitan), marked ``format:
+resdecay-checkpoint-v1``:
+
+    model        the bare network's state_dict
+    optimizer    the optimizer's state_dict
+    scaler       the fp16 GradScaler's state_dict
+    train_state  step, epoch, step_in_epoch, world_size, images (training-set size), and where
+                 known train_time_s (summed over launches) and final_loss
+    rng          every rank's Python, NumPy, torch CPU and CUDA generator states
+    loss_window  every rank's open log window (runlog.LossWindow), so a resumed run logs the
+                 same rows as an uninterrupted one
+    ema          the EMA weights, when train.ema_decay > 0
+    config       the fully resolved run config (alpha_min and schedule included), so the network
+                 can be rebuilt without the preset
+
+Only tensors and plain Python values: no pickled classes, so old files keep loading.
 """
 
 from __future__ import annotations
@@ -12,13 +25,17 @@ import random
 import re
 from pathlib import Path
 
+import dataclasses
+
 import numpy as np
 import torch
 
 from ..errors import CheckpointError
 from ..io import atomic_save, first_sentence, safe_load
-from ..models import build_model
-from .config import from_dict
+from ..models import build_model, model_config_class
+from . import distributed as dist_env
+from .config import RunConfig, from_dict
+from .previous_run import HARMLESS, check_resume_changes, inexact_changes
 
 FORMAT = "resdecay-checkpoint-v1"
 _STEP_FILE = re.compile(r"^step_(\d{8,})\.pt$")
@@ -165,9 +182,24 @@ def load_resume(resume: str | None, ckpt_dir: Path, say=print) -> tuple[Path | N
 
 
 def model_differences(saved: dict, current: dict) -> list[str]:
-    """Model settings that differ between a checkpoint's config and this run's."""
+    """Model settings that differ between a checkpoint's config and this run's. A setting the
+    checkpoint predates (a field added to the family since) counts as its default, the value the
+    older code built with, as ``load_model`` rebuilds it."""
+    defaults = field_defaults(model_config_class(current["family"])) if "family" in current else {}
+    saved = {**{k: v for k, v in defaults.items() if k in current}, **saved}
     keys = sorted(set(saved) | set(current))
     return [f"model.{k}: checkpoint {saved.get(k)!r} vs run {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
+
+
+def field_defaults(config_class: type) -> dict:
+    """``{field: default}`` of a config dataclass (fields without a default are left out)."""
+    out = {}
+    for f in dataclasses.fields(config_class):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", ema: bool = False, state: dict | None = None):
@@ -183,3 +215,87 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", ema: bool =
     except RuntimeError as e:
         raise CheckpointError(f"{path}: weights do not fit the model its config describes ({first_sentence(str(e), 200)})") from None
     return model.to(device).eval(), cfg
+
+
+# ----------------------------------------------------------------------------- a run's state
+def save_training(cfg: RunConfig, env, trainee, data, ckpt_dir: Path, writer=None, progress: dict | None = None,
+                  window=None) -> Path:
+    """Save the run's state at ``trainee.step`` as ``<ckpt_dir>/step_<step>.pt``; every rank
+    contributes its RNG state and open loss window, rank 0 writes the file.
+
+    Args:
+        cfg: the run's config (stored whole).
+        env: the process environment (``distributed.DistEnv``).
+        trainee: the ``setup.Trainee`` (bare model, optimizer, scaler, EMA, step).
+        data: the ``setup.Data`` (steps per epoch, training-set size).
+        writer: an ``async_checkpoint.CheckpointWriter`` that snapshots now and writes in the
+            background; None writes here, atomically.
+        progress: train_time_s over all launches and final_loss, kept in ``train_state``.
+        window: this rank's ``runlog.LossWindow``.
+    """
+    step = trainee.step
+    ranks = dist_env.gather_objects(env, (rng_state(), window.state() if window is not None else None))
+    rngs = [r for r, _ in ranks]
+    path = checkpoint_path(ckpt_dir, step)  # every rank returns it; rank 0 writes it
+    if env.is_main:
+        state = {"model": trainee.raw.state_dict(), "optimizer": trainee.optimizer.state_dict(),
+                 "scaler": trainee.scaler.state_dict(),
+                 "train_state": {"step": step, "epoch": step // data.steps_per_epoch,
+                                 "step_in_epoch": step % data.steps_per_epoch, "world_size": env.world_size,
+                                 "images": len(data.samples), **(progress or {})},
+                 "rng": rngs, "config": cfg.to_dict()}
+        if window is not None:
+            state["loss_window"] = [w for _, w in ranks]
+        if trainee.ema is not None:
+            state["ema"] = trainee.ema.module.state_dict()
+        if writer is not None:
+            writer.submit(state, ckpt_dir, step, cfg.train.keep_last)
+        else:
+            save_checkpoint(state, ckpt_dir, step, cfg.train.keep_last)
+    dist_env.barrier(env)
+    return path
+
+
+def restore_training(cfg: RunConfig, env, path: Path, raw, optimizer, scaler, say, images: int | None = None,
+                     allow_changes: bool = False, state: dict | None = None) -> tuple[int, dict | None, dict]:
+    """Load a checkpoint of the same model into this run: weights, optimizer, scaler and this rank's
+    RNG. Refuses another model, and (unless ``allow_changes``) settings that would make the resumed
+    run differ from an uninterrupted one.
+
+    Returns (step, EMA weights or None, the run's progress: ``setup.Trainee.progress``)."""
+    state = load_checkpoint(path) if state is None else state
+    check_resumable(cfg, env, path, state, say, images, allow_changes)
+    raw.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    step = int(state["train_state"]["step"])
+    rngs, windows = state["rng"], state.get("loss_window")
+    if len(rngs) == env.world_size:
+        set_rng_state(rngs[env.rank])
+    else:
+        say(f"note: checkpoint has RNG states of {len(rngs)} ranks, this run has {env.world_size}; reseeding")
+        torch.manual_seed(cfg.train.seed + env.rank + step)
+    ts = state["train_state"]
+    progress = {"train_time_s": ts.get("train_time_s"), "final_loss": ts.get("final_loss"),
+                "loss_window": windows[env.rank] if windows and len(windows) == env.world_size else None}
+    return step, state.get("ema"), progress
+
+
+def check_resumable(cfg: RunConfig, env, path: Path, state: dict, say, images: int | None, allow_changes: bool) -> None:
+    """Refuse a checkpoint of another model or, unless allowed, of inexact settings; note harmless
+    changes (device, workers, logging, ...) and a training set that changed size."""
+    saved_images = state["train_state"].get("images")
+    if images is not None and saved_images is not None and saved_images != images:
+        say(f"note: the training set has {images} images now but had {saved_images} when {path.name} was written; "
+            "the data order from here on differs from the original run's")
+    now = cfg.to_dict()
+    diffs = model_differences(state["config"]["model"], now["model"])
+    if diffs:
+        raise CheckpointError(f"cannot resume from {path}: it is a different model ({'; '.join(diffs[:3])}); "
+                              "use the checkpoint's settings or a new train.out_dir")
+    changes = inexact_changes(state["config"], now, state["train_state"].get("world_size"), env.world_size)
+    check_resume_changes(changes, allow_changes, path, say)
+    for section in ("data", "train"):  # the harmless ones are only noted
+        for k, v in now[section].items():
+            if k in HARMLESS[section] and state["config"][section].get(k, v) != v:
+                say(f"note: {section}.{k} changed since the checkpoint ({state['config'][section].get(k)!r} -> {v!r})")

@@ -20,14 +20,16 @@ from collections import deque
 import torch
 import torch.nn as nn
 
+from ..models import ResidualModel
+
 FIX = "usual fixes: raise model.alpha_min (e.g. 0.6 -> 0.7), keep model.zero_init=true, lower train.base_lr"
 
 
-def named_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The residual blocks of any resdecay family: ``blocks`` (encoder / backbone) and, for the
-    MAE, ``decoder_blocks``; named as a user would look them up."""
-    encoder = list(getattr(model, "blocks", []))
-    decoder = list(getattr(model, "decoder_blocks", []))
+def named_blocks(model: ResidualModel) -> list[tuple[str, nn.Module]]:
+    """The residual blocks of any resdecay family (the model contract's ``blocks``, encoder /
+    backbone, and ``decoder_blocks``, empty but for the MAE), named as a user would look them up."""
+    encoder = list(model.blocks)
+    decoder = list(model.decoder_blocks)
     if not decoder:
         return [(f"block {i}", b) for i, b in enumerate(encoder)]
     return [(f"encoder block {i}", b) for i, b in enumerate(encoder)] + [(f"decoder block {j}", b) for j, b in enumerate(decoder)]
@@ -43,7 +45,7 @@ class BlockNormMonitor:
         window: how many log steps back the smallest value is taken from.
     """
 
-    def __init__(self, model: nn.Module, growth: float = 20.0, window: int = 5):
+    def __init__(self, model: ResidualModel, growth: float = 20.0, window: int = 5):
         named = named_blocks(model)
         self.names, blocks = [n for n, _ in named], [b for _, b in named]
         self.growth, self.window = growth, window

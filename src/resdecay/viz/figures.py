@@ -18,25 +18,24 @@ from torch.utils.data import Subset
 
 from .plots import _save  # importing resdecay.viz.plots selects the Agg backend first
 import matplotlib.pyplot as plt  # noqa: E402
-from ..eval.features import extract_features
+from ..eval.features import extract_block_features
+from ..eval.metrics import DIFFUSION, SAMPLES, column_metric, column_title, registered
 
-KNN_KEY = "online_knn_top1"
-# Axis labels per logged key: the online evaluation's protocol (paper eq. 6 for the rank, the
-# FAST_RECIPE probe and the weighted kNN of eval.knn for the accuracies).
-KEY_LABELS = {
-    "online_probe_top1": "linear-probe top-1 (fast recipe)",
-    "online_knn_top1": "kNN top-1 (k=20, T=0.07)",
-    "online_rank_cls": "effective rank (paper eq. 6, cls tokens)",
-    "online_rank_mean": "effective rank (paper eq. 6, mean-pooled tokens)",
-    "online_proxy_fid": "proxy FID of EMA samples (lower is better)",
-    "online_probe_best_top1": "best probe cell top-1 (block x noise level)",
-}
-DIFFUSION_KEYS = ("online_proxy_fid", "online_probe_best_top1")
+KNN_KEY = "online_knn_top1"  # the accuracy a run without the online probe falls back to
+
+
+def diffusion_keys() -> tuple[str, ...]:
+    """The diffusion families' online curves, one per registered samples / diffusion metric (proxy FID,
+    best probe cell), read when asked: a plugin registers after this module is imported."""
+    return tuple(f"online_{m.key}" for kind in (SAMPLES, DIFFUSION) for m in registered(kind, "online"))
+
+
 POOL_WORDS = {"mean": "mean of cls+patch tokens", "cls": "cls token", "patch_mean": "mean of patch tokens"}
 
 
 def _label(key: str) -> str:
-    return KEY_LABELS.get(key, key)
+    """Axis label of a logged key: its metric's title in the registry (the online protocol's wording)."""
+    return column_title(key)
 
 
 def _device(model: torch.nn.Module) -> torch.device:
@@ -102,8 +101,8 @@ def plot_tsne(models: dict[str, torch.nn.Module], dataset, path: Path, classes: 
     fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models) + 1.6, 4.6), squeeze=False)
     points, layers, counts = {}, {}, {}
     for ax, (label, model) in zip(axes[0], models.items()):
-        feats, y = extract_features(model, subset, layers=[layer], pools=(pool,), device=_device(model),
-                                    progress=False, desc=f"t-SNE {label}")
+        feats, y = extract_block_features(model, subset, layers=[layer], pools=(pool,), device=_device(model),
+                                          progress=False, desc=f"t-SNE {label}")
         x = feats[(layer, pool)].double().numpy()
         # One OpenMP thread: Barnes-Hut t-SNE on ~1000 points takes seconds on one core, while its
         # spin-waiting threads next to torch's own OpenMP pool ran 3-6x slower on a busy 2-core box.
@@ -330,21 +329,25 @@ def plot_diffusion_curves(runs: dict[str, list[dict]], path: Path) -> dict:
     (left) and the best cell of the probe grid (right) against the epoch, one line per run: Table 4's
     two columns followed through training. The protocol (sampler, extractor, probe sets) is the
     run's logged ``online_protocol``."""
-    points = {label: len(_series(rows, DIFFUSION_KEYS[0])[1]) for label, rows in runs.items()}
+    keys = diffusion_keys()
+    points = {label: len(_series(rows, keys[0])[1]) for label, rows in runs.items()}
     if not any(points.values()):
-        raise ValueError("no run logged online_proxy_fid; train the diffusion model with train.online_eval_every=N")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        raise ValueError(f"no run logged {keys[0]}; train the diffusion model with train.online_eval_every=N")
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4), squeeze=False)
+    axes = axes[0]
     protocol = next((r["online_protocol"] for rows in runs.values() for r in online_rows(rows) if "online_protocol" in r), {})
     for label, rows in runs.items():
-        line, = axes[0].plot(*_series(rows, DIFFUSION_KEYS[0]), "o-", ms=3, label=label)
-        axes[1].plot(*_series(rows, DIFFUSION_KEYS[1]), "o-", ms=3, color=line.get_color(), label=label)
-    for ax, key, title in zip(axes, DIFFUSION_KEYS, ("sample quality during training", "probe during training")):
-        ax.set(xlabel="epoch", ylabel=_label(key), title=title)
+        line, = axes[0].plot(*_series(rows, keys[0]), "o-", ms=3, label=label)
+        for ax, key in zip(axes[1:], keys[1:]):
+            ax.plot(*_series(rows, key), "o-", ms=3, color=line.get_color(), label=label)
+    for ax, key in zip(axes, keys):
+        metric = column_metric(key)
+        ax.set(xlabel="epoch", ylabel=_label(key), title=f"{metric.label if metric else key} during training")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     note = f"{protocol.get('samples', '')}; sampler {protocol.get('sampler', '?')} ({protocol.get('steps', '?')} steps)"
     fig.text(0.01, 0.01, note, fontsize=7)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     _save(fig, path)
-    return {"figure": "proxy FID and best probe cell vs epoch", "keys": list(DIFFUSION_KEYS), "points": points,
+    return {"figure": "proxy FID and best probe cell vs epoch", "keys": list(keys), "points": points,
             "protocol": protocol, "path": str(path)}

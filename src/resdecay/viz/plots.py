@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from ..data.fashion_mnist_m import composite  # noqa: E402
+from ..eval.metrics import column_metric, column_title  # noqa: E402
 from ..schedule import effective_decay  # noqa: E402
 
 
@@ -108,17 +109,21 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-PROFILE_PANELS = [
-    ("knn_top1", "kNN top-1", False), ("probe_top1", "linear probe top-1 (fast)", False),
-    ("rank_cls", "effective rank, cls (eq. 6)", False), ("rank_mean", "effective rank, mean tokens (eq. 6)", False),
-    ("feature_norm", "mean token norm", True), ("shortcut_ratio_attn", "||a x|| / ||attn(x)||", True),
-    ("shortcut_ratio_mlp", "||a x|| / ||mlp(x)||", True),
-]
+def profile_panels(profiles: dict[str, list[dict]]) -> list[tuple[str, str, bool]]:
+    """(column, title, log axis) of every numeric column the profiles hold, in row order; titles and
+    axes come from the metric registry, so a plugin's metric gets a panel too."""
+    keys = dict.fromkeys(k for rows in profiles.values() for r in rows for k, v in r.items()
+                         if k != "layer" and isinstance(v, (int, float)))
+    panels = []
+    for key in keys:
+        metric = column_metric(key)
+        panels.append((key, column_title(key), metric is not None and metric.log_scale))
+    return panels
 
 
 def plot_profile(profiles: dict[str, list[dict]], path: Path, note: str = "") -> Path:
     """Per-layer abstraction profile, one panel per measurement, one line per checkpoint."""
-    panels = [p for p in PROFILE_PANELS if any(p[0] in row for rows in profiles.values() for row in rows)]
+    panels = profile_panels(profiles)
     cols = min(4, len(panels))
     rows_n = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows_n, cols, figsize=(3.6 * cols, 3.0 * rows_n + 0.5), squeeze=False)
@@ -140,8 +145,10 @@ def plot_profile(profiles: dict[str, list[dict]], path: Path, note: str = "") ->
     return _save(fig, path)
 
 
-def plot_bars(groups: dict[str, dict[str, float]], path: Path, title: str = "") -> Path:
-    """Grouped bars: one group per measurement, one bar per run."""
+def plot_bars(groups: dict[str, dict[str, float]], path: Path, title: str = "",
+              errors: dict[str, dict[str, float | None]] | None = None) -> Path:
+    """Grouped bars: one group per measurement, one bar per run; ``errors`` (same keys, e.g. the
+    standard deviation over seeds) draws error bars where given."""
     names = list(groups)
     runs = list(dict.fromkeys(r for g in groups.values() for r in g))
     width = 0.8 / max(1, len(runs))
@@ -149,7 +156,8 @@ def plot_bars(groups: dict[str, dict[str, float]], path: Path, title: str = "") 
     for i, run in enumerate(runs):
         xs = [j + i * width for j, n in enumerate(names) if run in groups[n]]
         ys = [groups[n][run] for n in names if run in groups[n]]
-        ax.bar(xs, ys, width, label=run)
+        err = [((errors or {}).get(n, {}).get(run) or 0.0) for n in names if run in groups[n]] if errors else None
+        ax.bar(xs, ys, width, label=run, yerr=err, capsize=3 if errors else 0)
     ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(names))])
     ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
     ax.legend(fontsize=7)

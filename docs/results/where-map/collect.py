@@ -1,0 +1,208 @@
+"""Issue 20's phase diagram from the where-map runs: copy each finished variant's log.jsonl, summary.json
+and eval.json here, then build Δ = decayed − plain (kNN and fast probe, online protocol) per nuisance level
+× training length × alpha_min, mean ± std over the seeds present, with the raw-pixel kNN / probe of each
+level under the same protocol. Writes where-map.json, where-map.md (table) and where-map.png (heat map).
+
+Usage: .venv/bin/python docs/results/where-map/collect.py [--runs runs/where-map] [--no-copy]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+LEVELS = {"clean": [], "bg": ["background"], "bg-colour": ["background", "colour"],
+          "bg-colour-scale": ["background", "colour", "scale"], "all": ["background", "colour", "scale", "position"]}
+VARIANTS = {"plain-mae": "plain", "alpha-0-8": "alpha 0.8", "alpha-0-6": "alpha 0.6"}
+MEASURES = {"online_knn_top1": "kNN", "online_probe_top1": "probe"}
+
+
+def online_rows(log: Path) -> dict[int, dict]:
+    """epoch -> the online row of that epoch (the last one written, should a resume repeat it)."""
+    rows = {}
+    for line in log.read_text().splitlines():
+        row = json.loads(line)
+        if "online_knn_top1" in row:
+            rows[int(row["epoch"])] = row
+    return rows
+
+
+def gather(runs: Path, copy: bool) -> dict:
+    """level -> variant -> seed -> {epoch: {measure: value}}, plus the final full-protocol eval where finished."""
+    out: dict = {}
+    for level in LEVELS:
+        for seed_dir in sorted((runs / level).glob("seed*")):
+            seed = int(seed_dir.name[4:])
+            for slug, variant in VARIANTS.items():
+                run = seed_dir / slug
+                if not (run / "log.jsonl").exists():
+                    continue
+                rows = online_rows(run / "log.jsonl")
+                cell = {"online": {e: {m: r[m] for m in MEASURES} for e, r in rows.items()},
+                        "finished": (run / "summary.json").exists()}
+                if (run / "eval" / "eval.json").exists():
+                    cell["eval"] = json.loads((run / "eval" / "eval.json").read_text())
+                out.setdefault(level, {}).setdefault(variant, {})[seed] = cell
+                if copy and cell["finished"]:
+                    dest = HERE / level / seed_dir.name / slug
+                    dest.mkdir(parents=True, exist_ok=True)
+                    for name in ("log.jsonl", "summary.json", "eval/eval.json"):
+                        if (run / name).exists():
+                            shutil.copy(run / name, dest / Path(name).name)
+            for name in ("table.txt", "ablate.json", "ablate.png"):
+                if copy and (seed_dir / name).exists():
+                    (HERE / level / seed_dir.name).mkdir(parents=True, exist_ok=True)
+                    shutil.copy(seed_dir / name, HERE / level / seed_dir.name / name)
+    return out
+
+
+def pixel_baselines(size: int = 2000) -> dict:
+    """Raw pixels under the online protocol: first ``size`` train images as bank / probe training set,
+    first ``size`` test images as queries, k=20, T=0.07, the fast probe recipe."""
+    from resdecay.api import knn_accuracy, linear_probe
+    from resdecay.data import DataConfig, build_dataset
+    from resdecay.eval.probe import FAST_RECIPE
+
+    out = {}
+    for level, nuisances in LEVELS.items():
+        cfg = DataConfig(name="fashion-mnist-m", canvas=32, nuisances=list(nuisances), train_subset=20000)
+        feats = {}
+        for split in ("train", "test"):
+            ds, _ = build_dataset(cfg, split, 32, augment=False)
+            x = torch.stack([ds[i][0] for i in range(size)]).flatten(1)
+            y = torch.tensor([int(ds[i][1]) for i in range(size)])
+            feats[split] = (x, y)
+        (tr, tr_y), (te, te_y) = feats["train"], feats["test"]
+        out[level] = {"kNN": knn_accuracy(tr, tr_y, te, te_y, k=20, temperature=0.07),
+                      "probe": linear_probe(tr, tr_y, te, te_y, recipe=FAST_RECIPE)["top1"]}
+    return out
+
+
+def mean_std(values: list[float]) -> tuple[float, float, int]:
+    return (statistics.mean(values), statistics.stdev(values) if len(values) > 1 else float("nan"), len(values))
+
+
+def deltas(data: dict) -> dict:
+    """(level, variant, epoch, measure) -> (mean, std, n) of decayed − plain over the seeds both have."""
+    out = {}
+    for level, by_variant in data.items():
+        plain = by_variant.get("plain", {})
+        for variant in ("alpha 0.8", "alpha 0.6"):
+            for seed, cell in by_variant.get(variant, {}).items():
+                if seed not in plain:
+                    continue
+                for epoch, row in cell["online"].items():
+                    if epoch not in plain[seed]["online"]:
+                        continue
+                    for m in MEASURES.values():
+                        key = MEASURES_INV[m]
+                        out.setdefault((level, variant, epoch, m), []).append(row[key] - plain[seed]["online"][epoch][key])
+    return {k: mean_std(v) for k, v in out.items()}
+
+
+MEASURES_INV = {v: k for k, v in MEASURES.items()}
+
+
+def absolute(data: dict) -> dict:
+    """(level, variant, epoch, measure) -> (mean, std, n) of the measure itself."""
+    out = {}
+    for level, by_variant in data.items():
+        for variant, seeds in by_variant.items():
+            for cell in seeds.values():
+                for epoch, row in cell["online"].items():
+                    for key, m in MEASURES.items():
+                        out.setdefault((level, variant, epoch, m), []).append(row[key])
+    return {k: mean_std(v) for k, v in out.items()}
+
+
+def fmt(ms: tuple | None, signed: bool = False) -> str:
+    if ms is None:
+        return "–"
+    mean, std, n = ms
+    s = f"{mean:+.3f}" if signed else f"{mean:.3f}"
+    return s + (f" ± {std:.3f}" if n > 1 else "") + f" (n={n})"
+
+
+def table(d: dict, a: dict, pixels: dict, epochs: list[int]) -> str:
+    lines = ["Online protocol: first 2000 train images as bank / probe set, first 2000 test images as queries, "
+             "last encoder block, mean-pooled, kNN k=20 T=0.07, fast probe (30 epochs, batchnorm); mean ± sample std over seeds (n).",
+             "", "| level | measure | pixels | epochs | plain | α 0.8 | Δ α 0.8 | α 0.6 | Δ α 0.6 |", "|---|---|---|---|---|---|---|---|---|"]
+    for level in LEVELS:
+        for m in MEASURES.values():
+            for e in epochs:
+                if (level, "plain", e, m) not in a:
+                    continue
+                px = f"{pixels[level][m]:.3f}" if level in pixels else "–"
+                lines.append(f"| {level} | {m} | {px} | {e} | {fmt(a.get((level, 'plain', e, m)))} | {fmt(a.get((level, 'alpha 0.8', e, m)))} "
+                             f"| {fmt(d.get((level, 'alpha 0.8', e, m)), True)} | {fmt(a.get((level, 'alpha 0.6', e, m)))} "
+                             f"| {fmt(d.get((level, 'alpha 0.6', e, m)), True)} |")
+    return "\n".join(lines)
+
+
+def heat_map(d: dict, a: dict, pixels: dict, epochs: list[int], path: Path) -> None:
+    levels = [lv for lv in LEVELS if any(k[0] == lv for k in d)]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 1.2 + 0.8 * len(levels) * 2), squeeze=False)
+    for col, variant in enumerate(("alpha 0.8", "alpha 0.6")):
+        for row, m in enumerate(MEASURES.values()):
+            ax = axes[row][col]
+            grid = torch.full((len(levels), len(epochs)), float("nan"))
+            for i, lv in enumerate(levels):
+                for j, e in enumerate(epochs):
+                    if (lv, variant, e, m) in d:
+                        grid[i, j] = d[(lv, variant, e, m)][0]
+            im = ax.imshow(grid.numpy(), cmap="RdBu", vmin=-0.3, vmax=0.3, aspect="auto")
+            for i, lv in enumerate(levels):
+                for j, e in enumerate(epochs):
+                    cell = d.get((lv, variant, e, m))
+                    if cell is None:
+                        continue
+                    best = max(a[(lv, "plain", e, m)][0], a.get((lv, variant, e, m), (0,))[0])
+                    beats = lv in pixels and best > pixels[lv][m]
+                    ax.text(j, i, f"{cell[0]:+.2f}\n±{cell[1]:.2f} n{cell[2]}" + (" *" if beats else ""),
+                            ha="center", va="center", fontsize=7)
+            ax.set_xticks(range(len(epochs)), [str(e) for e in epochs])
+            ax.set_yticks(range(len(levels)), [f"{lv}\npixels {pixels[lv][m]:.2f}" if lv in pixels else lv for lv in levels])
+            ax.set_xlabel("epochs (online eval of a 32-epoch run)")
+            ax.set_title(f"Δ {m}: {variant} − plain")
+            fig.colorbar(im, ax=ax, fraction=0.04)
+    fig.suptitle("Fashion-MNIST-M nuisance level × training length (where-map grid, 64-wide U-Net MAE, patch 8); "
+                 "* = the better model beats raw pixels", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", default="runs/where-map")
+    ap.add_argument("--no-copy", action="store_true")
+    args = ap.parse_args()
+    data = gather(Path(args.runs), copy=not args.no_copy)
+    pix_path = HERE / "pixels.json"
+    if pix_path.exists():
+        pixels = json.loads(pix_path.read_text())
+    else:
+        pixels = pixel_baselines()
+        pix_path.write_text(json.dumps(pixels, indent=1))
+    d, a = deltas(data), absolute(data)
+    epochs = sorted({k[2] for k in a})
+    (HERE / "where-map.md").write_text(table(d, a, pixels, epochs) + "\n")
+    (HERE / "where-map.json").write_text(json.dumps(
+        {"pixels": pixels, "delta": {" | ".join(map(str, k)): v for k, v in d.items()},
+         "absolute": {" | ".join(map(str, k)): v for k, v in a.items()}}, indent=1))
+    if d:
+        heat_map(d, a, pixels, epochs, HERE / "where-map.png")
+    print((HERE / "where-map.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""resdecay's own measurements, each registered once in the metric registry (``eval/metrics.py``).
+
+Registration order is column order: kNN, linear probe and effective rank (``features``: eval, profile,
+baselines, online tracking, ablate's table), the profile's token norm and shortcut-to-branch ratio
+(``blocks``), and the diffusion families' proxy FID and probe-grid best cell (``samples`` and
+``diffusion``: online tracking). The linear probe is one metric with two recipes (``protocol.py``):
+the IN-100 recipe for one layer, the fast recipe for profiles, online tracking and the diffusion grid.
+"""
+
+from __future__ import annotations
+
+from ..errors import UserError
+from .diffusion_probe import probe_grid
+from .fid import compute_fid, extractor_card
+from .knn import knn_topk
+from .metrics import (BLOCKS, DIFFUSION, SAMPLES, BlockStats, DiffusionSet, FeatureSet, Metric, Result,
+                      SampleSet, TableSpec, register_metric)
+from .probe import linear_probe
+from .protocol import (FAST_RECIPE, KNN_K, KNN_TEMPERATURE, KNN_VOTE, RANK_FORMS, STATS_CARD, MetricSettings)
+from .rank import effective_rank
+
+POOL_WORDS = {"mean": "mean-pooled tokens", "cls": "cls tokens", "patch_mean": "mean-pooled patch tokens",
+              "pixels": "raw pixels"}  # every pooling of features.POOLINGS, and the raw-pixel baseline
+RANK_EXTRA_POOLS = ("cls",)  # the rank is always reported of the cls token too (the paper's Figure 4)
+BRANCHES = ("attn", "mlp")
+
+
+# ----------------------------------------------------------------------------- features
+def _knn(fs: FeatureSet, s: MetricSettings) -> list[Result]:
+    f = fs.feature
+    return [Result(f, knn_topk(fs.train[f], fs.train_labels, fs.test[f], fs.test_labels, s.knn_k, s.knn_temperature))]
+
+
+def _probe(fs: FeatureSet, s: MetricSettings) -> list[Result]:
+    f = fs.feature
+    return [Result(f, linear_probe(fs.train[f], fs.train_labels, fs.test[f], fs.test_labels, s.probe, s.device,
+                                   progress=s.progress))]
+
+
+def _rank(fs: FeatureSet, s: MetricSettings) -> list[Result]:
+    wanted = {fs.feature, *RANK_EXTRA_POOLS}  # in the order the evaluator extracted them
+    return [Result(pool, {"effective_rank": effective_rank(x, exp=s.rank_exp)}, card={"split": "test"})
+            for pool, x in fs.test.items() if pool in wanted]
+
+
+def _probe_text(p: dict) -> str:
+    r = p["probe"]
+    return f"{r['name']} recipe, {r['epochs']} epochs, lr {r['lr']}, feature norm {r['feature_norm']}"
+
+
+def _check_bank(n_train: int, s: MetricSettings) -> None:
+    if s.knn_k > n_train:  # before extracting, not after
+        raise UserError(f"--k {s.knn_k} is larger than the kNN bank ({n_train} training images); lower --k")
+
+
+KNN = register_metric(Metric(
+    name="knn", label="kNN", compute=_knn, describe=lambda p: f"k={p['k']} T={p['temperature']}", check=_check_bank,
+    protocol=lambda s: {"k": s.knn_k, "temperature": s.knn_temperature, "vote": KNN_VOTE},
+    titles={"knn_top1": f"kNN top-1 (k={KNN_K}, T={KNN_TEMPERATURE})"}, report_values=("top1", "top5"),
+    table=TableSpec("kNN", "d kNN", "kNN rand", (7, 7))))
+
+PROBE = register_metric(Metric(
+    name="probe", label="linear probe", compute=_probe, describe=_probe_text,
+    protocol=lambda s: {"probe": s.probe.card()},
+    titles={"probe_top1": "linear-probe top-1 (fast recipe)"}, report_values=("top1", "top5"),
+    table=TableSpec("probe", "d probe", "prb rand", (7, 8))))
+
+RANK = register_metric(Metric(
+    name="rank", label="effective rank", compute=_rank, describe=lambda p: p["form"], headline="effective_rank",
+    column="rank_{feature}", table_feature="cls", extra_pools=RANK_EXTRA_POOLS,
+    protocol=lambda s: {"form": RANK_FORMS[s.rank_exp]},
+    titles={f"rank_{p}": f"effective rank (paper eq. 6, {words})" for p, words in POOL_WORDS.items()},
+    table=TableSpec("rank cls", "d rank", None, (8, 7))))
+
+
+# ----------------------------------------------------------------------------- blocks (per-layer profile)
+def _token_norm(b: BlockStats, s: MetricSettings) -> list[Result]:
+    return [Result("tokens", {"feature_norm": b.norms["output"]})]
+
+
+def _shortcut_ratio(b: BlockStats, s: MetricSettings) -> list[Result]:
+    """||alpha x|| / ||f(x)|| of each sub-block: how much of the block's output is the scaled identity."""
+    return [Result(br, {"ratio": b.norms[f"shortcut_{br}"] / max(b.norms[f"branch_{br}"], 1e-12)}) for br in BRANCHES]
+
+
+TOKEN_NORM = register_metric(Metric(
+    name="token_norm", label="token norm", compute=_token_norm, describe=lambda p: p["norm_statistics"],
+    headline="feature_norm", column="{headline}", table_feature=None, applies_to=BLOCKS, where=frozenset({"profile"}),
+    protocol=lambda s: {"norm_statistics": STATS_CARD}, titles={"feature_norm": "mean token norm"}, log_scale=True))
+
+SHORTCUT_RATIO = register_metric(Metric(
+    name="shortcut_ratio", label="shortcut / branch", compute=_shortcut_ratio, describe=lambda p: p["norm_statistics"],
+    headline="ratio", column="shortcut_ratio_{feature}", table_feature=None, applies_to=BLOCKS,
+    where=frozenset({"profile"}), protocol=lambda s: {"norm_statistics": STATS_CARD}, log_scale=True,
+    titles={f"shortcut_ratio_{br}": f"||a x|| / ||{br}(x)||" for br in BRANCHES}))
+
+
+# ----------------------------------------------------------------------------- diffusion models
+def _fid(x: SampleSet, s: MetricSettings) -> list[Result]:
+    r = compute_fid(x.samples, x.reference, x.extractor, device=s.device)
+    return [Result(extractor_card(x.extractor).kind, {"value": r["value"]}, card={**r["protocol"], "label": r["label"]})]
+
+
+def _best_probe_cell(x: DiffusionSet, s: MetricSettings) -> list[Result]:
+    best = probe_grid(x.model, x.train_set, x.test_set, levels=x.levels, device=s.device, progress=False)["best"]
+    return [Result("mean", {"top1": best["top1"]}, card={"levels": list(x.levels)},
+                   extra={"probe_best_cell": {"block": best["layer"], "noise": best["level"]}})]
+
+
+FID = register_metric(Metric(
+    name="fid", label="FID", compute=_fid, describe=lambda p: p["label"], headline="value", column="{feature}_fid",
+    table_feature="proxy", higher_is_better=False, applies_to=SAMPLES, where=frozenset({"online"}),
+    protocol=lambda s: {}, titles={"proxy_fid": "proxy FID of EMA samples", "inception_fid": "FID of EMA samples"}))
+
+DIFFUSION_PROBE = register_metric(Metric(
+    name="diffusion_probe", label="best probe cell", compute=_best_probe_cell, column="probe_best_{headline}",
+    describe=lambda p: f"fast probe, best of blocks x noise levels {p['levels']}", applies_to=DIFFUSION,
+    where=frozenset({"online"}), protocol=lambda s: {"probe": FAST_RECIPE.card()},
+    titles={"probe_best_top1": "best probe cell top-1 (block x noise level)"}))

@@ -1,0 +1,77 @@
+"""Every evaluation protocol constant, in one place: the kNN vote, the two linear-probe recipes,
+the effective-rank forms, the profile's norm statistics and the diffusion probe's noise levels.
+
+A number is comparable with another only when it was measured the same way, so what "the same
+way" means lives here once; metrics, reports, figure labels, the CLI's defaults and the notebook
+API all read it from this module.
+
+``IN100_RECIPE`` is the authors' ImageNet-100 protocol (paper A.2, paper-notes §4): one Linear
+layer, AdamW lr 1e-2 (torch's default weight decay 0.01), batch 1024, 200 epochs, per-iteration
+cosine to 0, no augmentation, no feature normalisation. ``FAST_RECIPE`` (per-layer profiles, online
+tracking, the diffusion probe grid) takes 30 epochs of batch 256 and standardises features with a
+non-affine BatchNorm as MAE's probe does (see ``eval/probe.py`` for why).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+# ----------------------------------------------------------------------------- kNN (DINO / solo-learn)
+KNN_K = 20  # the paper's K
+KNN_TEMPERATURE = 0.07  # votes weighted exp(cos / T)
+KNN_VOTE = "exp(cos/T)"
+
+
+# ----------------------------------------------------------------------------- linear probe
+@dataclass(frozen=True)
+class ProbeRecipe:
+    name: str = "in100"
+    epochs: int = 200
+    batch_size: int = 1024
+    lr: float = 1e-2
+    weight_decay: float = 0.01  # torch.optim.AdamW's default, which the authors' probe keeps
+    schedule: str = "cosine"  # per iteration, to 0, no warmup
+    feature_norm: str = "none"  # none | batchnorm (BatchNorm1d without affine, as MAE's probe)
+    seed: int = 0
+
+    def card(self) -> dict:
+        return asdict(self)
+
+
+IN100_RECIPE = ProbeRecipe()
+FAST_RECIPE = ProbeRecipe(name="fast", epochs=30, batch_size=256, feature_norm="batchnorm")
+
+
+# ----------------------------------------------------------------------------- effective rank (paper eq. 6)
+RANK_FORMS = {False: "entropy of normalised covariance spectrum (paper eq. 6)",
+              True: "exp(entropy) (Roy & Vetterli)"}
+
+# ----------------------------------------------------------------------------- per-layer profile
+STATS_IMAGES = 512  # test images whose token norms give the profile's norm statistics
+STATS_CARD = f"first {STATS_IMAGES} test images, mean per-token L2 norm"
+
+# ----------------------------------------------------------------------------- diffusion probe grid
+NOISE_LEVELS = (0.0, 0.1, 0.25, 0.5, 0.75)  # fractions of the diffusion time (0 clean, 1 pure noise)
+ONLINE_LEVELS = (0.0, 0.25)  # online tracking: clean and lightly noised, where Table 4's best cells lie
+
+
+@dataclass(frozen=True)
+class MetricSettings:
+    """The resolved protocol one evaluation hands every metric's compute function.
+
+    Args:
+        knn_k, knn_temperature: the kNN vote.
+        probe: the linear-probe recipe (IN-100 for one layer, fast for profiles and online tracking).
+        rank_exp: report exp(effective rank) (Roy & Vetterli) instead of the paper's entropy.
+        device: where probes train and kNN similarities are computed.
+        progress: progress bars (the 200-epoch probe shows one).
+    """
+
+    knn_k: int = KNN_K
+    knn_temperature: float = KNN_TEMPERATURE
+    probe: ProbeRecipe = IN100_RECIPE
+    rank_exp: bool = False
+    device: str | torch.device = "cpu"
+    progress: bool = False

@@ -1,0 +1,66 @@
+"""Text reports of ``eval.json`` / ``profile.json``, read off the metric registry: which values a
+row shows and how its protocol reads come from its ``Metric`` (``eval/metrics.py``), so a metric a
+plugin registers is reported like the built-in ones. Rows of a metric not registered now (a report
+written with a plugin not loaded) are still shown, with every numeric value and no protocol text.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .metrics import get_metric
+
+
+def _values(row: dict) -> str:
+    m = get_metric(row["metric"])
+    keys = m.shown_values() if m is not None else [k for k, v in row["values"].items() if isinstance(v, (int, float))]
+    return ", ".join(f"{k} {row['values'][k]:.4f}" for k in keys if k in row["values"])
+
+
+def _protocol_text(row: dict) -> str:
+    m = get_metric(row["metric"])
+    return m.describe(row["protocol"]) if m is not None else "-"
+
+
+def _split_text(p: dict) -> str:
+    """The images a row was measured on: a test-split-only metric (rank) says so in its card."""
+    if p.get("split") == "test":
+        return f"test {p['test']['images']}"
+    return f"train {p['train']['images']} -> test {p['test']['images']}"
+
+
+def profile_keys(profile: list[dict]) -> list[str]:
+    """The columns of a per-layer profile, in the order its rows hold them (registry order)."""
+    return list(dict.fromkeys(k for r in profile for k in r if k != "layer"))
+
+
+def format_report(report: dict) -> str:
+    """The report ``resdecay eval`` prints: one line per result with its protocol, or the profile
+    table with ``layer="all"``, then the baselines."""
+    lines = [f"{report['label']} | {report['checkpoint']} (step {report['step']}, sha256 {report['checkpoint_sha256'][:12]})"]
+    if "profile" in report:
+        keys = profile_keys(report["profile"])
+        lines.append(f"{'layer':>5} " + " ".join(f"{k:>19}" for k in keys))
+        for r in report["profile"]:
+            lines.append(f"{r['layer']:>5} " + " ".join(f"{r.get(k, math.nan):>19.4f}" for k in keys))
+        return "\n".join(lines + _baseline_lines(report))
+    lines.append(f"{'metric':<8} {'layer':>5} {'feature':<10} {'value':<32} protocol")
+    for r in report["results"]:
+        p = r["protocol"]
+        lines.append(f"{r['metric']:<8} {r['layer']:>5} {r['feature']:<10} {_values(r):<32} {p['train']['data']} "
+                     f"{_split_text(p)}; {_protocol_text(r)}")
+    return "\n".join(lines + _baseline_lines(report))
+
+
+def _baseline_lines(report: dict) -> list[str]:
+    """Baselines as a short table: what pixels and an untrained encoder already give."""
+    rows = report.get("baselines", [])
+    if not rows:
+        return []
+    lines = ["baselines (same protocol): raw pixels and the randomly initialised encoder (seed "
+             f"{next((r['protocol'].get('init_seed') for r in rows if 'init_seed' in r['protocol']), '-')})",
+             f"{'source':<12} {'metric':<6} {'layer':>5} {'feature':<8} value"]
+    for r in rows:
+        layer = "-" if r["layer"] is None else r["layer"]
+        lines.append(f"{r['source']:<12} {r['metric']:<6} {layer:>5} {r['feature']:<8} {_values(r)}")
+    return lines

@@ -1,0 +1,293 @@
+"""The residual add, in one place: ``alpha * x + beta * f(x)``, and the registry of shortcut formulas
+that choose alpha (the identity path's factor) and beta (the branch's) for every residual add.
+
+One add, three forms
+--------------------
+``residual_add(x, f, alpha, beta)``
+    The add itself; our blocks (``Block``, ``AdaLNBlock``) call it. Paper eq. 3 is beta = 1.
+``residual_correction(x, f, alpha, beta)``
+    For a block that adds ``x + out`` itself (timm's ViT block, which ``decayify`` hooks): the ``out``
+    to hand it, so that its own ``x + out`` is ``alpha * x + beta * f``.
+``scale_identity(x, alpha)`` and ``scale_branch(f, beta)``
+    For a block whose ``relu(branch + identity)`` cannot be reached between the two (torchvision's
+    ResNet blocks): each path scaled on its own before the block adds them.
+
+Shortcut formulas (``model.shortcut``; paper Table 3)
+-----------------------------------------------------
+A formula is one function registered by name::
+
+    @register_shortcut("two_minus")
+    def two_minus(depth, alpha_min, schedule, adds_per_block):
+        alphas = alpha_schedule(depth, alpha_min, schedule, adds_per_block=adds_per_block)
+        return alphas, 2.0 - alphas  # x * alpha + f * (2 - alpha)
+
+It returns (alphas, betas), each broadcastable to ``(depth, adds_per_block)`` (column 0 the
+attention add of a transformer block, column 1 its MLP add; a ResNet block has one add).
+``model.decay_branches`` (attn | mlp) is applied here, once, for every formula: the sub-block it
+does not name keeps the plain ``x + f``, so no formula can silently ignore it. A formula registered
+with ``learnable=True`` gives alpha's *initial* value; the blocks then train it. Every model config
+checks ``model.shortcut`` against this registry, so a formula registered in a user's file is a valid
+setting everywhere.
+
+Built-ins: ``decay`` (the method), ``learnable`` (Table 3a / Table 5), ``scaled_sum`` and
+``scaled_branch`` (Table 3b). The alpha schedule itself lives in ``resdecay.schedule``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import torch
+import torch.nn as nn
+
+from ..errors import ConfigError
+from ..schedule import BRANCHES, alpha_schedule, check_alpha_min
+
+
+# ----------------------------------------------------------------------------- the add
+def residual_add(x: torch.Tensor, branch: torch.Tensor, alpha: float | torch.Tensor, beta: float = 1.0) -> torch.Tensor:
+    """``alpha * x + beta * branch``: alpha scales the identity path, beta the branch.
+
+    For a fixed alpha, ``torch.add(branch, x, alpha=alpha)`` is one fused multiply-add kernel in
+    the forward pass, the same cost as a plain ``x + branch``; the backward pass adds one
+    elementwise scale of the identity gradient (within noise on CPU; +2.7-2.9% of an eager bf16
+    ViT-B block on an H100, which torch.compile can fuse away; benchmarks/block_overhead.py).
+    A tensor alpha (a learnable formula) takes the autograd path. beta != 1 scales the branch
+    first (the Table 3b variants).
+    """
+    branch = scale_branch(branch, beta)
+    if isinstance(alpha, torch.Tensor):
+        return branch + alpha * x
+    if alpha == 1.0:
+        return x + branch
+    return torch.add(branch, x, alpha=alpha)
+
+
+decayed_add = residual_add  # the name before issue 21 (``resdecay.decayed_add``); the same function
+
+
+def residual_correction(x: torch.Tensor, branch: torch.Tensor, alpha: float, beta: float = 1.0) -> torch.Tensor:
+    """What a block that computes ``x + out`` itself must be given as ``out`` so that the sum is
+    ``residual_add(x, branch, alpha, beta)``: ``beta * branch - (1 - alpha) * x`` (equal up to
+    float rounding, since the block's own add comes last)."""
+    return scale_branch(branch, beta) - (1.0 - alpha) * x
+
+
+def scale_identity(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The identity path of a block whose add cannot be reached (a ResNet block): ``alpha * x``."""
+    return x * alpha
+
+
+def scale_branch(branch: torch.Tensor, beta: float) -> torch.Tensor:
+    """The branch path, ``beta * f`` (untouched for beta = 1, so the plain add is bit-exact)."""
+    return branch if beta == 1.0 else branch * beta
+
+
+class ShortcutScale(nn.Module):
+    """Parameter-free ``x -> alpha * x`` for a ResNet block's identity path (put in the empty
+    ``downsample`` place by ``decayify``)."""
+
+    def __init__(self, alpha: float):
+        super().__init__()
+        self.alpha = float(alpha)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return scale_identity(x, self.alpha)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha:.4f}"
+
+
+# ----------------------------------------------------------------------------- factors on a block
+def scalar(a: float | torch.Tensor) -> float:
+    """A shortcut factor as a Python float, fixed or learnable."""
+    return float(a.detach()) if isinstance(a, torch.Tensor) else float(a)
+
+
+class BlockFactors(NamedTuple):
+    """A two-add block's factors as numbers: ``alphas = (attn, mlp)``, ``betas = (attn, mlp)``."""
+
+    alphas: tuple[float, float]
+    betas: tuple[float, float]
+
+
+def set_block_factors(block: nn.Module, alpha_attn: float = 1.0, alpha_mlp: float = 1.0, beta_attn: float = 1.0,
+                      beta_mlp: float = 1.0, learnable_alpha: bool | tuple[bool, bool] = False) -> None:
+    """Put a two-add block's factors where its forward (``residual_add``) and ``factors_of`` read them.
+
+    Args:
+        block: a ``Block`` or ``AdaLNBlock``.
+        alpha_attn, alpha_mlp: identity factors of the attention / MLP add.
+        beta_attn, beta_mlp: branch factors.
+        learnable_alpha: train alpha (one bool for both adds, or one per add). A trained alpha is an
+            ``nn.Parameter`` (a state_dict entry); a fixed one a plain float the config records.
+    """
+    learn_attn, learn_mlp = (learnable_alpha, learnable_alpha) if isinstance(learnable_alpha, bool) else learnable_alpha
+    block.alpha_attn = nn.Parameter(torch.tensor(float(alpha_attn))) if learn_attn else float(alpha_attn)
+    block.alpha_mlp = nn.Parameter(torch.tensor(float(alpha_mlp))) if learn_mlp else float(alpha_mlp)
+    block.beta_attn, block.beta_mlp = float(beta_attn), float(beta_mlp)
+
+
+def factors_of(block: nn.Module) -> BlockFactors:
+    """The factors a two-add block uses now (learnable ones at their current value): what the norm
+    statistics, ``alphas_of`` and the reprs read."""
+    return BlockFactors((scalar(block.alpha_attn), scalar(block.alpha_mlp)), (block.beta_attn, block.beta_mlp))
+
+
+def factors_repr(block: nn.Module) -> str:
+    """``alpha_attn=..., alpha_mlp=...`` (+ the betas where not 1): a block's ``extra_repr``."""
+    (a_attn, a_mlp), (b_attn, b_mlp) = factors_of(block)
+    beta = f", beta_attn={b_attn:.4f}, beta_mlp={b_mlp:.4f}" if (b_attn, b_mlp) != (1.0, 1.0) else ""
+    return f"alpha_attn={a_attn:.4f}, alpha_mlp={a_mlp:.4f}{beta}"
+
+
+# ----------------------------------------------------------------------------- the formula registry
+Formula = Callable[[int, float, str, int], tuple]
+
+
+@dataclass(frozen=True)
+class ShortcutFormula:
+    """One registered ``model.shortcut``: its table function and whether alpha is trained."""
+
+    name: str
+    factors: Formula  # (depth, alpha_min, schedule, adds_per_block) -> (alphas, betas)
+    learnable: bool = False
+
+
+SHORTCUT_FORMULAS: dict[str, ShortcutFormula] = {}
+
+
+def register_shortcut(name: str, *, learnable: bool = False) -> Callable[[Formula], Formula]:
+    """Register a shortcut formula under ``name`` (the ``model.shortcut`` value); a decorator.
+
+    Args:
+        name: the setting's value; must not be taken by another function.
+        learnable: alpha is trained, starting from the formula's alphas (the blocks hold it as a parameter).
+    """
+    def add(fn: Formula) -> Formula:
+        old = SHORTCUT_FORMULAS.get(name)
+        if old is not None and (old.factors.__module__, old.factors.__qualname__) != (fn.__module__, fn.__qualname__):
+            raise ValueError(f"shortcut formula {name!r} is already registered by {old.factors.__module__}."
+                             f"{old.factors.__qualname__}; register yours under another name")
+        SHORTCUT_FORMULAS[name] = ShortcutFormula(name, fn, learnable)
+        return fn
+    return add
+
+
+def shortcut_names() -> tuple[str, ...]:
+    """The registered ``model.shortcut`` values, in registration order."""
+    return tuple(SHORTCUT_FORMULAS)
+
+
+def check_shortcut(shortcut: str, branches: str = "both", adds_per_block: int = 2, fixed_by: str | None = None,
+                   keys: tuple[str, str] = ("model.shortcut", "model.decay_branches")) -> ShortcutFormula:
+    """The registered formula ``shortcut``, or a one-line ConfigError naming the fix.
+
+    Args:
+        shortcut: a registered formula's name.
+        branches: both | attn | mlp, the sub-blocks the formula applies to.
+        adds_per_block: 2 for transformer blocks, 1 for ResNet blocks (which have no attn/mlp to pick).
+        fixed_by: what holds the factors when they must be fixed numbers (e.g. decayify's hooks);
+            learnable formulas are then refused. None: a learnable alpha can be held.
+        keys: the two settings' names as the caller's user writes them.
+    """
+    skey, bkey = keys
+    if shortcut not in SHORTCUT_FORMULAS:
+        raise ConfigError(f"{skey} {shortcut!r} is unknown; choose one of {', '.join(shortcut_names())} "
+                          "(or register yours with resdecay.register_shortcut)")
+    if branches not in BRANCHES:
+        raise ConfigError(f"{bkey} {branches!r} is unknown; choose one of {', '.join(BRANCHES)}")
+    if adds_per_block == 1 and branches != "both":
+        raise ConfigError(f"{bkey}={branches} picks a transformer sub-block, but these blocks have one residual add "
+                          f"(ResNet); use {bkey}=both")
+    formula = SHORTCUT_FORMULAS[shortcut]
+    if formula.learnable and fixed_by is not None:
+        fixed = [n for n, f in SHORTCUT_FORMULAS.items() if not f.learnable]
+        raise ConfigError(f"{skey}={shortcut} trains alpha, but {fixed_by} holds fixed factors only; "
+                          f"use one of {', '.join(fixed)}")
+    return formula
+
+
+@dataclass(frozen=True)
+class ShortcutPlan:
+    """Every residual add's factors for a stack of blocks, each a ``(depth, adds_per_block)`` table."""
+
+    alphas: torch.Tensor  # float64: identity factors (a learnable alpha's initial value)
+    betas: torch.Tensor  # float64: branch factors
+    learnable: torch.Tensor  # bool: alpha is trained
+
+    def block_kwargs(self) -> list[dict]:
+        """Per two-add block, the keyword arguments of ``Block`` / ``AdaLNBlock``."""
+        return [dict(alpha_attn=a[0], alpha_mlp=a[1], beta_attn=b[0], beta_mlp=b[1], learnable_alpha=(la, lm))
+                for a, b, (la, lm) in zip(self.alphas.tolist(), self.betas.tolist(), self.learnable.tolist())]
+
+
+def _table(value, depth: int, adds: int, what: str, name: str) -> torch.Tensor:
+    t = torch.as_tensor(value, dtype=torch.float64, device="cpu")
+    try:
+        return t.expand(depth, adds).clone()
+    except RuntimeError:
+        raise ValueError(f"shortcut formula {name!r} returned {what} of shape {tuple(t.shape)}; "
+                         f"expected ({depth}, {adds}) or a shape that broadcasts to it") from None
+
+
+def shortcut_plan(depth: int, alpha_min: float, schedule: str = "linear", branches: str = "both",
+                  shortcut: str = "decay", adds_per_block: int = 2) -> ShortcutPlan:
+    """The factors of ``depth`` blocks under a registered formula, with ``branches`` applied.
+
+    Args:
+        depth: blocks in the stack.
+        alpha_min: the schedule's last factor, in (0, 1].
+        schedule: linear | paper | cosine | constant (``resdecay.schedule``).
+        branches: both | attn | mlp; the sub-block not named keeps the plain ``x + f``.
+        shortcut: a registered formula (``shortcut_names()``).
+        adds_per_block: 2 for transformer blocks, 1 for ResNet blocks.
+    """
+    formula = check_shortcut(shortcut, branches, adds_per_block, keys=("shortcut", "branches"))
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"depth must be a positive integer, got {depth!r}")
+    if adds_per_block not in (1, 2):
+        raise ValueError(f"adds_per_block must be 1 (ResNet blocks) or 2 (transformer blocks), got {adds_per_block}")
+    check_alpha_min(alpha_min, "alpha_min")
+    alphas, betas = formula.factors(depth, alpha_min, schedule, adds_per_block)
+    alphas, betas = (_table(v, depth, adds_per_block, w, shortcut) for v, w in ((alphas, "alphas"), (betas, "betas")))
+    trained = torch.full((depth, adds_per_block), formula.learnable, dtype=torch.bool, device="cpu")  # CPU also under torch.device("meta")
+    if branches != "both":  # the other sub-block is plain: x + f, never trained
+        other = 1 if branches == "attn" else 0
+        alphas[:, other], betas[:, other], trained[:, other] = 1.0, 1.0, False
+    return ShortcutPlan(alphas, betas, trained)
+
+
+def shortcut_factors(depth: int, alpha_min: float, schedule: str = "linear", branches: str = "both",
+                     shortcut: str = "decay", adds_per_block: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """(alphas, betas), each ``(depth, adds_per_block)`` float64: block adds are ``alpha * x + beta * f(x)``
+    (``shortcut_plan`` without the learnable mask)."""
+    plan = shortcut_plan(depth, alpha_min, schedule, branches, shortcut, adds_per_block)
+    return plan.alphas, plan.betas
+
+
+# ----------------------------------------------------------------------------- the built-in formulas
+@register_shortcut("decay")
+def decay(depth: int, alpha_min: float, schedule: str, adds_per_block: int):
+    """The method (paper eq. 3): alpha follows the schedule from 1 to alpha_min; the branch as it is."""
+    return alpha_schedule(depth, alpha_min, schedule, adds_per_block=adds_per_block), 1.0
+
+
+@register_shortcut("learnable", learnable=True)
+def learnable(depth: int, alpha_min: float, schedule: str, adds_per_block: int):
+    """Table 3a / Table 5: alpha starts at 1 and is trained, one scalar per add; beta = 1."""
+    return 1.0, 1.0
+
+
+@register_shortcut("scaled_sum")
+def scaled_sum(depth: int, alpha_min: float, schedule: str, adds_per_block: int):
+    """Table 3b: ``sqrt(0.5) * (x + f)`` at every add."""
+    return math.sqrt(0.5), math.sqrt(0.5)
+
+
+@register_shortcut("scaled_branch")
+def scaled_branch(depth: int, alpha_min: float, schedule: str, adds_per_block: int):
+    """Table 3b: ``x + sqrt(0.5) * f`` at every add."""
+    return 1.0, math.sqrt(0.5)

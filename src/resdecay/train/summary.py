@@ -1,0 +1,81 @@
+"""What a run says about itself: the header printed at the start (model, data, batch and lr
+arithmetic, resume point) and ``<run>/summary.json`` at the end, including the summary of a resumed
+run that had nothing left to train."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from ..io import atomic_write_text
+from ..schedule import effective_decay
+from . import distributed as dist_env
+from .config import RunConfig
+from .environment import numerics_environment
+from .runlog import read_log
+
+
+def announce(cfg: RunConfig, env, data, trainee, resume: str | None, say) -> None:
+    """The run's header: model, data, device, batch and lr arithmetic, resume point."""
+    tc = cfg.train
+    say(f"resdecay train | preset {cfg.preset} | {cfg.model.family} depth {cfg.model.num_blocks} "
+        f"| alpha_min {cfg.model.alpha_min} ({cfg.model.schedule}) alpha_eff {effective_decay(trainee.raw.alphas):.3g}")
+    say(f"data {cfg.data.name}: {len(data.samples)} images | device {env.device} x {env.world_size} | "
+        f"precision {trainee.amp_dtype or torch.float32} | params {sum(p.numel() for p in trainee.raw.parameters()) / 1e6:.2f} M")
+    say(f"base lr {tc.base_lr:.2e} | effective batch {data.eff_batch} = {tc.batch_size} per device x {tc.accum_steps} accum "
+        f"x {env.world_size} devices | lr {data.peak_lr:.2e}{' (set directly)' if tc.lr is not None else ''} | "
+        f"{data.steps_per_epoch} steps/epoch x {tc.epochs} epochs = {data.total_steps} steps, {data.warmup_steps} warmup")
+    if trainee.resumed_from is not None:
+        say(f"resumed from {trainee.resumed_from} at step {trainee.step}")
+    elif resume == "auto":
+        say("no checkpoint to resume from yet; starting fresh")
+
+
+def run_summary(cfg: RunConfig, out, data, trainee, last_loss: float | None, last_ckpt, seconds: float | None) -> dict:
+    """What summary.json holds. ``final_loss``: the last log row's loss, the mean over the steps
+    since the previous multiple of train.log_every and over all ranks (None, JSON null, when no
+    row was logged); ``train_time_s``: summed over every launch of the run."""
+    last_loss = last_loss if last_loss is not None and math.isfinite(last_loss) else None  # never NaN in JSON
+    return {"preset": cfg.preset, "out_dir": str(out), "steps": trainee.step, "epochs": cfg.train.epochs,
+            "images": len(data.samples), "effective_batch": data.eff_batch, "lr": data.peak_lr, "final_loss": last_loss,
+            "train_time_s": seconds, "alpha_min": cfg.model.alpha_min, "skips": cfg.model.skips,
+            "alpha_eff": effective_decay(trainee.raw.alphas), "checkpoint": str(last_ckpt) if last_ckpt else None,
+            "resumed_from": str(trainee.resumed_from) if trainee.resumed_from else None,
+            "numerics": numerics_environment()}  # threads, CPU kernels, builds: what the exact numbers depend on
+
+
+def write_summary(out: Path, summary: dict) -> None:
+    """``<run>/summary.json``, atomically and as strict JSON (a NaN would make the file unreadable)."""
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
+
+
+def not_json(constant: str):
+    """``json.loads(..., parse_constant=not_json)``: NaN and Infinity are Python's extension, not JSON."""
+    raise ValueError(f"{constant} is not valid JSON")
+
+
+def finished_summary(cfg: RunConfig, out: Path, data, trainee, say) -> dict:
+    """A resumed run that has nothing left to train (issue 23.4): say so and change nothing. The
+    summary is the one the run wrote (rebuilt from the checkpoint, and written, only if it is
+    missing); the returned dict carries ``already_finished: True``."""
+    total = data.total_steps
+    past = "" if trainee.step == total else f", past the {total} that train.epochs={cfg.train.epochs} gives"
+    say(f"{out} is already finished: {trainee.step} steps{past} (checkpoint {trainee.resumed_from}); nothing changed. "
+        f"To train longer, raise train.epochs and resume again")
+    try:  # a summary.json with NaN in it (written before issue 23.4 was fixed) is not valid JSON: rebuilt
+        summary = json.loads((out / "summary.json").read_text(), parse_constant=not_json)
+        if summary.get("steps") == trainee.step:
+            return {**summary, "already_finished": True}
+    except (OSError, ValueError):
+        pass
+    final_loss = trainee.progress.get("final_loss")  # older checkpoints do not hold it; their log does
+    if final_loss is None:
+        final_loss = next((r["loss"] for r in read_log(out) if r.get("step") == trainee.step and "loss" in r), None)
+    summary = run_summary(cfg, out, data, trainee, final_loss, trainee.resumed_from, trainee.progress.get("train_time_s"))
+    summary["resumed_from"] = None  # this launch trained nothing; the summary describes the finished run
+    if dist_env.is_main_process():
+        write_summary(out, summary)
+    return {**summary, "already_finished": True}
