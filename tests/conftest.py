@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from resdecay.io import atomic_save
+
 TINY = ["model.embed_dim=32", "model.depth=4", "model.num_heads=2", "model.decoder_embed_dim=32",
         "model.decoder_depth=2", "model.decoder_num_heads=2", "train.epochs=2", "train.warmup_epochs=1",
         "train.batch_size=64", "train.log_every=5"]
@@ -100,3 +102,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fake_latents(tmp_path):
+    """A cached-latents folder (data.name=latents): 6 train and 2 test zero latents of shape 4x4x4, two classes."""
+    root = tmp_path / "latents"
+    root.mkdir()
+    for split, n in (("train", 6), ("test", 2)):
+        atomic_save({"latents": torch.zeros(n, 4, 4, 4, dtype=torch.float16), "labels": torch.arange(n) % 2,
+                     "meta": {"num_classes": 2}}, root / f"{split}.pt")
+    return root

@@ -218,6 +218,8 @@ PLANS: dict[str, Plan] = {
     "resdecay ablate --grid where-fmnistm --only plain MAE,alpha 0.8,alpha 0.6": Plan(add=GRID),
     "resdecay ablate --grid where-fmnistm --only plain MAE,alpha 0.8": Plan(add=GRID),
     "resdecay ablate --grid where-fmnistm-long": Plan(add=(*GRID, "train.online_eval_size=32")),
+    "resdecay ablate --grid where-small --seeds 0,1,2": Plan(add=(*GRID, "train.online_eval_size=32"),
+                                                             expect=("{tmp}/grid/seed2/table.txt", "{tmp}/grid/table.txt::±")),
     "torchrun --nproc_per_node 4 -m resdecay ablate --grid table2-in100 data.path=/data/imagenet100": Plan(
         add=(*IMAGENET, "--only", "alpha_min 1.0,alpha_min 0.6", "--out", "{tmp}/grid"),
         # two variants: before the fix rank 1 started the 2nd variant's process group while rank 0 evaluated the

@@ -23,7 +23,7 @@ from resdecay.models.contract import missing_members
 from resdecay.train import checkpoint as ckpt
 from resdecay.train.config import from_dict, list_presets, load_config
 
-TOY = Path(__file__).parent / "plugins" / "toy_family.py"
+MIXER = Path(__file__).parent.parent / "docs" / "examples" / "extending" / "mixer.py"  # docs/EXTENDING.md (b)
 
 
 # RESDECAY_PLUGINS=my_family.py pytest tests/test_contract.py: a family registered in a user's own
@@ -82,11 +82,11 @@ def test_model_contract(family):
 
 
 def test_a_family_registered_in_a_users_file_is_checked_unchanged(tmp_path):
-    """The contract test picks up a family registered outside the package (tests/plugins/toy_family.py,
+    """The contract test picks up a family registered outside the package (docs/examples/extending/mixer.py,
     loaded as the CLI loads --plugin files) without an edit: it runs as one more parametrised case."""
-    env = {**os.environ, "RESDECAY_PLUGINS": str(TOY), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "RESDECAY_PLUGINS": str(MIXER), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "test_model_contract and toy"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+                           "test_model_contract and mixer"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout + proc.stderr
 
 

@@ -18,7 +18,6 @@ from resdecay.data import fast_images
 from resdecay.data.fast_images import decode_uint8
 from resdecay.data.transforms import Uint8View
 from resdecay.errors import ConfigError, DataError
-from resdecay.io import atomic_save
 
 from test_cli import assert_one_line_error, run
 
@@ -40,16 +39,6 @@ def write_cifar(root, name: str, keys: str = "str", protocol: int = pickle.HIGHE
             batch = {k.encode(): v for k, v in batch.items()}
         with open(folder / fname, "wb") as f:
             pickle.dump(batch, f, protocol=protocol)
-    return root
-
-
-@pytest.fixture
-def fake_latents(tmp_path):
-    root = tmp_path / "latents"
-    root.mkdir()
-    for split, n in (("train", 6), ("test", 2)):
-        atomic_save({"latents": torch.zeros(n, 4, 4, 4, dtype=torch.float16), "labels": torch.arange(n) % 2,
-                     "meta": {"num_classes": 2}}, root / f"{split}.pt")
     return root
 
 

@@ -1,4 +1,4 @@
-"""Family registration: a family from a user's own file (tests/plugins/toy_family.py) trains, resumes
+"""Family registration: a family from a user's own file (docs/examples/extending/mixer.py) trains, resumes
 and reloads through the unchanged trainer and CLI; the package finds its own families without an
 import line per file; the trainer reads the model contract, not attribute names."""
 
@@ -21,7 +21,7 @@ from resdecay.train.stability import named_blocks
 
 from test_cli import run
 
-TOY = Path(__file__).parent / "plugins" / "toy_family.py"
+MIXER = Path(__file__).parent.parent / "docs" / "examples" / "extending" / "mixer.py"  # docs/EXTENDING.md (b)
 SRC = Path(models.__file__).parent.parent
 
 
@@ -38,20 +38,20 @@ def registry_restored():
 
 
 def test_a_family_from_a_users_file_trains_resumes_and_reloads_through_the_cli(capsys, tmp_path, registry_restored):
-    preset = tmp_path / "toy.yaml"
-    preset.write_text("model: {family: toy-mlp, img_size: 8, in_chans: 1, depth: 3, alpha_min: 0.6}\n"
+    preset = tmp_path / "mixer.yaml"
+    preset.write_text("model: {family: mixer, img_size: 8, in_chans: 1, embed_dim: 16, depth: 3, alpha_min: 0.6}\n"
                       "data: {name: digits}\n"
                       "train: {epochs: 1, warmup_epochs: 0, batch_size: 64, log_every: 5, ckpt_every: 10, threads: 1}\n")
-    args = ["--plugin", str(TOY), "pretrain", "--preset", str(preset), "--no-progress", f"train.out_dir={tmp_path / 'run'}"]
+    args = ["--plugin", str(MIXER), "pretrain", "--preset", str(preset), "--no-progress", f"train.out_dir={tmp_path / 'run'}"]
     code, out, err = run(capsys, *args)
     assert code == 0, err
-    assert "toy-mlp depth 3 | alpha_min 0.6" in out  # the header reads the config through the contract
+    assert "mixer depth 3 | alpha_min 0.6" in out  # the header reads the config through the contract
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 22 and summary["skips"] is None and 0 < summary["alpha_eff"] < 1
     rows = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert all(len(r["block_rms"]) == 3 for r in rows)  # the stability monitor found its blocks
     model, cfg = ckpt.load_model(summary["checkpoint"])
-    assert type(model).__name__ == "ToyMLP" and cfg.model.alpha_min == 0.6
+    assert type(model).__name__ == "MaskedMixer" and cfg.model.alpha_min == 0.6
     code, out, err = run(capsys, *args, "train.epochs=2", "--resume", "auto")  # and it resumes
     assert code == 0 and "resumed from" in out and "done: 44 steps" in out, err
 

@@ -20,7 +20,7 @@ from resdecay.eval.suite import EvalSettings
 from conftest import TINY
 from test_cli import assert_one_line_error, run
 
-PLUGIN = Path(__file__).parent / "plugins" / "rankme_metric.py"
+PLUGIN = Path(__file__).parent.parent / "docs" / "examples" / "extending" / "rankme.py"
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def rankme():
     load_plugin(str(PLUGIN))
     yield get_metric("rankme")
     unregister_metric("rankme")
-    for name in [n for n in sys.modules if n.startswith("resdecay_plugin_rankme_metric")]:
+    for name in [n for n in sys.modules if n.startswith("resdecay_plugin_rankme_")]:
         del sys.modules[name]  # a later --plugin of the same file imports (and registers) it afresh
 
 

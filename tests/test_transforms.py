@@ -18,23 +18,12 @@ from resdecay.data.datasets import IMAGENET_MEAN, IMAGENET_STD, TensorImages
 from resdecay.data.fast_images import DeviceLoader, decode_uint8, normalize
 from resdecay.data.transforms import AUGMENTS, PIPELINES, RECIPES, Augment, DaliCrops, Uint8View
 from resdecay.errors import ConfigError, DataError
-from resdecay.io import atomic_save
 from resdecay.train.config import load_config
 from resdecay.train.distributed import DistEnv
 from resdecay.train.setup import build_data
 
 DECODERS = ("tensor", "pil", "dali")
 SOURCES = ("digits", "imagefolder", "latents")
-
-
-@pytest.fixture
-def latents_folder(tmp_path):
-    root = tmp_path / "latents"
-    root.mkdir()
-    for split, n in (("train", 6), ("test", 2)):
-        atomic_save({"latents": torch.zeros(n, 4, 4, 4, dtype=torch.float16), "labels": torch.arange(n) % 2,
-                     "meta": {"num_classes": 2}}, root / f"{split}.pt")
-    return root
 
 
 def expected(source: str, augment: str, decoder: str) -> str:
@@ -62,8 +51,8 @@ def test_the_table_names_every_augment_once():
 @pytest.mark.parametrize("decoder", DECODERS)
 @pytest.mark.parametrize("augment", AUGMENTS)
 def test_every_augment_decoder_source_builds_or_refuses_in_one_line(source, decoder, augment, fake_imagefolder,
-                                                                     latents_folder):
-    path = {"imagefolder": str(fake_imagefolder), "latents": str(latents_folder)}.get(source)
+                                                                     fake_latents):
+    path = {"imagefolder": str(fake_imagefolder), "latents": str(fake_latents)}.get(source)
     data = DataConfig(source, path=path, augment=augment, decoder=decoder)
     want = expected(source, augment, decoder)
     size = 8 if source == "digits" else 16

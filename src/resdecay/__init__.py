@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 
 # The notebook API (api.py) is loaded on first use, so ``import resdecay`` stays light.
 _API = ("create_model", "load_model", "extract_features", "knn_accuracy", "linear_probe", "effective_rank")
-_INTEROP = ("save_decayified", "load_decayified")
+_INTEROP = ("save_decayified", "load_decayified", "save_pretrained", "from_pretrained", "push_to_hub")
 
 
 def __getattr__(name: str):

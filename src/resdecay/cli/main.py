@@ -38,6 +38,7 @@ from .examples import add_examples
 from .interop import add_interop_commands
 from .plugins import ENV as PLUGIN_ENV, load_plugins
 from .parents import data_options, device_option, progress_option, run_folder_options
+from .submit import add_submit_command
 
 
 def cmd_alpha(args) -> None:
@@ -316,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_interop_commands(sub)
 
     add_diffusion_commands(sub)
+
+    add_submit_command(sub, main)  # every task of a submitted job calls main
 
     s = sub.add_parser("presets", help="list the shipped presets")
     s.set_defaults(func=cmd_presets)

@@ -11,7 +11,8 @@ import math
 from .metrics import get_metric
 
 
-def _values(row: dict) -> str:
+def values_text(row: dict) -> str:
+    """A result row's shown values, ``top1 0.7100, top5 0.9300`` (every numeric one for an unregistered metric)."""
     m = get_metric(row["metric"])
     keys = m.shown_values() if m is not None else [k for k, v in row["values"].items() if isinstance(v, (int, float))]
     return ", ".join(f"{k} {row['values'][k]:.4f}" for k in keys if k in row["values"])
@@ -20,6 +21,13 @@ def _values(row: dict) -> str:
 def _protocol_text(row: dict) -> str:
     m = get_metric(row["metric"])
     return m.describe(row["protocol"]) if m is not None else "-"
+
+
+def protocol_text(row: dict) -> str:
+    """How a result row was measured, in words: data, split sizes and its metric's protocol
+    (``digits train 1437 -> test 360; k=20 T=0.07``); the report's protocol column and model cards."""
+    p = row["protocol"]
+    return f"{p['train']['data']} {_split_text(p)}; {_protocol_text(row)}"
 
 
 def _split_text(p: dict) -> str:
@@ -46,9 +54,7 @@ def format_report(report: dict) -> str:
         return "\n".join(lines + _baseline_lines(report))
     lines.append(f"{'metric':<8} {'layer':>5} {'feature':<10} {'value':<32} protocol")
     for r in report["results"]:
-        p = r["protocol"]
-        lines.append(f"{r['metric']:<8} {r['layer']:>5} {r['feature']:<10} {_values(r):<32} {p['train']['data']} "
-                     f"{_split_text(p)}; {_protocol_text(r)}")
+        lines.append(f"{r['metric']:<8} {r['layer']:>5} {r['feature']:<10} {values_text(r):<32} {protocol_text(r)}")
     return "\n".join(lines + _baseline_lines(report))
 
 
@@ -62,5 +68,5 @@ def _baseline_lines(report: dict) -> list[str]:
              f"{'source':<12} {'metric':<6} {'layer':>5} {'feature':<8} value"]
     for r in rows:
         layer = "-" if r["layer"] is None else r["layer"]
-        lines.append(f"{r['source']:<12} {r['metric']:<6} {layer:>5} {r['feature']:<8} {_values(r)}")
+        lines.append(f"{r['source']:<12} {r['metric']:<6} {layer:>5} {r['feature']:<8} {values_text(r)}")
     return lines

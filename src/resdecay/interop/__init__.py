@@ -1,10 +1,13 @@
 """Interoperability with the checkpoints and tools researchers already have: decayified weights
 that carry their alpha (weights.py), importing official MAE / the authors' U-Net MAE / timm ViT
-weights (import_weights.py) and exporting a resdecay encoder as a decayified timm ViT
-(export_timm.py)."""
+weights (import_weights.py), exporting a resdecay encoder as a decayified timm ViT
+(export_timm.py), and sharing a model as a huggingface_hub-style folder with a model card
+(pretrained.py: save_pretrained / from_pretrained / push_to_hub)."""
 
 from .export_timm import export_to_timm, load_exported
 from .import_weights import import_weights
+from .pretrained import export_to_hf, from_pretrained, push_to_hub, save_pretrained
 from .weights import load_decayified, load_weights, save_decayified
 
-__all__ = ["export_to_timm", "import_weights", "load_decayified", "load_exported", "load_weights", "save_decayified"]
+__all__ = ["export_to_hf", "export_to_timm", "from_pretrained", "import_weights", "load_decayified", "load_exported",
+           "load_weights", "push_to_hub", "save_decayified", "save_pretrained"]

@@ -99,6 +99,8 @@ def build_timm(kwargs: dict, spec: dict, state: dict, source: str) -> nn.Module:
         raise CheckpointError(f"{source}: timm cannot build a ViT with {kwargs} ({e})") from None
     load_strict(model, state, source)
     decayify(model, **spec)  # spec: alpha_min, schedule, branches (check_spec drops a legacy zero_init)
+    # what rebuilds it: resdecay.save_pretrained of this model needs no architecture arguments
+    model.resdecay_architecture = {"library": "timm", "name": TIMM_MODEL, "kwargs": dict(kwargs)}
     return model.eval()
 
 

@@ -30,6 +30,7 @@ from ..io import atomic_save, safe_load
 from ..nn.decayify import decayify
 from ..nn.residual import shortcut_names
 from ..schedule import BRANCHES, SCHEDULES
+from .files import write_bytes_atomically
 
 FORMAT = "resdecay-decayified-v1"
 SPEC_KEYS = ("alpha_min", "schedule", "branches", "shortcut")  # shortcut: only where not "decay"
@@ -165,9 +166,12 @@ def load_strict(model: nn.Module, state: Mapping[str, torch.Tensor], source: str
 def save_decayified(model: nn.Module, path: str | Path, extra: dict | None = None) -> Path:
     """Write a decayified model's weights with its ``resdecay_spec`` beside them (atomically).
 
+    A ``.safetensors`` path is written as safetensors, the spec in its metadata (``extra`` values
+    as JSON strings there), so the alphas travel with that format too.
+
     Args:
         model: a model ``decayify`` was applied to (it carries ``model.resdecay_spec``).
-        path: the file to write (``torch.save`` format; loads with ``weights_only=True``).
+        path: the file to write (``torch.save`` format, loads with ``weights_only=True``; or ``.safetensors``).
         extra: more plain entries to store (e.g. ``{"epoch": 3}``); may not replace the above.
 
     Returns:
@@ -182,8 +186,23 @@ def save_decayified(model: nn.Module, path: str | Path, extra: dict | None = Non
     if clash:
         raise CheckpointError(f"save_decayified: extra may not set {clash[0]!r}")
     path = Path(path)
-    atomic_save({**(extra or {}), "format": FORMAT, "model": model.state_dict(), "resdecay_spec": spec}, path)
+    if path.suffix == ".safetensors":
+        _save_safetensors(model, spec, extra or {}, path)
+    else:
+        atomic_save({**(extra or {}), "format": FORMAT, "model": model.state_dict(), "resdecay_spec": spec}, path)
     return path
+
+
+def _save_safetensors(model: nn.Module, spec: dict, extra: dict, path: Path) -> None:
+    """``save_decayified`` as safetensors: the spec (and ``extra``) as JSON in the metadata."""
+    from safetensors.torch import save
+
+    try:
+        meta = {**{k: json.dumps(v) for k, v in extra.items()}, "format": FORMAT, "resdecay_spec": json.dumps(spec)}
+    except TypeError as e:
+        raise CheckpointError(f"save_decayified: extra must hold JSON values for a .safetensors file ({e})") from None
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    write_bytes_atomically(save(state, metadata=meta), path)
 
 
 def load_decayified(path: str | Path, model: nn.Module) -> nn.Module:

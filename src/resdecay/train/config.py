@@ -29,6 +29,7 @@ from ..errors import ConfigError, UserError, check_choice, check_fields
 from ..models import FAMILIES, model_config_class
 
 Device = Literal["auto", "cpu", "cuda"]
+Logger = Literal["tensorboard", "wandb", "mlflow", "csv"]  # train/tracking.py's back ends
 
 
 @dataclass
@@ -61,6 +62,7 @@ class TrainConfig:
     online_eval_size: int = 2000  # fixed labelled subset (first N train and test images) for it; diffusion: also N samples
     norm_growth_warn: float = 20.0  # warn once when a block's output token RMS grows this many times within
     norm_growth_window: int = 5     # ... this many log steps (train/stability.py); 0 = no warning, RMS still logged
+    loggers: list[Logger] = field(default_factory=lambda: ["tensorboard"])  # experiment trackers: tensorboard | wandb | mlflow | csv
 
     def validate(self) -> None:
         check_fields(self, "train", positive=("epochs", "batch_size", "accum_steps", "ckpt_every", "keep_last", "log_every"))
@@ -68,6 +70,8 @@ class TrainConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"train.{f.name} must be a finite number, got {value}")
+        if bad := [n for n in self.loggers if n not in typing.get_args(Logger)]:
+            raise ConfigError(f"train.loggers: {bad[0]!r} is unknown; choose from {', '.join(typing.get_args(Logger))}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"train.threads must be a positive integer (or null for torch's default), got {self.threads}")
         if self.norm_growth_warn < 0 or self.norm_growth_window < 1:
@@ -289,7 +293,7 @@ def load_config(preset: str, overrides: list[str] | None = None) -> RunConfig:
 # Overrides that change where or how fast a run goes, not what it computes: not part of its folder name.
 _NOT_IN_NAME = {"train.device", "train.threads", "train.log_every", "train.ckpt_every", "train.keep_last",
                 "train.compile", "data.num_workers", "data.path", "train.out_dir",
-                "train.norm_growth_warn", "train.norm_growth_window"}
+                "train.norm_growth_warn", "train.norm_growth_window", "train.loggers"}
 
 
 def default_out_dir(preset: str, overrides: dict[str, dict]) -> str:

@@ -20,6 +20,7 @@ import torch
 from ..data.badfiles import count_bad_files
 from ..errors import ConfigError, DataError, TrainingDiverged, UserError, one_line
 from ..io import progress_bar
+from ..nn.decayify import alphas_of
 from . import checkpoint as ckpt
 from . import distributed as dist_env
 from .async_checkpoint import CheckpointWriter
@@ -30,7 +31,8 @@ from .run_folder import run_folder
 from .runlog import LossWindow, RunLog, peak_flops, peak_memory_mb
 from .setup import Data, Trainee, build_data, build_trainee, settings_warnings
 from .stability import FIX, BlockNormMonitor
-from .summary import announce, finished_summary, run_summary, write_summary
+from .summary import announce, finished_summary, run_summary, summary_scalars, write_summary
+from .tracking import check_installed
 
 
 def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_epoch_end=None, init=None,
@@ -52,6 +54,8 @@ def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_e
     """
     if overwrite and resume is not None:  # contradictory: it once resumed and wrote NaN (issue 23.12)
         raise UserError(f"--overwrite starts the run over but --resume {resume} continues it; give one of them")
+    if dist_env.is_main_process():  # only rank 0 logs; a missing tracker package is one line, before anything is made
+        check_installed(cfg.train.loggers)
     env = dist_env.setup(cfg.train.device)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -110,11 +114,13 @@ class Run:
         """Training seconds of the whole run so far, every launch included."""
         return self.earlier_s + time.perf_counter() - self.started
 
-    def close(self) -> None:
+    def close(self, ok: bool = True) -> None:
+        """Release the hooks, the checkpoint thread, the bar and the trackers (``ok=False``: the
+        launch failed or was interrupted, so tracker runs are marked failed)."""
         self.norms.remove()
         self.writer.wait()  # never leave a half-written checkpoint behind a crash or Ctrl-C
         self.bar.close()
-        self.log.close()
+        self.log.close(ok)
 
 
 def train_in_folder(launch: Launch) -> dict:
@@ -122,6 +128,7 @@ def train_in_folder(launch: Launch) -> dict:
     cfg, env, say = launch.cfg, launch.env, launch.say
     data = build_data(cfg, env, launch.out)
     resumed_from, state = ckpt.load_resume(launch.resume, launch.ckpt_dir, say)  # auto: skips a truncated newest file
+    tracker_refs = state["train_state"].get("trackers") if state else None  # the W&B / MLflow runs to continue
     trainee = build_trainee(cfg, env, data.peak_lr, resumed_from, launch.init, say, len(data.samples),
                             allow_changes=launch.allow_changes, state=state)
     del state  # the weights are in the model now; do not hold a second copy through training
@@ -134,18 +141,20 @@ def train_in_folder(launch: Launch) -> dict:
         say(line)
     bad_seen = count_bad_files(data.bad_files)
     on_epoch_end = epoch_hook(launch)  # built here: it may draw from the seeded RNG, as it always did
-    run = start_run(launch, data, trainee, bad_seen)
+    run, ok = start_run(launch, data, trainee, bad_seen, tracker_refs), False
     try:
         train_epochs(run, on_epoch_end)
         run.writer.wait()
         run.writer.raise_if_failed()  # a failed background write fails the run
+        summary = run_summary(cfg, launch.out, data, trainee, run.last_loss, run.last_ckpt, run.train_time())
+        run.log.log_summary(summary_scalars(summary), trainee.step)
+        ok = True
     except TrainingDiverged:
         run.writer.wait()
         raise TrainingDiverged(diverged_message(trainee.step, launch.ckpt_dir)) from None
     finally:
-        run.close()
+        run.close(ok)
     dist_env.barrier(env)
-    summary = run_summary(cfg, launch.out, data, trainee, run.last_loss, run.last_ckpt, run.train_time())
     if env.is_main:  # rank 0 alone writes it (issue 23.6)
         write_summary(launch.out, summary)
     dist_env.cleanup(env)
@@ -164,10 +173,16 @@ def epoch_hook(launch: Launch):
     return launch.online_eval(launch.cfg, launch.env.device)
 
 
-def start_run(launch: Launch, data: Data, trainee: Trainee, bad_seen: int) -> Run:
-    """The log, progress bar, loss window, clocks, checkpoint writer and norm monitor of this launch."""
+def start_run(launch: Launch, data: Data, trainee: Trainee, bad_seen: int, tracker_refs: dict | None = None) -> Run:
+    """The log (and its trackers: ``tracker_refs`` are the runs a resumed checkpoint names), progress
+    bar, loss window, clocks, checkpoint writer and norm monitor of this launch."""
     env, tc = launch.env, launch.cfg.train
-    log = RunLog(launch.out, resume_step=trainee.step if trainee.resumed_from is not None else None, enabled=env.is_main)
+    norms = BlockNormMonitor(trainee.raw, tc.norm_growth_warn, tc.norm_growth_window)
+    resume_step = trainee.step if trainee.resumed_from is not None else None
+    log = RunLog(launch.out, resume_step=resume_step, enabled=env.is_main, loggers=tc.loggers,
+                 config=launch.cfg.to_dict(), resume_refs=tracker_refs, block_names=norms.names)
+    if resume_step is None:
+        log.describe_model(alphas_of(trainee.raw))  # the alpha schedule, once per run
     flops_per_image, gpu_peak = 3 * trainee.raw.flops_per_sample(), peak_flops(env.device)  # forward + backward
     bar = progress_bar(total=data.total_steps, initial=trainee.step, disable=not (launch.progress and env.is_main),
                        unit="step", dynamic_ncols=True)
@@ -175,8 +190,7 @@ def start_run(launch: Launch, data: Data, trainee: Trainee, bad_seen: int) -> Ru
     window.load(trainee.progress.get("loss_window"))
     window_started, started = time.perf_counter(), time.perf_counter()
     autocast = dict(device_type=env.device.type, dtype=trainee.amp_dtype or torch.float32, enabled=trainee.amp_dtype is not None)
-    return Run(launch, data, trainee, log, bar, window, CheckpointWriter(), autocast=autocast,
-               norms=BlockNormMonitor(trainee.raw, tc.norm_growth_warn, tc.norm_growth_window),
+    return Run(launch, data, trainee, log, bar, window, CheckpointWriter(), autocast=autocast, norms=norms,
                flops_per_image=flops_per_image, gpu_peak=gpu_peak, earlier_s=trainee.progress.get("train_time_s") or 0.0,
                started=started, window_started=window_started, last_ckpt=trainee.resumed_from,
                last_loss=trainee.progress.get("final_loss"), bad_seen=bad_seen)
@@ -220,13 +234,15 @@ def after_step(run: Run, lr: float) -> None:
         if len(run.window) and run.window.diverged(launch.env):  # not checked at a log step just now
             raise TrainingDiverged(trainee.step)
         so_far = {"train_time_s": run.train_time(), "final_loss": run.last_loss}
+        if run.log.refs:  # the tracker runs a resumed launch continues (W&B / MLflow run ids)
+            so_far["trackers"] = run.log.refs
         run.last_ckpt = ckpt.save_training(launch.cfg, launch.env, trainee, data, launch.ckpt_dir, run.writer, so_far,
                                            run.window)
 
 
 def log_row(run: Run, lr: float) -> None:
     """Close the log window: one row (loss over the window and the ranks, lr, throughput, memory,
-    block RMS, MFU) to log.jsonl and TensorBoard; the one host-device sync per log window."""
+    block RMS, MFU) to log.jsonl and the trackers; the one host-device sync per log window."""
     launch, data, step = run.launch, run.data, run.trainee.step
     norm_fields = run.norms.report(step, launch.say)  # block_rms; before the divergence check: warns first
     window_loss, diverged = run.window.close(launch.env)

@@ -1,5 +1,6 @@
-"""Training logs: one JSON object per line (``log.jsonl``) and the same scalars as TensorBoard
-event files (``tb/``), plus the throughput numbers they carry (images/s, peak memory, MFU)."""
+"""Training logs: one JSON object per line (``log.jsonl``), sent on to the run's experiment
+trackers (``tracking.py``: TensorBoard event files in ``tb/`` by default), plus the throughput numbers
+they carry (images/s, peak memory, MFU)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import re
 import resource
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
+
+from .tracking import Trackers, alpha_figure, alpha_table, row_scalars, row_texts
 
 # Dense bf16 tensor-core peak per GPU (vendor datasheets), for MFU as nanoGPT reports it.
 # Matched in order against the device name as whole words; the first match wins.
@@ -36,14 +40,29 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 class RunLog:
-    """Appends metric rows to ``log.jsonl`` and TensorBoard. On resume, rows past the resumed
-    step (written by the killed run after its last checkpoint) are dropped so curves continue
-    without duplicates."""
+    """Appends metric rows to ``log.jsonl`` and sends them to the run's experiment trackers
+    (``train.loggers``: TensorBoard, W&B, MLflow, CSV; ``tracking.Trackers``). On resume, rows past
+    the resumed step (written by the killed run after its last checkpoint) are dropped so curves
+    continue without duplicates, and the trackers continue the runs the checkpoint names.
 
-    def __init__(self, out_dir: Path, resume_step: int | None = None, enabled: bool = True):
+    Args:
+        out_dir: the run folder.
+        resume_step: the step a resumed launch continues from (None: a fresh start).
+        enabled: False on ranks > 0 (only rank 0 logs).
+        loggers: the tracker back ends (``train.loggers``).
+        config: the run config (``RunConfig.to_dict()``) the trackers record.
+        resume_refs: the checkpoint's tracker references (``train_state["trackers"]``).
+        block_names: the residual blocks' names, for the ``block_rms/<block>`` tags.
+    """
+
+    def __init__(self, out_dir: Path, resume_step: int | None = None, enabled: bool = True,
+                 loggers: Sequence[str] = ("tensorboard",), config: dict | None = None, resume_refs: dict | None = None,
+                 block_names: Sequence[str] = ()):
         self.enabled = enabled
         self.path = Path(out_dir) / "log.jsonl"
-        self.tb = None
+        self.trackers = Trackers(loggers if enabled else [])
+        self.block_names = list(block_names)
+        self.texts: dict[str, str] = {}  # the last text logged per tag: a card is logged when it changes
         if not enabled:
             return
         if resume_step is not None and self.path.exists():
@@ -51,31 +70,48 @@ class RunLog:
             self.path.write_text("".join(k + "\n" for k in keep))
         elif resume_step is None and self.path.exists():
             self.path.unlink()
-        try:
-            from torch.utils.tensorboard import SummaryWriter
+        self.trackers.start(config or {}, out_dir, resume_refs, resume_step)
 
-            # purge_step drops events at steps >= it: the resumed-from step's row stays in log.jsonl,
-            # so it must stay in TensorBoard too (issue 23.5); only later steps are the killed run's
-            purge = None if resume_step is None else resume_step + 1
-            self.tb = SummaryWriter(str(Path(out_dir) / "tb"), purge_step=purge)
-        except Exception:  # tensorboard not installed: the JSON log still has everything
-            self.tb = None
+    @property
+    def refs(self) -> dict:
+        """The tracker runs' references (W&B / MLflow run ids), for the checkpoint."""
+        return self.trackers.refs
+
+    @property
+    def wants_images(self) -> bool:
+        """Whether a chosen tracker shows figures (so that drawing them is worth it)."""
+        return self.enabled and self.trackers.wants_images
 
     def write(self, row: dict) -> None:
         if not self.enabled:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
-        if self.tb is not None:
-            for k, v in row.items():
-                if k != "step" and isinstance(v, (int, float)):
-                    tag = f"online/{k[7:]}" if k.startswith("online_") else f"train/{k}"
-                    self.tb.add_scalar(tag, v, row["step"])
+        self.trackers.log_scalars(row["step"], row_scalars(row, self.block_names))
+        for name, text in row_texts(row).items():
+            if self.texts.get(name) != text:
+                self.trackers.log_text(row["step"], name, text)
+                self.texts[name] = text
 
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.flush()
-            self.tb.close()
+    def log_image(self, step: int, name: str, image) -> None:
+        """A figure (PNG bytes or an image array) to the trackers that show figures."""
+        if self.enabled:
+            self.trackers.log_image(step, name, image)
+
+    def describe_model(self, alphas: list[tuple[str, tuple[float, ...]]]) -> None:
+        """The shortcut-factor schedule (``nn.decayify.alphas_of``) as a figure and a table, at step 0."""
+        if self.enabled:
+            self.trackers.log_text(0, "alpha_schedule", alpha_table(alphas))
+            if self.trackers.wants_images:
+                self.trackers.log_image(0, "alpha_schedule", alpha_figure(alphas))
+
+    def log_summary(self, values: dict[str, float], step: int | None = None) -> None:
+        if self.enabled:
+            self.trackers.log_summary(values, step)
+
+    def close(self, ok: bool = True) -> None:
+        """Close the trackers' runs (``ok=False``: the launch failed or was interrupted)."""
+        self.trackers.finish(ok)
 
 
 class LossWindow:

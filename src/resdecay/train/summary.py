@@ -47,6 +47,12 @@ def run_summary(cfg: RunConfig, out, data, trainee, last_loss: float | None, las
             "numerics": numerics_environment()}  # threads, CPU kernels, builds: what the exact numbers depend on
 
 
+def summary_scalars(summary: dict) -> dict[str, float]:
+    """The summary's finite numbers as tracker tags (``summary/final_loss``, ``summary/alpha_eff``, ...)."""
+    return {f"summary/{k}": v for k, v in summary.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
 def write_summary(out: Path, summary: dict) -> None:
     """``<run>/summary.json``, atomically and as strict JSON (a NaN would make the file unreadable)."""
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, allow_nan=False))

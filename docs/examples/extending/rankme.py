@@ -1,5 +1,5 @@
-"""A measurement defined outside the package, registered by importing this file (``resdecay --plugin
-tests/plugins/rankme_metric.py eval ...`` or ``RESDECAY_PLUGINS=...``): RankMe (Garrido et al., 2023,
+"""docs/EXTENDING.md, example (c): a new metric in one file, registered by importing it (``resdecay --plugin
+docs/examples/extending/rankme.py eval ...`` or ``RESDECAY_PLUGINS=...``): RankMe (Garrido et al., 2023,
 "RankMe: Assessing the downstream performance of pretrained self-supervised representations by their
 rank"), exp of the entropy of the normalised singular values of the (uncentred) test features.
 

@@ -1,0 +1,163 @@
+"""The README.md model card of a ``save_pretrained`` folder, written from its config.json and eval.json.
+
+huggingface_hub's layout: YAML front matter (``library_name: resdecay``, tags, a pipeline tag and
+the license where given), then the body. Every number on the card says how it was obtained: the
+decay's ``alpha_eff`` its definition, the training figures where they come from, and each
+evaluation number the protocol ``resdecay eval`` printed beside it (``eval.reports.protocol_text``:
+data, split sizes, the metric's registered protocol card), so a number read off a hub page can be
+compared only with numbers measured the same way.
+"""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from ..eval.metrics import get_metric
+from ..eval.reports import protocol_text, values_text
+from ..models import is_diffusion
+
+PIPELINE = {"mae": "image-feature-extraction", "classifier": "image-classification", "resnet": "image-classification"}
+PAPER = "x_{l+1} = α_l · x_l + f_l(x_l) (Zhang et al., CVPR 2026)"
+ALPHA_EFF = ("the product of every shortcut factor of the encoder / backbone (paper §3): how much of the input reaches "
+             "the last block through the identity path")
+
+
+def _cell(text: object) -> str:
+    """A markdown table cell: pipes escaped, one line."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _table(header: tuple[str, ...], rows: list[tuple]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(_cell(c) for c in row) + " |" for row in rows)]
+
+
+def front_matter(config: dict, license: str | None) -> str:
+    """The card's YAML metadata block."""
+    family = config.get("family")
+    arch = config.get("architecture") or {}
+    data = (config.get("data") or {}).get("name")
+    tags = ["resdecay", "decayed-identity-shortcuts", *(t for t in (family, arch.get("library"), arch.get("name"), data) if t)]
+    meta: dict = {"library_name": "resdecay", "tags": list(dict.fromkeys(tags))}
+    if family in PIPELINE:
+        meta["pipeline_tag"] = PIPELINE[family]
+    elif family is None and arch.get("library") == "timm":
+        meta["pipeline_tag"] = "image-feature-extraction"
+    if license:
+        meta["license"] = license
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
+
+
+def _what(config: dict) -> str:
+    if config["kind"] == "resdecay":
+        return f"A resdecay `{config['family']}` model with decayed identity shortcuts"
+    arch = config["architecture"]
+    return f"A {arch['library']} `{arch['name']}` whose identity shortcuts `resdecay.decayify` decayed"
+
+
+def decay_lines(config: dict) -> list[str]:
+    """The decay: its settings, alpha_eff with its definition, and every block's factors."""
+    alpha = config["alpha"]
+    rows = [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in alpha.items() if k not in ("alpha_eff", "factors")]
+    rows.append(("alpha_eff", f"{alpha['alpha_eff']:.4g}: {ALPHA_EFF}"))
+    lines = ["## Shortcut decay (α)", "", *_table(("setting", "value"), rows), ""]
+    if "resdecay_spec" in config:
+        lines += [f"The α spec (`model.resdecay_spec`, re-applied by `from_pretrained`): `{json.dumps(config['resdecay_spec'])}`", ""]
+    lines += ["Shortcut factor of every residual add, per block (attention, MLP for transformer blocks):", "",
+              *_table(("block", "factors"), [(name, ", ".join(f"{a:.4f}" for a in fs)) for name, fs in alpha["factors"]]), ""]
+    return lines
+
+
+def training_lines(config: dict) -> list[str]:
+    """Preset, data, inputs and training length, each with where it comes from."""
+    lines = ["## Training", ""]
+    train, data, weights = config.get("training"), config.get("data"), config.get("weights")
+    rows = []
+    if config.get("preset"):
+        rows.append(("preset", config["preset"]))
+    if data:
+        rows.append(("data", f"{data['name']} (augmentation {data.get('augment')}, normalisation {data.get('normalize')})"
+                     + (f", first {data['train_subset']} training images" if data.get("train_subset") else "")))
+    model = config.get("model") or {}
+    if "img_size" in model or "encoder" in model:
+        enc = model.get("encoder") or model
+        rows.append(("input", f"{enc.get('img_size')} px square, {enc.get('in_chans')} channel(s), normalised as the data above"))
+    if train:
+        if train.get("steps") is not None:
+            rows.append(("training length", f"{train['steps']} optimizer steps, train.epochs={train.get('epochs')} over "
+                         f"{train.get('images')} images, effective batch {train.get('effective_batch')} (the run's summary.json)"))
+        if train.get("lr") is not None:
+            rows.append(("learning rate", f"{train['lr']:.3g} (peak, after warmup)"))
+        if train.get("final_loss") is not None:
+            rows.append(("final loss", f"{train['final_loss']:.4f} (training objective, mean over the last logged window)"))
+        if train.get("train_time_s") is not None:
+            rows.append(("training time", f"{train['train_time_s']:.3g} s (summed over every launch)"))
+    if weights:
+        rows.append(("weights", f"{weights.get('weights', 'model')} weights of {weights.get('checkpoint')}, step "
+                     f"{weights.get('step')} (epoch {weights.get('epoch')})"))
+    if not rows:
+        return lines + ["Not recorded: the model was saved without its run (pass `run_dir=` to `save_pretrained`), so "
+                        "its data and training length are unknown here.", ""]
+    return lines + [*_table(("", ""), rows), ""]
+
+
+def _protocol(row: dict) -> str:
+    """A result's protocol in words; a metric not registered now (its plugin not loaded) keeps its raw card."""
+    text = protocol_text(row)
+    if get_metric(row["metric"]) is None:
+        card = {k: v for k, v in row["protocol"].items() if k not in ("train", "test", "checkpoint_sha256")}
+        text = text.removesuffix("; -") + "; " + json.dumps(card, sort_keys=True)
+    return text
+
+
+def evaluation_lines(config: dict, report: dict | None) -> list[str]:
+    """eval.json's numbers, each with its protocol, then the baselines measured the same way."""
+    if report is None:
+        return ["## Evaluation", "", "No evaluation was given (`resdecay eval` the run, then save again with its "
+                "`run_dir=` / `eval_json=`).", ""]
+    ev = config.get("evaluation") or {}
+    sha = str(report.get("checkpoint_sha256") or "")[:12]
+    lines = ["## Evaluation", "", f"Measured by `resdecay eval` on step {report.get('step')} (checkpoint sha256 {sha}); "
+             "each number with its protocol. The full report, protocol cards included, is `eval.json`.", ""]
+    if ev.get("matches_weights") is False:
+        lines += [f"**Note:** these numbers were measured on another checkpoint of the run (step {report.get('step')}) "
+                  f"than the weights shared here (step {(config.get('weights') or {}).get('step')}).", ""]
+    lines += _table(("metric", "layer", "feature", "value", "protocol"),
+                    [(r["metric"], r.get("layer"), r.get("feature"), values_text(r), _protocol(r)) for r in report["results"]])
+    base = report.get("baselines") or []
+    if base:
+        lines += ["", "Baselines, same protocol: raw pixels and the randomly initialised model.", "",
+                  *_table(("source", "metric", "layer", "feature", "value", "protocol"),
+                          [(r.get("source"), r["metric"], "-" if r.get("layer") is None else r["layer"], r.get("feature"),
+                            values_text(r), _protocol(r)) for r in base])]
+    return lines + [""]
+
+
+def usage_lines(config: dict, name: str) -> list[str]:
+    code = ["import resdecay", "", f"model, config = resdecay.from_pretrained({name!r})  # a folder, or a hub id user/name"]
+    if config["kind"] == "resdecay" and not is_diffusion(config["family"]):
+        code.append("features = resdecay.extract_features(model, images, layer=-1)  # {block: (N, D)}, mean of all tokens")
+    elif config["kind"] == "decayified":
+        code.append(f"out = model(images)  # the {config['architecture']['library']} model, its decay re-applied")
+    return ["## Use", "", "```python", *code, "```", "",
+            "`from_pretrained` rebuilds the model, re-applies the decay and refuses weights whose factors differ from "
+            "the ones above. Files: `config.json` (model, α spec, run settings), `model.safetensors` (weights; its "
+            "metadata repeats the config), this card" + (", `eval.json`." if config.get("evaluation") else "."), ""]
+
+
+def model_card(config: dict, report: dict | None, name: str, license: str | None = None) -> str:
+    """The README.md text of a save_pretrained folder.
+
+    Args:
+        config: its config.json (``pretrained_config``).
+        report: the eval.json reported, or None.
+        name: how the usage snippet names the folder / repository.
+        license: a license identifier for the metadata, or None.
+    """
+    intro = (f"{_what(config)}, {PAPER}, saved with resdecay "
+             f"{config.get('resdecay_version')}.")
+    body = [f"# {name}", "", intro, "", *decay_lines(config), *training_lines(config), *evaluation_lines(config, report),
+            *usage_lines(config, name)]
+    return front_matter(config, license) + "\n" + "\n".join(body)

@@ -1,0 +1,291 @@
+"""Sharing a trained model as a folder, the way timm and diffusers models are shared on a hub.
+
+``save_pretrained(model, folder)`` writes huggingface_hub's layout::
+
+    config.json          what rebuilds the model and its alphas (``pretrained_config.py``), the
+                         resdecay version, and where known the run's preset, data, training length
+    model.safetensors    the state_dict; its metadata repeats config.json (and the ``resdecay_spec``
+                         of a decayified model), so the bare weights file still carries its alphas
+    README.md            the model card (``model_card.py``): the decay, the training, and every
+                         evaluation number with its protocol
+    eval.json            the evaluation it was given (``resdecay eval``'s report), when one was
+
+``from_pretrained(folder_or_hub_id)`` rebuilds the model, re-applies the decay, loads the weights
+strictly and checks the factors against config.json. A folder is read offline; only a hub id
+(``user/name`` that is not a folder here) goes through ``huggingface_hub.snapshot_download``.
+``push_to_hub(folder, repo_id)`` uploads a folder; nothing else here opens a connection.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.nn as nn
+
+from ..errors import CheckpointError, UserError
+from ..io import file_sha256, run_dir_of
+from ..train.checkpoint import list_checkpoints, load_checkpoint, load_model
+from ..train.config import RunConfig, from_dict
+from .files import check_out_file, write_bytes_atomically
+from .model_card import model_card
+from .pretrained_config import (FORMAT, build_from_config, check_config, check_factors, describe_decayified,
+                                describe_resdecay, family_config)
+from .weights import load_strict, read_safetensors
+
+CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, EVAL_NAME = "config.json", "model.safetensors", "README.md", "eval.json"
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # user/name, as huggingface_hub's validate_repo_id
+TRAINING_KEYS = ("steps", "epochs", "images", "effective_batch", "lr", "final_loss", "train_time_s")
+HUB_EXTRA = "huggingface_hub is not installed; pip install 'resdecay[hub]' (or pip install huggingface_hub)"
+
+
+@dataclass
+class RunRecord:
+    """What a run folder says about a model: its config, summary.json and an eval.json (each may be None)."""
+
+    config: RunConfig | None = None
+    summary: dict | None = None
+    evaluation: dict | None = None
+    eval_path: Path | None = None
+
+
+def _read_json(path: Path, what: str, fix: str) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{path} is not a readable {what} ({' '.join(str(e).split())[:100]}); {fix}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} is not a {what} (a JSON object); {fix}")
+    return data
+
+
+def read_run(run_dir: str | Path | None, eval_json: str | Path | None, config: RunConfig | None) -> RunRecord:
+    """The run record of ``save_pretrained``'s ``run_dir`` / ``eval_json`` / ``config`` arguments.
+
+    ``run_dir`` gives ``summary.json``, ``eval/eval.json`` (unless ``eval_json`` names another) and,
+    without ``config``, the config of the run's checkpoint.
+    """
+    record = RunRecord(config=config)
+    if run_dir is not None:
+        run_dir = Path(run_dir)
+        if not run_dir.is_dir():
+            raise UserError(f"run_dir {run_dir} is not a folder; pass the run folder (train.out_dir) the model came from")
+        if (run_dir / "summary.json").is_file():
+            record.summary = _read_json(run_dir / "summary.json", "summary.json", "pass a run folder resdecay train wrote")
+        if eval_json is None and (run_dir / "eval" / "eval.json").is_file():
+            eval_json = run_dir / "eval" / "eval.json"
+        if config is None:
+            ckpts = list_checkpoints(run_dir / "checkpoints")
+            if ckpts:
+                record.config = from_dict(load_checkpoint(ckpts[-1])["config"])
+    if eval_json is not None:
+        report = _read_json(Path(eval_json), "eval.json", "pass a report written by resdecay eval")
+        if not isinstance(report.get("results"), list):
+            raise UserError(f"{eval_json} holds no results; pass an eval.json written by resdecay eval (not a profile.json)")
+        record.evaluation, record.eval_path = report, Path(eval_json)
+    return record
+
+
+def describe(model: nn.Module, record: RunRecord, architecture: str | None = None, model_kwargs: dict | None = None,
+             weights: dict | None = None) -> dict:
+    """The config.json of ``model`` with its run's training length and evaluation provenance."""
+    cfg = family_config(model)
+    if cfg is not None:
+        config = describe_resdecay(model, cfg, record.config)
+    else:
+        config = describe_decayified(model, architecture, model_kwargs)
+    if record.summary is not None:
+        config["training"] = {k: record.summary.get(k) for k in ("preset", *TRAINING_KEYS) if k in record.summary}
+    if weights is not None:
+        config["weights"] = weights
+    report = record.evaluation
+    if report is not None:
+        if "model" in config and "model" in report and report["model"] != config["model"]:
+            diff = next((k for k, v in config["model"].items() if report["model"].get(k) != v), "?")
+            raise UserError(f"{record.eval_path} measured another model (model.{diff}: {report['model'].get(diff)!r} vs "
+                            f"{config['model'].get(diff)!r}); pass the eval.json of this model's run")
+        sha = (weights or {}).get("sha256")
+        config["evaluation"] = {"file": EVAL_NAME, "step": report.get("step"), "checkpoint_sha256": report.get("checkpoint_sha256"),
+                                "matches_weights": None if sha is None else sha == report.get("checkpoint_sha256")}
+    return config
+
+
+def check_out_folder(folder: str | Path) -> Path:
+    """``folder``, once it is known to be writable and not a file, nor a folder of other files (an
+    earlier save_pretrained folder is overwritten, as huggingface_hub's save_pretrained does)."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"--out {folder} is a file; pass a folder to write config.json, model.safetensors and README.md into")
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / CONFIG_NAME).is_file():
+        raise UserError(f"--out {folder} already holds other files; pass a new or empty folder")
+    check_out_file(folder / CONFIG_NAME)
+    return folder
+
+
+def save_pretrained(model: nn.Module, folder: str | Path, *, run_dir: str | Path | None = None,
+                    eval_json: str | Path | None = None, config: RunConfig | None = None, architecture: str | None = None,
+                    model_kwargs: dict | None = None, license: str | None = None, provenance: dict | None = None) -> Path:
+    """Write ``model`` as a shareable folder: config.json, model.safetensors, README.md (+ eval.json).
+
+    Args:
+        model: a resdecay model (any registered family) or a decayified timm / torchvision model.
+        folder: the folder to write (created; an earlier save_pretrained folder is overwritten).
+        run_dir: the run the model came from: its summary.json (training length), eval/eval.json
+            and config (preset, data) go into config.json and the model card.
+        eval_json: an eval.json to report (default: ``<run_dir>/eval/eval.json`` when there is one).
+        config: the run's RunConfig (as ``resdecay.load_model`` returns it), instead of reading it
+            from ``run_dir``'s checkpoint.
+        architecture: a decayified model's registered name (``resnet18``); timm models know theirs.
+        model_kwargs: the keyword arguments a decayified model was created with (``img_size=32``);
+            checked against the weights' shapes.
+        license: a license identifier for the card's metadata (``mit``, ``apache-2.0``).
+        provenance: where the weights come from (``checkpoint``, ``step``, ``epoch``, ``weights``,
+            ``sha256``), as ``resdecay export --to hf`` records it; with ``sha256`` the card says
+            whether the eval.json measured these very weights.
+
+    Returns:
+        The folder.
+    """
+    from safetensors.torch import save
+
+    folder = check_out_folder(folder)
+    record = read_run(run_dir, eval_json, config)
+    described = describe(model, record, architecture, model_kwargs, provenance)
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    meta = {"format": FORMAT, "resdecay_config": json.dumps(described)}
+    if "resdecay_spec" in described:  # load_decayified / load_weights read it from the bare file
+        meta["resdecay_spec"] = json.dumps(described["resdecay_spec"])
+    write_bytes_atomically(save(state, metadata=meta), folder / WEIGHTS_NAME)
+    if record.evaluation is not None:
+        report = {k: v for k, v in record.evaluation.items() if k != "cache"}  # the cache entry is a local path
+        write_bytes_atomically(json.dumps(report, indent=2).encode(), folder / EVAL_NAME)
+    elif (folder / EVAL_NAME).is_file():  # an earlier save's report would describe other weights
+        (folder / EVAL_NAME).unlink()
+    card = model_card(described, record.evaluation, folder.name, license)
+    write_bytes_atomically(card.encode(), folder / CARD_NAME)
+    write_bytes_atomically((json.dumps(described, indent=2, allow_nan=False) + "\n").encode(), folder / CONFIG_NAME)
+    return folder
+
+
+def export_to_hf(checkpoint: str | Path, out: str | Path, ema: bool = False, eval_json: str | Path | None = None,
+                 license: str | None = None) -> Path:
+    """``resdecay export CKPT --to hf``: a checkpoint as a save_pretrained folder, with its run's
+    summary and eval.json (``<run>/eval/eval.json`` unless ``eval_json`` names another).
+
+    Args:
+        checkpoint: a resdecay checkpoint of any family.
+        out: the folder to write.
+        ema: export the EMA weights; refused when the run kept none.
+        eval_json: the evaluation to report.
+        license: the card's license identifier.
+    """
+    check_out_folder(out)
+    state = load_checkpoint(checkpoint)
+    if ema and "ema" not in state:
+        raise UserError(f"{checkpoint} holds no EMA weights (the run was trained with train.ema_decay=0); drop --ema")
+    model, cfg = load_model(checkpoint, ema=ema, state=state)
+    ts = state.get("train_state", {})
+    weights = {"checkpoint": Path(checkpoint).name, "step": ts.get("step"), "epoch": ts.get("epoch"),
+               "weights": "ema" if ema else "model", "sha256": file_sha256(Path(checkpoint))}
+    # the run folder's summary.json and eval/eval.json, where they exist (an import-weights output has neither)
+    return save_pretrained(model, out, run_dir=run_dir_of(Path(checkpoint)), eval_json=eval_json, config=cfg,
+                           license=license, provenance=weights)
+
+
+# ----------------------------------------------------------------------------- loading
+def resolve_folder(name_or_path: str | Path, revision: str | None = None, cache_dir: str | Path | None = None,
+                   local_files_only: bool = False, token: str | bool | None = None) -> Path:
+    """A local folder as it is; a hub id ``user/name`` downloaded (or found in the cache) by
+    huggingface_hub; anything else one line."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(f"{path} is a file; pass the folder save_pretrained wrote (it holds {CONFIG_NAME} and {WEIGHTS_NAME})")
+    if not HUB_ID.match(str(name_or_path)):
+        raise CheckpointError(f"{name_or_path} is neither a folder nor a hub id like user/name; pass a folder written by "
+                              "resdecay.save_pretrained or a hub repository id")
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise UserError(HUB_EXTRA) from None
+    try:
+        local = huggingface_hub.snapshot_download(str(name_or_path), revision=revision, cache_dir=cache_dir, token=token,
+                                                  local_files_only=local_files_only, library_name="resdecay",
+                                                  allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, EVAL_NAME])
+    except Exception as e:  # no network, no such repository, no access: one line, whichever it was
+        raise CheckpointError(f"cannot download {name_or_path} from the hub ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:140]}); check the id and your connection, or pass a local folder") from None
+    return Path(local)
+
+
+def read_folder(folder: Path) -> tuple[dict, dict]:
+    """(config.json, the weights) of a save_pretrained folder, each checked, or a one-line error."""
+    config_path, weights_path = folder / CONFIG_NAME, folder / WEIGHTS_NAME
+    for path, what in ((config_path, "the model's config"), (weights_path, "its weights")):
+        if not path.is_file():
+            raise CheckpointError(f"{folder} holds no {path.name} ({what}); pass a folder written by resdecay.save_pretrained "
+                                  "or resdecay export --to hf (a download may have been cut short: fetch it again)")
+    config = check_config(_read_json(config_path, CONFIG_NAME, "save the model again"), str(config_path))
+    blob = read_safetensors(weights_path)
+    return config, blob["model"]
+
+
+def from_pretrained(name_or_path: str | Path, *, device: str = "cpu", revision: str | None = None,
+                    cache_dir: str | Path | None = None, local_files_only: bool = False,
+                    token: str | bool | None = None) -> tuple[nn.Module, dict[str, Any]]:
+    """The model a save_pretrained folder (or hub repository) holds, in eval mode, decay re-applied.
+
+    Args:
+        name_or_path: a folder written by ``save_pretrained`` / ``resdecay export --to hf``, or a
+            hub id ``user/name`` (downloaded with huggingface_hub; only then is a network used).
+        device: where the model goes.
+        revision, cache_dir, local_files_only, token: passed to ``huggingface_hub.snapshot_download``
+            for a hub id.
+
+    Returns:
+        (model, config): config is config.json as a dict: ``alpha`` (settings, alpha_eff, factors),
+        ``family`` / ``model`` or ``architecture`` / ``resdecay_spec``, and where known ``preset``,
+        ``data``, ``training`` and ``evaluation``.
+    """
+    folder = resolve_folder(name_or_path, revision, cache_dir, local_files_only, token)
+    config, state = read_folder(folder)
+    source = str(folder / WEIGHTS_NAME)
+    model, _ = build_from_config(config, str(folder / CONFIG_NAME))
+    load_strict(model, state, source)
+    check_factors(model, config, str(folder))
+    return model.to(device).eval(), config
+
+
+def push_to_hub(folder: str | Path, repo_id: str, *, private: bool | None = None, token: str | bool | None = None,
+                commit_message: str = "Upload resdecay model", revision: str | None = None) -> str:
+    """Upload a save_pretrained folder to a hub repository (created if missing); returns its URL.
+
+    The folder is checked to load first (config, weights and factors), so what is pushed loads.
+
+    Args:
+        folder: a folder written by ``save_pretrained``.
+        repo_id: ``user/name``.
+        private: create the repository private.
+        token, commit_message, revision: as ``huggingface_hub.HfApi.upload_folder``.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"{folder} is not a folder; push_to_hub uploads a folder written by resdecay.save_pretrained")
+    from_pretrained(folder)  # what is pushed must load: config, weights and factors
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise UserError(HUB_EXTRA) from None
+    api = huggingface_hub.HfApi(token=token)
+    try:
+        url = api.create_repo(repo_id, private=private, exist_ok=True)
+        api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message, revision=revision,
+                          allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, EVAL_NAME])
+    except Exception as e:
+        raise UserError(f"cannot push {folder} to {repo_id} ({type(e).__name__}: {' '.join(str(e).split())[:140]}); "
+                        "log in with `hf auth login` (or pass token=) and check the repository id") from None
+    return str(url)
