@@ -209,6 +209,9 @@ PLANS: dict[str, Plan] = {
     "resdecay export runs/mae-tiny-fmnist/checkpoints/step_00007020.pt --to timm --out vit.safetensors": Plan(
         expect=("vit.safetensors",)),
     # ablations: every variant of the grid, each a few steps on the fake data
+    # cluster: submitit's local executor and a fake sbatch on PATH (tests/test_submit.py)
+    "resdecay submit --nodes 2 --gpus-per-node 8 --partition gpu --timeout-min 240 pretrain --preset mae-b16 data.path=/data/in100":
+        Plan(covered="tests/test_submit.py::test_slurm_submission_writes_the_sbatch_options_and_the_job_id"),
     "resdecay ablate --list": Plan(says=("table3b-toy", "where-fmnistm-long")),
     "resdecay ablate --grid table3b-toy": Plan(add=GRID, expect=("{tmp}/grid/table.txt",)),
     "resdecay ablate --grid table3a-toy": Plan(add=GRID),

@@ -7,7 +7,10 @@
     resdecay.knn_accuracy(train_feats, train_labels, test_feats, test_labels)
     resdecay.linear_probe(train_feats, train_labels, test_feats, test_labels)["top1"]
     resdecay.effective_rank(feats[11])
+    resdecay.save_pretrained(model, "mae-digits", run_dir="runs/x")      # config.json, model.safetensors, README.md card
+    model, config = resdecay.from_pretrained("mae-digits")               # a folder, or a hub id user/name
 
+(``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` live in ``interop/pretrained.py``.)
 Everything here is a thin, documented front to the same functions the CLI uses, so numbers from a
 notebook equal numbers from ``resdecay eval`` with the same protocol. Features, labels and images may be
 torch tensors or numpy arrays (converted with ``torch.from_numpy``: same dtype, no copy when contiguous).

@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
-from ..interop import export_to_timm, import_weights
+import warnings
+
+from ..errors import UserError, one_line
+from ..interop import export_to_hf, export_to_timm, import_weights
+from ..interop.import_weights import AlphaUnknownWarning
 
 
 def cmd_import_weights(args) -> None:
-    out = import_weights(args.src, args.format, args.preset, args.out, alpha_min=args.alpha_min, overrides=args.overrides)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", AlphaUnknownWarning)
+        out = import_weights(args.src, args.format, args.preset, args.out, alpha_min=args.alpha_min, overrides=args.overrides)
+    for w in caught:  # ours in one line (a Python warning prints its source line under it); others as Python shows them
+        if issubclass(w.category, AlphaUnknownWarning):
+            print(f"warning: {one_line(w.message)}")
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     print(f"wrote {out} (resdecay checkpoint; try: resdecay eval {out})")
 
 
 def cmd_export(args) -> None:
+    if args.to == "hf":
+        out = export_to_hf(args.checkpoint, args.out, ema=args.ema, eval_json=args.eval_json, license=args.license)
+        print(f"wrote {out}/ (config.json, model.safetensors, README.md; load it with resdecay.from_pretrained({str(out)!r}), "
+              f"share it with resdecay.push_to_hub({str(out)!r}, 'user/name'))")
+        return
+    for flag, value in (("--eval-json", args.eval_json), ("--license", args.license)):
+        if value is not None:
+            raise UserError(f"{flag} applies to --to hf (a model card); a timm export has none")
     out = export_to_timm(args.checkpoint, args.out, ema=args.ema)
     print(f"wrote {out} (load it with resdecay.interop.load_exported({str(out)!r}))")
 
@@ -27,9 +46,16 @@ def add_interop_commands(sub) -> None:
     iw.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. model.num_heads=6 data.path=/data/in100")
     iw.set_defaults(func=cmd_import_weights)
 
-    ex = sub.add_parser("export", help="export a resdecay encoder as a decayified timm ViT (safetensors)")
-    ex.add_argument("checkpoint", help="a resdecay MAE or classifier checkpoint")
-    ex.add_argument("--to", required=True, choices=["timm"], help="target library (timm)")
-    ex.add_argument("--out", required=True, help="the .safetensors file to write")
+    ex = sub.add_parser("export", help="export a model: a decayified timm ViT (safetensors) or a huggingface_hub-style "
+                                       "folder with a model card (hf)")
+    ex.add_argument("checkpoint", help="a resdecay checkpoint (--to hf: any family; --to timm: an MAE or classifier, or a "
+                                      "save_pretrained folder of one)")
+    ex.add_argument("--to", required=True, choices=["timm", "hf"],
+                    help="timm: one .safetensors file a timm ViT loads (alpha in its metadata); hf: a save_pretrained "
+                         "folder (config.json, model.safetensors, README.md model card) for resdecay.from_pretrained")
+    ex.add_argument("--out", required=True, help="--to timm: the .safetensors file to write; --to hf: the folder")
     ex.add_argument("--ema", action="store_true", help="export the EMA weights where the run kept them")
+    ex.add_argument("--eval-json", default=None,
+                    help="--to hf: the eval.json whose numbers the card reports (default: <run>/eval/eval.json when there is one)")
+    ex.add_argument("--license", default=None, help="--to hf: a license identifier for the card's metadata (mit, apache-2.0, ...)")
     ex.set_defaults(func=cmd_export)

@@ -46,8 +46,8 @@ def cmd_submit(args, parsers: dict, entry) -> None:
                     timeout_min=args.timeout_min, partition=args.partition, account=args.account, qos=args.qos,
                     constraint=args.constraint, cpus_per_task=args.cpus_per_task, mem_gb=args.mem_gb,
                     executor=args.executor, folder=args.folder, max_timeouts=args.max_timeouts)
-    res.check()  # before the command's config is loaded: the cheap mistakes first
     command, job_args, argv = parse_job(parsers, args.job)
+    res.check()  # before the command's config is loaded: the cheap mistakes first
     run_dir = run_folder(command, job_args)
     plugins = [str(Path(p).resolve()) if Path(p).exists() else p for p in args.plugin]  # the job may start elsewhere
     argv = [*(x for p in plugins for x in ("--plugin", p)), *job_argv(command, argv, job_args, run_dir)]

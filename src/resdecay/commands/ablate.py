@@ -41,6 +41,7 @@ from ..models import build_model
 from ..train import distributed as dist_env
 from ..train.config import RunConfig, load_config
 from ..train.distributed import is_main_process
+from ..train.tracking import tracker_group
 from ..viz.plots import plot_bars, plot_rank_vs_depth
 from .pretrain import train_with_online_eval
 
@@ -174,7 +175,8 @@ def run_grid(grid: str, out: str | None = None, only: list[str] | None = None, e
     # evaluates a variant: otherwise rank 1 starts the next variant's group alone and times out (issue 23).
     env = dist_env.setup(plan.cfgs[plan.grid["baseline"]].train.device)
     try:
-        return run_plan(plan, env, progress)
+        with tracker_group(plan.grid["name"], plan.out_dir):  # one W&B group / MLflow experiment and store per grid
+            return run_plan(plan, env, progress)
     finally:
         dist_env.cleanup(env)
 

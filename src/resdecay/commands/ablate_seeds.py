@@ -19,6 +19,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..train import distributed as dist_env
 from ..train.distributed import is_main_process
+from ..train.tracking import tracker_group
 from ..viz.plots import plot_bars, plot_rank_vs_depth
 from .ablate import plan_grid, run_plan, table_metrics
 
@@ -68,10 +69,11 @@ def run_seeds(grid: str, seeds: list[int], out: str | None = None, only: list[st
     env = dist_env.setup(first.cfgs[first.grid["baseline"]].train.device)
     try:
         results = {}
-        for i, (seed, plan) in enumerate(plans.items(), 1):
-            if env.is_main:
-                print(f"\n##### {first.grid['name']}: seed {seed} ({i} of {len(plans)}) -> {plan.out_dir} #####")
-            results[seed] = run_plan(plan, env, progress)
+        with tracker_group(first.grid["name"], out_dir):  # every seed's variants in one W&B group / MLflow experiment
+            for i, (seed, plan) in enumerate(plans.items(), 1):
+                if env.is_main:
+                    print(f"\n##### {first.grid['name']}: seed {seed} ({i} of {len(plans)}) -> {plan.out_dir} #####")
+                results[seed] = run_plan(plan, env, progress)
     finally:
         dist_env.cleanup(env)
     if not is_main_process():

@@ -4,10 +4,18 @@ goes through (the train layer cannot import ``eval/`` itself)."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
+import torch
 import yaml
 
+from ..data import build_dataset
 from ..eval.online import online_evaluator
+from ..models import is_diffusion
 from ..train.distributed import is_main_process
+from ..viz.figures import plot_pca_maps
+from ..viz.plots import plot_reconstructions, reconstruct
 from .check_data import check_data
 from ..train import train
 from ..train.config import RunConfig, load_config
@@ -17,7 +25,45 @@ def train_with_online_eval(cfg: RunConfig, resume: str | None = None, progress: 
                            init=None, overwrite: bool = False, allow_changes: bool = False) -> dict:
     """``resdecay.train.train`` with ``train.online_eval_every`` served by ``eval.online``."""
     return train(cfg, resume=resume, progress=progress, on_epoch_end=on_epoch_end, init=init,
-                 online_eval=online_evaluator, overwrite=overwrite, allow_changes=allow_changes)
+                 online_eval=online_evaluator_with_figures, overwrite=overwrite, allow_changes=allow_changes)
+
+
+def online_evaluator_with_figures(cfg: RunConfig, device: torch.device):
+    """``eval.online``'s evaluator and, at the same epochs, figures for the experiment trackers
+    (rank 0, when a chosen tracker shows figures): PCA maps of the last block's patch tokens and,
+    for the MAE, masked reconstructions, of the first 8 test images (as ``resdecay figures`` draws them)."""
+    evaluate, shown = online_evaluator(cfg, device), {}
+    if is_diffusion(cfg.model.family):  # its online evaluation draws samples for a proxy FID; none are kept
+        return evaluate
+
+    def hook(model, epoch: int, step: int, log) -> None:
+        evaluate(model, epoch, step, log)
+        done = epoch + 1
+        if (done % cfg.train.online_eval_every and done != cfg.train.epochs) or not getattr(log, "wants_images", False):
+            return
+        if not shown:  # built at the first figure: ranks > 0 and runs without figures never read the images
+            test, info = build_dataset(cfg.data, "test", cfg.model.img_size, augment=False)
+            shown.update(images=torch.stack([test[i][0] for i in range(min(8, len(test)))]), info=info)
+        for name, png in online_figures(model, shown["images"], shown["info"]).items():
+            log.log_image(step, name, png)
+
+    return hook
+
+
+def online_figures(model, images: torch.Tensor, info) -> dict[str, bytes]:
+    """PNG bytes by tracker tag: ``online/pca_maps`` (ViT encoders) and ``online/reconstructions`` (MAE)."""
+    figures, training = {}, model.training
+    with tempfile.TemporaryDirectory() as tmp:
+        if hasattr(model, "patch_embed"):
+            plot_pca_maps({"last block": model}, images, info.mean, info.std, Path(tmp) / "pca.png")
+            figures["online/pca_maps"] = (Path(tmp) / "pca.png").read_bytes()
+        if hasattr(model, "forward_decoder"):
+            masked, recon = reconstruct(model, images.to(next(model.parameters()).device), seed=0)
+            rows = {"original": images, "masked": masked, "reconstruction": recon}
+            plot_reconstructions(images, rows, info.mean, info.std, Path(tmp) / "recon.png")
+            figures["online/reconstructions"] = (Path(tmp) / "recon.png").read_bytes()
+    model.train(training)  # reconstruct() leaves the model in eval mode; training continues after this hook
+    return figures
 
 
 def run_pretrain(preset: str, overrides: list[str], resume: str | None = None, print_config: bool = False,

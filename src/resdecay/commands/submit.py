@@ -86,7 +86,8 @@ class Resources:
         return self.tasks_per_node or max(self.gpus_per_node, 1)
 
     def check(self) -> None:
-        """One line naming the first bad value and the fix."""
+        """One line naming the first bad value and the fix (submitit missing included)."""
+        import_submitit()
         if self.executor not in EXECUTORS:
             raise UserError(f"--executor {self.executor!r} is unknown; choose one of {', '.join(EXECUTORS)}")
         for flag, value, least in (("--nodes", self.nodes, 1), ("--gpus-per-node", self.gpus_per_node, 0),
@@ -279,7 +280,9 @@ def make_executor(res: Resources, folder: Path, name: str):
     executor.update_parameters(name=name, nodes=res.nodes, tasks_per_node=res.tasks, gpus_per_node=res.gpus_per_node,
                                timeout_min=res.timeout_min, cpus_per_task=res.cpus_per_task, mem_gb=res.mem_gb,
                                slurm_partition=res.partition, slurm_account=res.account, slurm_qos=res.qos,
-                               slurm_constraint=res.constraint)
+                               slurm_constraint=res.constraint,
+                               # requeueable also where the cluster's default is not (PreemptMode=REQUEUE needs it)
+                               slurm_additional_parameters={"requeue": True})
     return executor
 
 

@@ -26,12 +26,13 @@ from ..nn.decayify import alphas_of
 from ..train.checkpoint import load_checkpoint, load_model
 from ..train.config import from_dict, shortcut_tag
 from ..train.distributed import resolve_device
+from ..train.tracking import log_to_run
 from . import baselines as bl
 from .feature_cache import FeatureCache
 from .features import POOLINGS, extract_block_features
 from .inputs import (bad_files_list, check_data_path, check_encoder_family, check_writable, eval_split,
                      replaced_count, replaced_list, restore_replaced)
-from .metrics import BLOCKS, FEATURES, BlockStats, FeatureSet, Metric, measure, metric_names, registered
+from .metrics import BLOCKS, FEATURES, BlockStats, FeatureSet, Metric, measure, metric_names, registered, row_columns
 from .protocol import FAST_RECIPE, IN100_RECIPE, KNN_K, KNN_TEMPERATURE, STATS_IMAGES, MetricSettings
 
 FEATURE_FORMAT = 1  # bump when extraction changes, so old caches are not reused
@@ -58,6 +59,7 @@ class EvalSettings:
     progress: bool = True
     baselines: bool = True  # also measure raw pixels and the run's randomly initialised encoder (eval/baselines.py)
     data_path: str | None = None  # with data=None: the checkpoint's data set, read from this folder
+    trackers: bool = True  # also log one layer's numbers to the training run's trackers (train.loggers: TensorBoard, W&B, MLflow)
 
     def validate(self) -> None:
         names = metric_names(FEATURES)
@@ -254,7 +256,21 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str
         report["profile"] = profile
         cards = {k: v for m in [*s.metrics(), *block_metrics] for k, v in m.protocol(ms).items()}
         report["profile_protocol"] = {**base, "feature": s.feature, **cards}
+    elif s.trackers:
+        log_to_trackers(report, state, checkpoint)
     return report
+
+
+def log_to_trackers(report: dict, state: dict, checkpoint: Path) -> None:
+    """The report's numbers (``eval/<column>``, e.g. ``eval/knn_top1``) into the trackers of the run
+    that wrote the checkpoint, at its step: its TensorBoard events, and the W&B / MLflow runs the
+    checkpoint names. Only for a checkpoint in a training run's folder (one with a ``log.jsonl``)."""
+    run_dir = run_dir_of(checkpoint)
+    if not (run_dir / "log.jsonl").is_file():
+        return
+    values = {f"eval/{k}": v for row in report["results"] for k, v in row_columns(row).items()
+              if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    log_to_run(run_dir, state["config"], state["train_state"].get("trackers"), values, report["step"])
 
 
 def random_init_features(cfg, data: DataConfig, s: EvalSettings, layers: list[int], pools: set, cache: FeatureCache,

@@ -33,6 +33,8 @@ from ..errors import CheckpointError, UserError
 from ..nn.decayify import alphas_of, decayify
 from ..train.checkpoint import load_checkpoint, load_model
 from .files import check_out_file, write_bytes_atomically
+from .pretrained import from_pretrained
+from .pretrained_config import family_config
 from .weights import check_spec, load_strict, read_safetensors
 
 FORMAT = "resdecay-timm-export-v1"
@@ -104,11 +106,30 @@ def build_timm(kwargs: dict, spec: dict, state: dict, source: str) -> nn.Module:
     return model.eval()
 
 
+def source_model(checkpoint: str | Path, ema: bool) -> tuple[nn.Module, object]:
+    """(model, its model config) of a resdecay checkpoint or of a ``save_pretrained`` folder."""
+    if Path(checkpoint).is_dir():
+        if ema:
+            raise UserError(f"--ema applies to a checkpoint; {checkpoint} is a save_pretrained folder with one set of weights")
+        model, config = from_pretrained(checkpoint)
+        if config["kind"] != "resdecay":
+            raise UserError(f"{checkpoint} holds a decayified {config['architecture']['library']} model, not a resdecay encoder; "
+                            "load it with resdecay.from_pretrained")
+        return model, family_config(model)
+    state = load_checkpoint(checkpoint)
+    if ema and "ema" not in state:  # load_model would fall back to the raw weights without a word
+        raise UserError(f"{checkpoint} holds no EMA weights (the run was trained with train.ema_decay=0); "
+                        "drop --ema to export its weights")
+    model, cfg = load_model(checkpoint, ema=ema, state=state)
+    return model, cfg.model
+
+
 def export_to_timm(checkpoint: str | Path, out: str | Path, ema: bool = False) -> Path:
     """Write a resdecay MAE / classifier checkpoint's encoder as a timm ViT safetensors file.
 
     Args:
-        checkpoint: a resdecay checkpoint (``<run>/checkpoints/step_*.pt`` or ``import-weights`` output).
+        checkpoint: a resdecay checkpoint (``<run>/checkpoints/step_*.pt`` or ``import-weights``
+            output), or a folder ``save_pretrained`` / ``export --to hf`` wrote.
         out: the ``.safetensors`` file to write.
         ema: export the EMA weights; refused when the run kept none.
 
@@ -121,12 +142,8 @@ def export_to_timm(checkpoint: str | Path, out: str | Path, ema: bool = False) -
     if out.suffix != ".safetensors":
         raise UserError(f"--out {out} must end in .safetensors")
     check_out_file(out)
-    state = load_checkpoint(checkpoint)
-    if ema and "ema" not in state:  # load_model would fall back to the raw weights without a word
-        raise UserError(f"{checkpoint} holds no EMA weights (the run was trained with train.ema_decay=0); "
-                        "drop --ema to export its weights")
-    model, cfg = load_model(checkpoint, ema=ema, state=state)
-    enc, head = encoder_settings(cfg.model)
+    model, model_cfg = source_model(checkpoint, ema)
+    enc, head = encoder_settings(model_cfg)
     spec, kwargs = spec_of(enc), timm_kwargs(enc, head)
     vit = build_timm(kwargs, spec, timm_state(model.state_dict(), head), str(checkpoint))
     got = torch.tensor([a for _, a in alphas_of(vit)], dtype=torch.float64)

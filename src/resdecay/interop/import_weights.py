@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -44,6 +45,10 @@ from .files import check_out_file, make_parent, unwritable
 from .weights import load_strict, read_weights_file, state_dict_of
 
 FORMATS = ("mae", "unet-mae", "timm-vit")
+
+
+class AlphaUnknownWarning(UserWarning):
+    """A timm ViT file states no alpha: it is imported as a plain model, which is wrong if it was decayified."""
 
 
 def _count(state: dict, prefix: str) -> int:
@@ -154,7 +159,12 @@ def _alpha_settings(fmt: str, alpha_min: float | None, stated: Stated, source: s
     if fmt == "unet-mae" and alpha_min is None:
         raise UserError(f"--format unet-mae needs --alpha-min for {source}: it carries no args.min_decay (the authors' "
                         "training script saves it in 'args'; this file has none), e.g. --alpha-min 0.6")
-    return {"alpha_min": 1.0 if alpha_min is None else float(alpha_min)}
+    if alpha_min is None:  # a timm ViT: plain, unless it was decayified and saved without its spec
+        warnings.warn(f"{source} states no alpha (no resdecay_spec), so it was imported as a plain alpha 1 model; if it was "
+                      "decayified, import it again with --alpha-min A (and model.schedule=... as it was trained); "
+                      "--alpha-min 1 says it is plain and silences this", AlphaUnknownWarning, stacklevel=3)
+        return {"alpha_min": 1.0}
+    return {"alpha_min": float(alpha_min)}
 
 
 # what a format implies where its files say nothing: ahead of the preset, behind a key=value override

@@ -94,6 +94,10 @@ def training_lines(config: dict) -> list[str]:
             rows.append(("final loss", f"{train['final_loss']:.4f} (training objective, mean over the last logged window)"))
         if train.get("train_time_s") is not None:
             rows.append(("training time", f"{train['train_time_s']:.3g} s (summed over every launch)"))
+    elif config.get("train"):  # the run's config without its summary: what was planned, not what ran
+        planned = config["train"]
+        rows.append(("training length", f"train.epochs={planned.get('epochs')} at batch {planned.get('batch_size')} per device "
+                     "as configured (the run's summary.json was not given: pass run_dir= for the steps it trained)"))
     if weights:
         rows.append(("weights", f"{weights.get('weights', 'model')} weights of {weights.get('checkpoint')}, step "
                      f"{weights.get('step')} (epoch {weights.get('epoch')})"))

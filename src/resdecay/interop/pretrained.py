@@ -103,7 +103,8 @@ def describe(model: nn.Module, record: RunRecord, architecture: str | None = Non
         config["weights"] = weights
     report = record.evaluation
     if report is not None:
-        if "model" in config and "model" in report and report["model"] != config["model"]:
+        # compared as JSON both: eval.json was read back from JSON, the config is fresh from the dataclass
+        if "model" in config and "model" in report and report["model"] != json.loads(json.dumps(config["model"])):
             diff = next((k for k, v in config["model"].items() if report["model"].get(k) != v), "?")
             raise UserError(f"{record.eval_path} measured another model (model.{diff}: {report['model'].get(diff)!r} vs "
                             f"{config['model'].get(diff)!r}); pass the eval.json of this model's run")
@@ -118,11 +119,20 @@ def check_out_folder(folder: str | Path) -> Path:
     earlier save_pretrained folder is overwritten, as huggingface_hub's save_pretrained does)."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
-        raise UserError(f"--out {folder} is a file; pass a folder to write config.json, model.safetensors and README.md into")
-    if folder.is_dir() and any(folder.iterdir()) and not (folder / CONFIG_NAME).is_file():
-        raise UserError(f"--out {folder} already holds other files; pass a new or empty folder")
+        raise UserError(f"{folder} is a file, not a folder; pass a folder to write config.json, model.safetensors and README.md into")
+    if folder.is_dir() and any(folder.iterdir()) and not _saved_here(folder):
+        raise UserError(f"{folder} already holds other files; pass a new or empty folder (an earlier save_pretrained "
+                        "folder is overwritten)")
     check_out_file(folder / CONFIG_NAME)
     return folder
+
+
+def _saved_here(folder: Path) -> bool:
+    """Whether ``folder`` holds a config.json that save_pretrained wrote."""
+    try:
+        return json.loads((folder / CONFIG_NAME).read_text()).get("format") == FORMAT
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return False
 
 
 def save_pretrained(model: nn.Module, folder: str | Path, *, run_dir: str | Path | None = None,
@@ -182,6 +192,9 @@ def export_to_hf(checkpoint: str | Path, out: str | Path, ema: bool = False, eva
         eval_json: the evaluation to report.
         license: the card's license identifier.
     """
+    if Path(checkpoint).is_dir():
+        raise UserError(f"{checkpoint} is a folder; export --to hf takes a checkpoint file (<run>/checkpoints/step_*.pt), and a "
+                        "save_pretrained folder is shared as it is")
     check_out_folder(out)
     state = load_checkpoint(checkpoint)
     if ema and "ema" not in state:

@@ -8,7 +8,8 @@ resdecay-checkpoint-v1``:
     optimizer    the optimizer's state_dict
     scaler       the fp16 GradScaler's state_dict
     train_state  step, epoch, step_in_epoch, world_size, images (training-set size), and where
-                 known train_time_s (summed over launches) and final_loss
+                 known train_time_s (summed over launches), final_loss and trackers (the W&B /
+                 MLflow runs a resumed launch continues: train/tracking.py)
     rng          every rank's Python, NumPy, torch CPU and CUDA generator states
     loss_window  every rank's open log window (runlog.LossWindow), so a resumed run logs the
                  same rows as an uninterrupted one

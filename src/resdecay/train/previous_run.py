@@ -15,11 +15,12 @@ from pathlib import Path
 
 from ..errors import UserError
 
-RUN_FILES = ("checkpoints", "log.jsonl", "summary.json", "tb", "eval", "bad_files.txt")
+RUN_FILES = ("checkpoints", "log.jsonl", "summary.json", "tb", "eval", "bad_files.txt", "summary.csv", "wandb", "mlruns")
 # Settings a resumed run may change without being refused: they do not change what it computes, or (epochs)
 # they are how people extend a run; each change is still noted in one line.
 HARMLESS = {"train": {"device", "threads", "log_every", "ckpt_every", "keep_last", "out_dir", "compile",
-                      "online_eval_every", "online_eval_size", "epochs", "norm_growth_warn", "norm_growth_window"},
+                      "online_eval_every", "online_eval_size", "epochs", "norm_growth_warn", "norm_growth_window",
+                      "loggers"},
             "data": {"num_workers", "path"}}
 
 

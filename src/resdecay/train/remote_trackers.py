@@ -52,7 +52,7 @@ class WandbTracker(Tracker):
         try:
             self.run = wandb.init(dir=str(run_dir), id=resume.get("id"), project=resume.get("project") or
                                   os.environ.get("WANDB_PROJECT") or PROJECT, entity=resume.get("entity") or None,
-                                  name=Path(run_dir).name, group=self.group.name if self.group else None,
+                                  name=self.run_name(run_dir), group=self.group.name if self.group else None,
                                   config=config, allow_val_change=True, resume="allow" if resume.get("id") else None)
         except Exception as e:  # not logged in, no network, a bad setting: one line, before training
             raise TrackerStartError(f"Weights & Biases could not start a run ({type(e).__name__}: {e}); run `wandb login`, "
@@ -96,7 +96,7 @@ class MlflowTracker(Tracker):
             self.group.name if self.group else PROJECT)
         try:
             self.client = MlflowClient(tracking_uri=uri)
-            self.run_id = self._find_run(resume.get("id")) or self._new_run(experiment, Path(run_dir).name)
+            self.run_id = self._find_run(resume.get("id")) or self._new_run(experiment, self.run_name(run_dir))
             if config is not None:
                 self._log_params(config)
         except Exception as e:

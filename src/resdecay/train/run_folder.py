@@ -70,7 +70,7 @@ def remove_failed_start(path: Path, before: set[str], created: bool) -> None:
     new = set(os.listdir(path)) - before
     if "log.jsonl" in new or ("checkpoints" in new and ckpt.list_checkpoints(path / "checkpoints")):
         return
-    for name in new & {"tb", "checkpoints", "bad_files.txt", runlock.LOCK_NAME}:
+    for name in new & {"tb", "checkpoints", "bad_files.txt", "summary.csv", "wandb", "mlruns", runlock.LOCK_NAME}:
         target = path / name
         if target.is_dir():
             shutil.rmtree(target, ignore_errors=True)

@@ -99,9 +99,10 @@ class RunLog:
             self.trackers.log_image(step, name, image)
 
     def describe_model(self, alphas: list[tuple[str, tuple[float, ...]]]) -> None:
-        """The shortcut-factor schedule (``nn.decayify.alphas_of``) as a figure and a table, at step 0."""
+        """The shortcut-factor schedule (``nn.decayify.alphas_of``) at step 0: a table (``alpha_table``)
+        and a figure (``alpha_schedule``; distinct names: W&B keeps one value per name and step)."""
         if self.enabled:
-            self.trackers.log_text(0, "alpha_schedule", alpha_table(alphas))
+            self.trackers.log_text(0, "alpha_table", alpha_table(alphas))
             if self.trackers.wants_images:
                 self.trackers.log_image(0, "alpha_schedule", alpha_figure(alphas))
 

@@ -44,6 +44,13 @@ class Tracker(ABC):
     def __init__(self, group: Group | None = None):
         self.group = group
 
+    def run_name(self, run_dir: Path) -> str:
+        """The run folder's name, or its path inside the group's folder (``seed0/decay-both``)."""
+        run_dir = Path(run_dir).resolve()
+        if self.group and run_dir.is_relative_to(Path(self.group.folder).resolve()):
+            return str(run_dir.relative_to(Path(self.group.folder).resolve()))
+        return run_dir.name
+
     @abstractmethod
     def start(self, config: dict, run_dir: Path, resume: dict | None = None, resume_step: int | None = None) -> dict | None:
         """Open the run.
