@@ -208,6 +208,8 @@ PLANS: dict[str, Plan] = {
     "resdecay import-weights vit.pth --format timm-vit --preset mae-s16 model.num_heads=6 --out vit.pt": Plan(expect=("vit.pt",)),
     "resdecay export runs/mae-tiny-fmnist/checkpoints/step_00007020.pt --to timm --out vit.safetensors": Plan(
         expect=("vit.safetensors",)),
+    "resdecay export runs/mae-tiny-fmnist/checkpoints/step_00007020.pt --to hf --out mae-tiny-fmnist-hf": Plan(
+        expect=("mae-tiny-fmnist-hf/README.md::alpha_eff", "mae-tiny-fmnist-hf/config.json", "mae-tiny-fmnist-hf/model.safetensors")),
     # ablations: every variant of the grid, each a few steps on the fake data
     # cluster: submitit's local executor and a fake sbatch on PATH (tests/test_submit.py)
     "resdecay submit --nodes 2 --gpus-per-node 8 --partition gpu --timeout-min 240 pretrain --preset mae-b16 data.path=/data/in100":
@@ -298,6 +300,7 @@ def resolve(argv: list[str], plan: Plan, ctx: Context) -> list[str]:
 PYTHON_BLOCKS: dict[str, dict[str, str] | str] = {
     "Notebook API": "tests/test_api.py::test_readme_notebook_example_runs",
     "Decayed shortcuts in models you already have": {'"vit_base_patch16_224"': '"vit_tiny_patch16_224"'},
+    "Sharing a model": {'"runs/mae-tiny-fmnist/checkpoints/step_00007020.pt"': "MAE_CKPT"},
     "Library": {'"runs/mae-tiny-fmnist/checkpoints/step_00007020.pt"': "MAE_CKPT",
                 "224, 224": "32, 32",  # a small MAE instead of ViT-B/16, whose size test_readme_commands checks apart
                 "MAEConfig(alpha_min=0.6)": "MAEConfig(alpha_min=0.6, img_size=32, embed_dim=32, depth=8, num_heads=2, "

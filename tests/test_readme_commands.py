@@ -375,4 +375,14 @@ def check_library(scope: dict) -> None:
     assert scope["cfg"].model.alpha_min == 0.6 and torch.isfinite(scope["loss"])
 
 
-CHECKS = {"Decayed shortcuts in models you already have": check_decayify, "Library": check_library}
+def check_sharing(scope: dict) -> None:
+    assert Path("mae-hf/README.md").is_file() and Path("mae-hf/model.safetensors").is_file()
+    config, cfg = scope["config"], scope["cfg"]
+    assert config["alpha"]["alpha_min"] == cfg.model.alpha_min and 0 < config["alpha"]["alpha_eff"] <= 1
+    x = torch.randn(2, cfg.model.in_chans, cfg.model.img_size, cfg.model.img_size)
+    reloaded, _ = scope["resdecay"].load_model(scope["MAE_CKPT"])
+    assert torch.equal(scope["model"].forward_features(x), reloaded.eval().forward_features(x))
+
+
+CHECKS = {"Decayed shortcuts in models you already have": check_decayify, "Library": check_library,
+          "Sharing a model": check_sharing}
