@@ -18,8 +18,9 @@ TINY = ["model.embed_dim=32", "model.depth=4", "model.num_heads=2", "model.decod
 
 
 @pytest.fixture(autouse=True)
-def _threads():
+def _threads(monkeypatch):
     torch.set_num_threads(2)
+    monkeypatch.setenv("WANDB_MODE", "offline")  # train.loggers=[wandb] never reaches a network in the tests
 
 
 @pytest.fixture

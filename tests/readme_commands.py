@@ -211,6 +211,9 @@ PLANS: dict[str, Plan] = {
     "resdecay export runs/mae-tiny-fmnist/checkpoints/step_00007020.pt --to hf --out mae-tiny-fmnist-hf": Plan(
         expect=("mae-tiny-fmnist-hf/README.md::alpha_eff", "mae-tiny-fmnist-hf/config.json", "mae-tiny-fmnist-hf/model.safetensors")),
     # ablations: every variant of the grid, each a few steps on the fake data
+    # trackers: W&B offline, an MLflow file store, TensorBoard read back, CSV (tests/test_trackers.py)
+    "resdecay pretrain --preset mae-tiny-fmnist train.loggers=[tensorboard,wandb,mlflow,csv]": Plan(
+        add=FMNIST, expect=("{tmp}/run/summary.csv", "{tmp}/run/wandb/*", "{tmp}/run/mlruns/*")),  # W&B offline: conftest
     # cluster: submitit's local executor and a fake sbatch on PATH (tests/test_submit.py)
     "resdecay submit --nodes 2 --gpus-per-node 8 --partition gpu --timeout-min 240 pretrain --preset mae-b16 data.path=/data/in100":
         Plan(covered="tests/test_submit.py::test_slurm_submission_writes_the_sbatch_options_and_the_job_id"),

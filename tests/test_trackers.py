@@ -22,12 +22,7 @@ from resdecay.train.tracking import Trackers, tracker_group
 from conftest import TINY
 from test_cli import assert_one_line_error, run
 
-pytest.importorskip("wandb", reason="pip install -e '.[wandb]' (in the test extra)")
-pytest.importorskip("mlflow", reason="pip install -e '.[mlflow]' (in the test extra)")
-
-from mlflow.tracking import MlflowClient  # noqa: E402
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
-from wandb.proto import wandb_internal_pb2  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 # 640 images in batches of 64: 10 steps, a row every 2, checkpoints at 4, 8 and 10
 RUN = [*TINY, "train.epochs=1", "data.train_subset=640", "train.threads=1", "train.log_every=2", "train.ckpt_every=4",
@@ -57,9 +52,19 @@ def train_run(out: Path, *extra: str, resume: str | None = None) -> dict:
                                   progress=False)
 
 
+def needs(package: str):
+    """The optional package (both are in the test extra); the test skips only where it is not installed."""
+    return pytest.importorskip(package, reason=f"pip install -e '.[{package.split('.')[0]}]' (in the test extra)")
+
+
+def mlflow_client(uri: str):
+    return needs("mlflow.tracking").MlflowClient(tracking_uri=uri)
+
+
 def wandb_records(path: Path):
     """The records of a W&B ``run-<id>.wandb`` file (LevelDB log format: 32 KiB blocks of chunks,
     each with a 7-byte header: CRC, length, type (1 full, 2 first, 3 middle, 4 last))."""
+    wandb_internal_pb2 = needs("wandb.proto.wandb_internal_pb2")
     data = path.read_bytes()
     assert data[:4] == b":W&B"
     pos, chunk = 7, b""
@@ -106,6 +111,7 @@ def refs_of(checkpoint: Path) -> dict:
 def tracked(tmp_path_factory):
     """One run logging to W&B (offline), MLflow and CSV with online evaluation; then resumed from its
     step-4 checkpoint, as if killed after logging step 8; then evaluated."""
+    needs("wandb"), needs("mlflow")
     out = tmp_path_factory.mktemp("tracked") / "run"
     loggers = ["train.loggers=[wandb,mlflow,csv]", *ONLINE]
     with pytest.MonkeyPatch.context() as mp:
@@ -124,7 +130,7 @@ def test_checkpoints_keep_the_tracker_runs_and_resume_continues_them(tracked):
     assert set(at4) == {"wandb", "mlflow"} and at4 == at10  # the resumed launch continued the same runs
     assert at4["mlflow"]["uri"] == f"file:{(out / 'mlruns').resolve()}" and at4["mlflow"]["experiment"] == "resdecay"
     assert wandb_run(out)["ids"] == {at4["wandb"]["id"]}  # every offline launch (train, resume, eval) is that run
-    client = MlflowClient(tracking_uri=at4["mlflow"]["uri"])
+    client = mlflow_client(at4["mlflow"]["uri"])
     assert len(client.search_runs([client.get_experiment_by_name("resdecay").experiment_id])) == 1
 
 
@@ -151,7 +157,7 @@ def test_wandb_offline_files_hold_config_scalars_block_rms_and_figures(tracked):
 def test_mlflow_file_store_holds_params_metrics_images_and_the_evaluation(tracked):
     out, _ = tracked
     ref = refs_of(ckpt.checkpoint_path(out / "checkpoints", 10))["mlflow"]
-    client = MlflowClient(tracking_uri=ref["uri"])
+    client = mlflow_client(ref["uri"])
     run_ = client.get_run(ref["id"])
     assert run_.info.status == "FINISHED" and run_.info.run_name == "run"
     assert run_.data.params["train.epochs"] == "1" and run_.data.params["model.alpha_min"] == "0.6"
@@ -229,6 +235,7 @@ def test_tensorboard_holds_scalars_config_block_rms_alpha_figures_and_the_evalua
 def test_a_checkpoint_without_tracker_runs_resumes_and_adds_a_tracker(tmp_path):
     """Checkpoints of earlier versions name no tracker runs; a resume may add back ends (train.loggers
     is a harmless change), which then start at the resumed step."""
+    needs("mlflow")
     out = tmp_path / "run"
     train_run(out)
     state = ckpt.load_checkpoint(ckpt.checkpoint_path(out / "checkpoints", 4))
@@ -242,6 +249,7 @@ def test_a_checkpoint_without_tracker_runs_resumes_and_adds_a_tracker(tmp_path):
 # ----------------------------------------------------------------------------- choosing, failing, ranks
 @pytest.mark.parametrize("name", ["wandb", "mlflow"])
 def test_a_missing_tracker_package_is_one_line_naming_the_extra(capsys, tmp_path, monkeypatch, name):
+    """Simulated: the package made unimportable (the test needs neither installed)."""
     monkeypatch.setitem(sys.modules, name, None)  # `import wandb` now raises ImportError
     out = tmp_path / "run"
     code, _, err = run(capsys, "pretrain", "--preset", "mae-tiny-digits", "--no-progress", *RUN, f"train.out_dir={out}",
@@ -269,6 +277,7 @@ def test_only_rank_0_logs(tmp_path):
 
 
 def test_an_ablation_grid_shares_one_mlflow_store_and_experiment_and_failures_are_marked(tmp_path):
+    needs("mlflow")
     grid = tmp_path / "grid"
     with tracker_group("table3b", grid), tracker_group("inner", tmp_path / "other"):  # the outer group wins
         trackers = Trackers(["mlflow"])
@@ -277,6 +286,35 @@ def test_an_ablation_grid_shares_one_mlflow_store_and_experiment_and_failures_ar
     trackers.finish(ok=False)
     ref = trackers.refs["mlflow"]
     assert ref["uri"] == f"file:{(grid / 'mlruns').resolve()}" and ref["experiment"] == "table3b"
-    run_ = MlflowClient(tracking_uri=ref["uri"]).get_run(ref["id"])
+    run_ = mlflow_client(ref["uri"]).get_run(ref["id"])
     assert run_.info.run_name == "seed0/decay-both" and run_.info.status == "FAILED"
     assert run_.data.metrics == {"train/loss": 0.5}
+
+
+# ----------------------------------------------------------------------------- ablate
+SEED_GRID = ["data.name=digits", "model.img_size=8", "model.width=8", "train.epochs=1", "train.batch_size=64",
+             "train.warmup_epochs=0", "data.num_workers=0", "train.threads=1", "train.loggers=[mlflow]"]
+
+
+def grid_runs(out: Path) -> dict:
+    """{MLflow run name: its eval/knn_top1} in the grid's store, experiment figure7-toy."""
+    client = mlflow_client(f"file:{(out / 'mlruns').resolve()}")
+    runs = client.search_runs([client.get_experiment_by_name("figure7-toy").experiment_id])
+    return {r.info.run_name: r.data.metrics.get("eval/knn_top1") for r in runs}
+
+
+def test_ablate_variants_and_seeds_share_one_mlflow_experiment_with_their_evaluations(capsys, tmp_path):
+    needs("mlflow")
+    out = tmp_path / "g"
+    code, _, err = run(capsys, "ablate", "--grid", "figure7-toy", "--only", "8 blocks alpha 0.7", "--out", str(out),
+                       *SEED_GRID, "--no-progress")
+    assert code == 0, err
+    assert grid_runs(out) == {"8-blocks-alpha-0-7": json.loads((out / "ablate.json").read_text())
+                              ["rows"]["8 blocks alpha 0.7"]["measures"]["knn_top1"]}
+    seeds = tmp_path / "s"
+    code, _, err = run(capsys, "ablate", "--grid", "figure7-toy", "--only", "8 blocks alpha 0.7", "--seeds", "0,1",
+                       "--out", str(seeds), *SEED_GRID, "--no-progress")
+    assert code == 0, err
+    found = grid_runs(seeds)  # both seeds in the outer folder's store, named by their path in it
+    assert set(found) == {"seed0/8-blocks-alpha-0-7", "seed1/8-blocks-alpha-0-7"} and all(v is not None for v in found.values())
+    assert not (seeds / "seed0" / "mlruns").exists() and not (seeds / "seed0" / "8-blocks-alpha-0-7" / "mlruns").exists()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import UserError
+from ..errors import UserError, one_line
 from .trackers import Tracker, image_array
 
 PROJECT = "resdecay"  # default W&B project and MLflow experiment
@@ -55,7 +55,7 @@ class WandbTracker(Tracker):
                                   name=self.run_name(run_dir), group=self.group.name if self.group else None,
                                   config=config, allow_val_change=True, resume="allow" if resume.get("id") else None)
         except Exception as e:  # not logged in, no network, a bad setting: one line, before training
-            raise TrackerStartError(f"Weights & Biases could not start a run ({type(e).__name__}: {e}); run `wandb login`, "
+            raise TrackerStartError(f"Weights & Biases could not start a run ({type(e).__name__}: {one_line(e)}); run `wandb login`, "
                                     "or set WANDB_MODE=offline to log locally, or drop wandb from train.loggers") from None
         return {"id": self.run.id, "project": self.run.project, "entity": self.run.entity or ""}
 
@@ -100,7 +100,7 @@ class MlflowTracker(Tracker):
             if config is not None:
                 self._log_params(config)
         except Exception as e:
-            raise TrackerStartError(f"MLflow could not start a run at {uri} ({type(e).__name__}: {e}); check "
+            raise TrackerStartError(f"MLflow could not start a run at {uri} ({type(e).__name__}: {one_line(e)}); check "
                                     "MLFLOW_TRACKING_URI, or drop mlflow from train.loggers") from None
         if resume_step is None and config is not None:
             self.client.log_text(self.run_id, yaml.safe_dump(config, sort_keys=False), "config.yaml")

@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..errors import UserError
+from ..errors import UserError, one_line
 from .remote_trackers import MlflowTracker, WandbTracker
 from .trackers import CsvTracker, Group, TensorBoardTracker, Tracker
 
@@ -203,4 +203,4 @@ def log_to_run(run_dir: Path, config: dict, refs: dict | None, values: dict[str,
         trackers.log_summary(values, step)
         trackers.finish()
     except Exception as e:
-        say(f"note: the evaluation was not logged to {', '.join(names)} ({type(e).__name__}: {e})")
+        say(f"note: the evaluation was not logged to {', '.join(names)} ({type(e).__name__}: {one_line(e)})")
