@@ -20,7 +20,7 @@ from ..eval.reports import format_report
 from ..eval.suite import EvalSettings, checked_checkpoint, evaluate_checkpoint
 from ..io import run_dir_of
 from ..models import is_diffusion
-from ..train import distributed as D
+from ..train import distributed as dist_env
 from ..train.checkpoint import load_checkpoint, load_model
 from ..train.config import from_dict
 from ..train.distributed import resolve_device
@@ -87,7 +87,7 @@ def run_eval(checkpoints: list[str], settings: EvalSettings, out: str | None = N
     layer = settings.layer
     check_eval_inputs(checkpoints, settings, out)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    env = D.setup("cpu" if settings.device == "cpu" else "auto") if distributed else None
+    env = dist_env.setup("cpu" if settings.device == "cpu" else "auto") if distributed else None
     profiles, reports = {}, {}
     for ckpt in checkpoints:
         folder = _report_dir(ckpt, out)
@@ -110,7 +110,7 @@ def run_eval(checkpoints: list[str], settings: EvalSettings, out: str | None = N
         path = plot_profile(profiles, Path(out or "runs/eval") / "profile_overlay.png", note=_protocol_note(settings))
         print(f"overlay: {path}")
     if env is not None and dist.is_initialized():
-        D.cleanup(env)
+        dist_env.cleanup(env)
     return reports
 
 
