@@ -114,3 +114,17 @@ def test_the_plugin_formula_reaches_the_plugin_family(capsys, tmp_path, registri
     mixed = block.token_mlp(block.norm1(x).transpose(1, 2)).transpose(1, 2)
     h = a[0] * x + b[0] * mixed
     assert torch.allclose(block(x), a[1] * h + b[1] * block.channel_mlp(block.norm2(h)), atol=1e-6)
+
+
+def test_a_missing_or_broken_plugin_is_one_line(capsys, tmp_path, monkeypatch, registries_restored):
+    from test_cli import assert_one_line_error
+
+    code, _, err = run(capsys, "--plugin", str(tmp_path / "nope.py"), "presets")
+    assert_one_line_error(code, err, "nope.py: no such file", "path of a .py file")
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\nraise RuntimeError('my formula is wrong')\n")
+    code, _, err = run(capsys, "--plugin", str(broken), "presets")
+    assert_one_line_error(code, err, "plugin", "broken.py failed to load: RuntimeError: my formula is wrong")
+    monkeypatch.setenv("RESDECAY_PLUGINS", str(tmp_path / "gone.py"))  # the environment's plugins, the same way
+    code, _, err = run(capsys, "presets")
+    assert_one_line_error(code, err, "gone.py: no such file")
