@@ -21,7 +21,9 @@ import torch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LEVELS = {"clean": [], "bg": ["background"], "bg-colour": ["background", "colour"],
-          "bg-colour-scale": ["background", "colour", "scale"], "all": ["background", "colour", "scale", "position"]}
+          "bg-colour-scale": ["background", "colour", "scale"], "all": ["background", "colour", "scale", "position"],
+          "all-e64": ["background", "colour", "scale", "position"]}  # the all level trained 64 epochs (run.sh: LEVEL-eN)
+PIXEL_LEVEL = {"all-e64": "all"}  # same data, same raw pixels
 VARIANTS = {"plain-mae": "plain", "alpha-0-8": "alpha 0.8", "alpha-0-6": "alpha 0.6"}
 MEASURES = {"online_knn_top1": "kNN", "online_probe_top1": "probe"}
 
@@ -74,6 +76,8 @@ def pixel_baselines(size: int = 2000) -> dict:
 
     out = {}
     for level, nuisances in LEVELS.items():
+        if level in PIXEL_LEVEL:
+            continue
         cfg = DataConfig(name="fashion-mnist-m", canvas=32, nuisances=list(nuisances), train_subset=20000)
         feats = {}
         for split in ("train", "test"):
@@ -124,6 +128,43 @@ def absolute(data: dict) -> dict:
     return {k: mean_std(v) for k, v in out.items()}
 
 
+def final_metrics(ev: dict) -> dict:
+    """The full-protocol kNN / probe top-1 of one eval.json (last block, mean-pooled) and its raw-pixel baselines."""
+    own = {r["metric"]: r["values"]["top1"] for r in ev["results"] if r["metric"] in ("knn", "probe") and r["feature"] == "mean"}
+    px = {r["metric"]: r["values"]["top1"] for r in ev["baselines"] if r["source"] == "pixels" and r["metric"] in ("knn", "probe")}
+    return {"kNN": own["knn"], "probe": own["probe"], "pixels kNN": px["knn"], "pixels probe": px["probe"]}
+
+
+def final_table(data: dict) -> tuple[str, dict]:
+    """The end-of-run full-protocol eval (bank 20k train images, 10k test queries, 200-epoch probe), per level and
+    alpha: mean ± std over seeds of each model and of Δ, how many seeds the decay won, and the pixels it beats."""
+    lines = ["Full protocol after the last epoch (eval.json: bank = 20k train images, queries = 10k test images, last block "
+             "mean-pooled, kNN k=20 T=0.07, linear probe 200 epochs); mean ± sample std over seeds (n); "
+             "wins = seeds where Δ > 0.", "",
+             "| level | epochs | pixels kNN / probe | plain kNN / probe | decayed | kNN / probe | Δ kNN | Δ probe | wins kNN / probe |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    out = {}
+    for level, by_variant in data.items():
+        plain = {s: final_metrics(c["eval"]) for s, c in by_variant.get("plain", {}).items() if "eval" in c}
+        for variant in ("alpha 0.8", "alpha 0.6"):
+            dec = {s: final_metrics(c["eval"]) for s, c in by_variant.get(variant, {}).items() if "eval" in c and s in plain}
+            if not dec:
+                continue
+            seeds = sorted(dec)
+            cell = {m: mean_std([dec[s][m] for s in seeds]) for m in ("kNN", "probe")}
+            cell |= {f"plain {m}": mean_std([plain[s][m] for s in seeds]) for m in ("kNN", "probe")}
+            cell |= {f"Δ {m}": mean_std([dec[s][m] - plain[s][m] for s in seeds]) for m in ("kNN", "probe")}
+            cell |= {f"wins {m}": sum(dec[s][m] > plain[s][m] for s in seeds) for m in ("kNN", "probe")}
+            cell |= {f"pixels {m}": plain[seeds[0]][f"pixels {m}"] for m in ("kNN", "probe")}
+            cell["seeds"] = seeds
+            epochs = max(max(c["online"]) for c in by_variant[variant].values() if c["online"])
+            out[f"{level} | {variant}"] = cell
+            lines.append(f"| {level} | {epochs} | {cell['pixels kNN']:.3f} / {cell['pixels probe']:.3f} "
+                         f"| {fmt(cell['plain kNN'])} / {fmt(cell['plain probe'])} | {variant} | {fmt(cell['kNN'])} / {fmt(cell['probe'])} "
+                         f"| {fmt(cell['Δ kNN'], True)} | {fmt(cell['Δ probe'], True)} | {cell['wins kNN']}/{len(seeds)} / {cell['wins probe']}/{len(seeds)} |")
+    return "\n".join(lines), out
+
+
 def fmt(ms: tuple | None, signed: bool = False) -> str:
     if ms is None:
         return "–"
@@ -133,7 +174,7 @@ def fmt(ms: tuple | None, signed: bool = False) -> str:
 
 
 def table(d: dict, a: dict, pixels: dict, epochs: list[int]) -> str:
-    lines = ["Online protocol: first 2000 train images as bank / probe set, first 2000 test images as queries, "
+    lines = ["Online curves (every 4 epochs of each run). Online protocol: first 2000 train images as bank / probe set, first 2000 test images as queries, "
              "last encoder block, mean-pooled, kNN k=20 T=0.07, fast probe (30 epochs, batchnorm); mean ± sample std over seeds (n).",
              "", "| level | measure | pixels | epochs | plain | α 0.8 | Δ α 0.8 | α 0.6 | Δ α 0.6 |", "|---|---|---|---|---|---|---|---|---|"]
     for level in LEVELS:
@@ -222,11 +263,13 @@ def main() -> None:
     else:
         pixels = pixel_baselines()
         pix_path.write_text(json.dumps(pixels, indent=1))
+    pixels |= {level: pixels[source] for level, source in PIXEL_LEVEL.items()}
     d, a = deltas(data), absolute(data)
     epochs = sorted({k[2] for k in a})
-    (HERE / "where-map.md").write_text(table(d, a, pixels, epochs) + "\n")
+    final_md, final = final_table(data)
+    (HERE / "where-map.md").write_text(final_md + "\n\n" + table(d, a, pixels, epochs) + "\n")
     (HERE / "where-map.json").write_text(json.dumps(
-        {"pixels": pixels, "delta": {" | ".join(map(str, k)): v for k, v in d.items()},
+        {"pixels": pixels, "final": final, "delta": {" | ".join(map(str, k)): v for k, v in d.items()},
          "absolute": {" | ".join(map(str, k)): v for k, v in a.items()}}, indent=1))
     if d:
         heat_map(d, a, pixels, epochs, HERE / "where-map.png")
