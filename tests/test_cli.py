@@ -78,6 +78,7 @@ def test_demo_side_by_side_gives_the_numbers_of_one_after_the_other(tmp_path, mo
     from resdecay.commands import demo
 
     rows = {}
+    monkeypatch.setattr(demo.os, "cpu_count", lambda: 2)  # side by side needs a core per model
     for mode, side in (("seq", set()), ("par", {"digits"})):
         monkeypatch.setattr(demo, "SIDE_BY_SIDE", side)
         report = demo.run_demo("digits", str(tmp_path / mode), epochs=1, progress=False, threads=1)

@@ -87,7 +87,7 @@ def run_demo(data: str = "auto", out_dir: str = "runs/demo", epochs: int | None 
     preset, extra, default_alpha = DEMO_DATA[name]
     alpha_min = default_alpha if alpha_min is None else alpha_min
     out = Path(out_dir)
-    side_by_side = name in SIDE_BY_SIDE and (os.cpu_count() or 1) >= 2
+    side_by_side = name in SIDE_BY_SIDE and 2 * (threads or 1) <= (os.cpu_count() or 1)  # never more threads than cores
     if side_by_side and threads is None:
         threads = 1  # one core per model, as the study's runs were made
     common = [*extra, f"train.seed={seed}", "train.ckpt_every=100000"]
