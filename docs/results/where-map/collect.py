@@ -208,7 +208,8 @@ def heat_map(d: dict, a: dict, pixels: dict, epochs: list[int], path: Path) -> N
                         continue
                     beats = lv in pixels and a[(lv, variant, e, m)][0] > pixels[lv][m]
                     spread = f"±{cell[1]:.2f} n{cell[2]}" if cell[2] > 1 else "n1"
-                    ax.text(j, i, f"{cell[0]:+.2f}{' *' if beats else ''}\n{spread}", ha="center", va="center", fontsize=7)
+                    ax.text(j, i, f"{cell[0]:+.2f}{' *' if beats else ''}\n{spread}", ha="center", va="center", fontsize=7,
+                            color="white" if abs(cell[0]) > 0.08 else "black")  # readable on the saturated cells
             ax.set_xticks(range(len(epochs)), [str(e) for e in epochs])
             ax.set_yticks(range(len(levels)), [f"{lv}\npixels {pixels[lv][m]:.2f}" if lv in pixels else lv for lv in levels])
             ax.set_xlabel("epochs (online eval of a 32-epoch run; row all-e64: of a 64-epoch run)")
