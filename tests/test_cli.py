@@ -183,6 +183,7 @@ def test_demo_fashion_mnist_m_reruns_the_where_map_cell_where_the_decay_won():
     grid = load_grid("where-map")  # the cell RESULTS §14 measured over three seeds, minus checkpoint / online-eval cadence
     cadence = [o for o in grid["overrides"] if o.startswith(("train.ckpt_every", "train.online_eval"))]
     assert preset == grid["preset"] and extra == [o for o in grid["overrides"] if o not in cadence] and alpha == 0.8
+    assert "train.epochs=32" in extra and "model.patch_size=8" in extra and cadence[0] not in extra
     assert "alpha_min=0.8" in grid["variants"][1]["overrides"]
     note = closing_note({"plain MAE": {"knn_top1": 0.158, "effective_rank_cls": 2.1},
                          "U-Net MAE": {"knn_top1": 0.231, "effective_rank_cls": 1.7}}, "fashion-mnist-m")

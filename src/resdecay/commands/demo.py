@@ -27,6 +27,7 @@ from ..viz.figures import plot_pca_maps
 from ..viz.plots import plot_alpha_schedules, plot_loss_curves, plot_reconstructions, reconstruct
 from ..train.runlog import read_log
 from ..train.environment import numerics_environment
+from .ablate import load_grid
 from .pretrain import train_with_online_eval
 
 # (preset, overrides, the decayed model's default alpha_min). digits and fashion-mnist are sized so that
@@ -39,8 +40,9 @@ from .pretrain import train_with_online_eval
 # plain model's numbers are the study's seed-N runs bit for bit (the decayed model starts from its own initial
 # weights, not from the plain one's as in ablate, so its row is one more draw from the study's spread).
 _WIDTH_96 = ["model.embed_dim=96", "model.decoder_embed_dim=64", "data.train_subset=20000"]
-_WHERE_MAP = ["model.embed_dim=64", "model.num_heads=4", "model.decoder_embed_dim=64", "model.decoder_num_heads=4",
-              "model.patch_size=8", "data.train_subset=20000", "train.epochs=32", "train.warmup_epochs=2"]
+# The where-map cell is read from its grid file, so the demo and the study cannot drift apart; only the
+# checkpoint and online-eval cadence are the demo's own.
+_WHERE_MAP = [o for o in load_grid("where-map")["overrides"] if not o.startswith(("train.ckpt_every", "train.online_eval"))]
 DEMO_DATA = {
     "digits": ("mae-tiny-digits", [], 0.6),
     "fashion-mnist": ("mae-tiny-fmnist", [*_WIDTH_96, "train.epochs=4", "train.warmup_epochs=1"], 0.6),
