@@ -87,6 +87,17 @@ def test_demo_side_by_side_gives_the_numbers_of_one_after_the_other(tmp_path, mo
     assert rows["seq"] == rows["par"] and len(rows["par"]) == 2
 
 
+def test_demo_side_by_side_bad_out_is_one_line(capsys, tmp_path, monkeypatch):
+    """An error in either process of a side-by-side demo reaches the user as one line (exit 2)."""
+    from resdecay.commands import demo
+
+    monkeypatch.setattr(demo, "SIDE_BY_SIDE", {"digits"})
+    monkeypatch.setattr(demo.os, "cpu_count", lambda: 2)
+    (tmp_path / "file").write_text("not a folder")
+    code, _, err = run(capsys, "demo", "--data", "digits", "--epochs", "1", "--out", str(tmp_path / "file" / "demo"), "--no-progress")
+    assert_one_line_error(code, err, "is not writable", "train.out_dir=")
+
+
 def test_demo_closing_note_follows_the_numbers():
     from resdecay.commands.demo import closing_note
 
