@@ -167,6 +167,29 @@ def test_epoch_hook_does_not_shift_the_training_rng(tmp_path):
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
 
 
+def test_a_run_killed_in_its_epoch_hook_runs_the_hook_again_on_resume(tmp_path):
+    """The epoch's last checkpoint is written after its hook (online eval): a run that dies inside the
+    hook resumes from the checkpoint before, so no epoch loses its evaluation row for good, and the
+    weights still equal an uninterrupted run's."""
+    common = [*TINY, "train.epochs=3", "train.ckpt_every=11", f"train.out_dir={tmp_path / 'run'}"]
+    seen = []
+
+    def dies_at_epoch_1(model, epoch, step, log):
+        if epoch == 1:
+            raise KeyboardInterrupt  # killed while evaluating
+        seen.append(epoch)
+
+    with pytest.raises(KeyboardInterrupt):
+        train(load_config("mae-tiny-digits", common), progress=False, on_epoch_end=dies_at_epoch_1)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "run" / "checkpoints")][-1] == "step_00000033.pt"
+    summary = train(load_config("mae-tiny-digits", common), resume="auto", progress=False,
+                    on_epoch_end=lambda model, epoch, step, log: seen.append(epoch))
+    assert seen == [0, 1, 2]
+    ref = train(load_config("mae-tiny-digits", [*common[:-1], f"train.out_dir={tmp_path / 'ref'}"]), progress=False)
+    a, b = (ckpt.load_checkpoint(s["checkpoint"])["model"] for s in (ref, summary))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_ema_and_constant_lr_resume_exactly(tmp_path, tiny_overrides):
     """EMA weights live in the checkpoint and continue exactly after a resume; constant lr stays at peak."""
     from resdecay.train import lr_at

@@ -217,19 +217,28 @@ def train_epochs(run: Run, on_epoch_end) -> None:
             if trainee.ema is not None:
                 trainee.ema.update(trainee.raw, step=trainee.step)
             run.bar.update(1)
-            after_step(run, lr)
+            after_step(run, lr, checkpoint=on_epoch_end is None or trainee.step % data.steps_per_epoch != 0)
         if on_epoch_end is not None:  # on forked RNG, so evaluation never shifts the training stream
             with torch.random.fork_rng(devices=[env.device] if env.device.type == "cuda" else []):
                 on_epoch_end(trainee.ema.module if trainee.ema is not None else trainee.raw, epoch, trainee.step, run.log)  # the weights one samples with
+            # The epoch's last checkpoint comes after its hook: a run killed during the hook resumes
+            # from the checkpoint before and runs the hook again, instead of skipping it for good.
+            checkpoint_if_due(run)
         epoch, in_epoch = epoch + 1, 0
 
 
-def after_step(run: Run, lr: float) -> None:
-    """The log row and the checkpoint the step just taken is due for (never of a diverged model)."""
+def after_step(run: Run, lr: float, checkpoint: bool = True) -> None:
+    """The log row and (``checkpoint``) the checkpoint the step just taken is due for."""
+    if is_log_step(run.trainee.step, run.launch.cfg.train, run.data.total_steps):
+        log_row(run, lr)
+    if checkpoint:
+        checkpoint_if_due(run)
+
+
+def checkpoint_if_due(run: Run) -> None:
+    """The checkpoint the step just taken is due for (never of a diverged model)."""
     launch, data, trainee = run.launch, run.data, run.trainee
     tc = launch.cfg.train
-    if is_log_step(trainee.step, tc, data.total_steps):
-        log_row(run, lr)
     if trainee.step % tc.ckpt_every == 0 or trainee.step == data.total_steps:
         if len(run.window) and run.window.diverged(launch.env):  # not checked at a log step just now
             raise TrainingDiverged(trainee.step)
