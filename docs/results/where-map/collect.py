@@ -173,9 +173,24 @@ def fmt(ms: tuple | None, signed: bool = False) -> str:
     return s + (f" ± {std:.3f}" if n > 1 else "") + f" (n={n})"
 
 
-def table(d: dict, a: dict, pixels: dict, epochs: list[int]) -> str:
+def missing_online_rows(data: dict) -> list[str]:
+    """The finished runs that lack an online row their level's other runs have (a run killed during its epoch-end
+    evaluation lost that row for good until the trainer wrote the epoch's checkpoint after the hook)."""
+    out = []
+    for level, by_variant in data.items():
+        runs = [(v, s, c) for v, seeds in by_variant.items() for s, c in seeds.items() if c["finished"]]
+        expected = set().union(*(c["online"] for _, _, c in runs)) if runs else set()
+        for variant, seed, cell in runs:
+            if gone := sorted(expected - set(cell["online"])):
+                out.append(f"{level} seed {seed} {variant}: no online row at epoch {', '.join(map(str, gone))}")
+    return out
+
+
+def table(d: dict, a: dict, pixels: dict, epochs: list[int], missing: list[str]) -> str:
+    gaps = (" Rows missing from finished runs (killed during that evaluation; the Δ there is over the seeds that have "
+            "both rows, the full-protocol table is complete): " + "; ".join(missing) + ".") if missing else ""
     lines = ["Online curves (every 4 epochs of each run). Online protocol: first 2000 train images as bank / probe set, first 2000 test images as queries, "
-             "last encoder block, mean-pooled, kNN k=20 T=0.07, fast probe (30 epochs, batchnorm); mean ± sample std over seeds (n).",
+             "last encoder block, mean-pooled, kNN k=20 T=0.07, fast probe (30 epochs, batchnorm); mean ± sample std over seeds (n)." + gaps,
              "", "| level | measure | pixels | epochs | plain | α 0.8 | Δ α 0.8 | α 0.6 | Δ α 0.6 |", "|---|---|---|---|---|---|---|---|---|"]
     for level in LEVELS:
         for m in MEASURES.values():
@@ -271,7 +286,7 @@ def main() -> None:
     d, a = deltas(data), absolute(data)
     epochs = sorted({k[2] for k in a})
     final_md, final = final_table(data)
-    (HERE / "where-map.md").write_text(final_md + "\n\n" + table(d, a, pixels, epochs) + "\n")
+    (HERE / "where-map.md").write_text(final_md + "\n\n" + table(d, a, pixels, epochs, missing_online_rows(data)) + "\n")
     (HERE / "where-map.json").write_text(json.dumps(
         {"pixels": pixels, "final": final, "delta": {" | ".join(map(str, k)): v for k, v in d.items()},
          "absolute": {" | ".join(map(str, k)): v for k, v in a.items()}}, indent=1))
