@@ -206,10 +206,11 @@ def table(d: dict, a: dict, pixels: dict, epochs: list[int], missing: list[str])
 
 def heat_map(d: dict, a: dict, pixels: dict, epochs: list[int], path: Path) -> None:
     levels = [lv for lv in LEVELS if any(k[0] == lv for k in d)]
-    fig, axes = plt.subplots(2, 2, figsize=(14, 1.6 + 0.9 * len(levels) * 2), squeeze=False)
+    # One panel per row, full width: the 64-epoch row has 16 columns and each cell carries two lines of text.
+    fig, axes = plt.subplots(4, 1, figsize=(2.5 + 0.85 * len(epochs), 4 * (0.8 + 0.6 * len(levels))), squeeze=False)
     for col, variant in enumerate(("alpha 0.8", "alpha 0.6")):
         for row, m in enumerate(MEASURES.values()):
-            ax = axes[row][col]
+            ax = axes[2 * col + row][0]
             grid = torch.full((len(levels), len(epochs)), float("nan"))
             for i, lv in enumerate(levels):
                 for j, e in enumerate(epochs):
