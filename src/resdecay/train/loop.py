@@ -217,13 +217,13 @@ def train_epochs(run: Run, on_epoch_end) -> None:
             if trainee.ema is not None:
                 trainee.ema.update(trainee.raw, step=trainee.step)
             run.bar.update(1)
-            after_step(run, lr, checkpoint=on_epoch_end is None or trainee.step % data.steps_per_epoch != 0)
+            after_step(run, lr, checkpoint=trainee.step % data.steps_per_epoch != 0)  # the epoch's last: below
         if on_epoch_end is not None:  # on forked RNG, so evaluation never shifts the training stream
             with torch.random.fork_rng(devices=[env.device] if env.device.type == "cuda" else []):
                 on_epoch_end(trainee.ema.module if trainee.ema is not None else trainee.raw, epoch, trainee.step, run.log)  # the weights one samples with
-            # The epoch's last checkpoint comes after its hook: a run killed during the hook resumes
-            # from the checkpoint before and runs the hook again, instead of skipping it for good.
-            checkpoint_if_due(run)
+        # The epoch's last checkpoint comes after its hook: a run killed during the hook resumes from the
+        # checkpoint before and runs the hook again, instead of skipping it for good.
+        checkpoint_if_due(run)
         epoch, in_epoch = epoch + 1, 0
 
 
