@@ -39,8 +39,17 @@ def online_rows(log: Path) -> dict[int, dict]:
 
 
 def gather(runs: Path, copy: bool) -> dict:
-    """level -> variant -> seed -> {epoch: {measure: value}}, plus the final full-protocol eval where finished."""
+    """level -> variant -> seed -> {epoch: {measure: value}}, plus the final full-protocol eval where finished.
+    The copies committed here are read first and the run folders under ``runs`` after them, so a checkout without
+    runs/ rebuilds the whole map and a new run adds to (or replaces) what is here."""
     out: dict = {}
+    gather_root(HERE, False, out)
+    if runs.resolve() != HERE:
+        gather_root(runs, copy, out)
+    return out
+
+
+def gather_root(runs: Path, copy: bool, out: dict) -> None:
     for level in LEVELS:
         for seed_dir in sorted((runs / level).glob("seed*")):
             seed = int(seed_dir.name[4:])
@@ -51,8 +60,9 @@ def gather(runs: Path, copy: bool) -> dict:
                 rows = online_rows(run / "log.jsonl")
                 cell = {"online": {e: {m: r[m] for m in MEASURES} for e, r in rows.items()},
                         "finished": (run / "summary.json").exists()}
-                if (run / "eval" / "eval.json").exists():
-                    cell["eval"] = json.loads((run / "eval" / "eval.json").read_text())
+                for eval_path in (run / "eval" / "eval.json", run / "eval.json"):  # a run folder / the copy here
+                    if eval_path.exists():
+                        cell["eval"] = json.loads(eval_path.read_text())
                 out.setdefault(level, {}).setdefault(variant, {})[seed] = cell
                 if copy and cell["finished"]:
                     dest = HERE / level / seed_dir.name / slug
@@ -64,7 +74,6 @@ def gather(runs: Path, copy: bool) -> dict:
                 if copy and (seed_dir / name).exists():
                     (HERE / level / seed_dir.name).mkdir(parents=True, exist_ok=True)
                     shutil.copy(seed_dir / name, HERE / level / seed_dir.name / name)
-    return out
 
 
 def pixel_baselines(size: int = 2000) -> dict:
