@@ -1,7 +1,8 @@
 """Issue 20.4: how far apart do two machines' runs of the same cell drift, plain vs decayed?
 
 The all-e64 runs of seeds 1 and 2 ran on a CPU with AVX2 kernels, the 32-epoch all runs of the same seeds on one
-with AVX-512 (each summary.json's ``numerics`` block says so). Same code, seed, initial weights, data order and
+with AVX-512 (each summary.json's ``numerics`` block says so). Code from commits cc37cdd and 4ee0b75 (RESULTS §14
+Design: they train identical losses on one machine), same seed, initial weights, data order and
 learning rate for the first 156 steps (the 2 warm-up epochs are the same in both schedules; after them the cosine
 of a 64-epoch schedule decays more slowly). So up to step 140 the only difference is the CPU's GEMM kernels, and
 the logged training loss shows how much each model amplifies that round-off. Writes machines.md and .json here.
