@@ -55,7 +55,7 @@ def main() -> None:
                 if len(vals) > 1:
                     print(f"  {m:<8} {key:<20} mean {statistics.mean(vals):.4f}  std {statistics.stdev(vals):.4f}  "
                           f"range {min(vals):.4f}-{max(vals):.4f}  (n={len(vals)})")
-        print(f"-- same seed (0), other thread count or CPU kernels --")
+        print("-- same seed (0), other thread count or CPU kernels --")
         for a, b in pairs:
             if not ((HERE / f"{a}.json").exists() and (HERE / f"{b}.json").exists()):
                 continue
