@@ -57,6 +57,21 @@ def test_pretrain_smoke_and_print_config(capsys, tmp_path):
     assert summary["steps"] == 22 and os.path.exists(summary["checkpoint"])
 
 
+def test_out_names_the_run_folder_of_every_training_command(capsys, tmp_path):
+    """``--out DIR`` is train.out_dir=DIR, as ``--out`` is the output folder of every other command."""
+    code, out, err = run(capsys, "pretrain", "--preset", "mae-tiny-digits", "--print-config", "--out", "runs/my run: 1e3")
+    assert code == 0, err
+    assert "out_dir: 'runs/my run: 1e3'" in out or 'out_dir: "runs/my run: 1e3"' in out  # a string, whatever it looks like
+    code, out, err = run(capsys, "pretrain", "--preset", "mae-tiny-digits", "--no-progress", *TINY, "train.epochs=1",
+                         "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    assert (tmp_path / "r" / "summary.json").exists()
+    for cmd in (["pretrain", "--preset", "mae-tiny-digits"], ["train-supervised", "--preset", "resnet18-fmnist"],
+                ["finetune", str(tmp_path / "missing.pt")]):
+        code, _, err = run(capsys, *cmd, "--out", "a", "train.out_dir=b")
+        assert_one_line_error(code, err, "--out DIR or train.out_dir=DIR, not both")
+
+
 @pytest.mark.slow
 def test_demo_smoke(capsys, tmp_path):
     code, out, err = run(capsys, "demo", "--data", "digits", "--epochs", "1", "--out", str(tmp_path / "demo"), "--no-progress")

@@ -74,8 +74,17 @@ def cmd_alpha(args) -> None:
     print(f"plot: {out}", file=note)
 
 
+def run_overrides(args) -> list[str]:
+    """The key=value overrides of a training command, with ``--out DIR`` as ``train.out_dir=DIR``."""
+    if args.out is None:
+        return args.overrides
+    if any(o.split("=", 1)[0] in ("train.out_dir", "out_dir") for o in args.overrides):
+        raise UserError("give the run folder once: --out DIR or train.out_dir=DIR, not both")
+    return [*args.overrides, f"train.out_dir={json.dumps(args.out)}"]  # JSON quoting: a YAML string whatever the path
+
+
 def cmd_pretrain(args) -> None:
-    run_pretrain(args.preset, args.overrides, resume=args.resume, print_config=args.print_config,
+    run_pretrain(args.preset, run_overrides(args), resume=args.resume, print_config=args.print_config,
                  progress=not args.no_progress, check=args.check_data, overwrite=args.overwrite,
                  allow_changes=args.allow_changes)
 
@@ -98,12 +107,12 @@ def cmd_check_data(args) -> None:
 
 
 def cmd_finetune(args) -> None:
-    run_finetune(args.checkpoint, args.preset, args.overrides, resume=args.resume, progress=not args.no_progress,
+    run_finetune(args.checkpoint, args.preset, run_overrides(args), resume=args.resume, progress=not args.no_progress,
                  overwrite=args.overwrite, allow_changes=args.allow_changes)
 
 
 def cmd_supervised(args) -> None:
-    run_supervised(args.preset, args.overrides, resume=args.resume, progress=not args.no_progress,
+    run_supervised(args.preset, run_overrides(args), resume=args.resume, progress=not args.no_progress,
                    overwrite=args.overwrite, allow_changes=args.allow_changes)
 
 
