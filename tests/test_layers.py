@@ -4,6 +4,7 @@ own folder), and importing the modules one by one, lowest layer first, never pul
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,22 @@ def test_root_modules_need_no_package_module(module):
                          env=None, cwd=ROOT).stdout
     # importing resdecay.X runs resdecay/__init__ first (the facade: schedule, nn); X itself adds nothing
     assert all(m.split(".")[1] in ("schedule", "errors", "nn", "io") for m in eval(out)), out
+
+
+def test_the_command_line_starts_without_the_heavy_optional_libraries():
+    """`resdecay --help`, a config error or `presets` must not pay for plotting, torchvision or timm
+    (together about 4 s of start-up on a 2-core CPU): they load when a figure, a ResNet or a timm
+    layer is first used."""
+    code = ("import sys, resdecay.cli.main; "
+            "print([m for m in ('matplotlib', 'torchvision', 'timm', 'sklearn', 'wandb', 'mlflow', 'diffusers') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert eval(out) == [], out
+
+
+def test_lazy_pyplot_draws_headless():
+    """The stand-in selects the Agg backend before pyplot loads, so figures work without a display."""
+    code = ("import sys; from resdecay.viz.backend import plt; fig, ax = plt.subplots(); "
+            "import matplotlib; print(matplotlib.get_backend().lower())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={k: v for k, v in os.environ.items() if k != "MPLBACKEND"}).stdout
+    assert out.strip() == "agg", out

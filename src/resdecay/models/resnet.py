@@ -14,7 +14,6 @@ from typing import Literal
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
 from ..errors import ConfigError, check_fields
 from ..nn.decayify import alphas_of, decayify
@@ -61,6 +60,10 @@ class SupervisedResNet(nn.Module):
         super().__init__()
         cfg.validate()
         self.cfg = cfg
+        # torchvision is imported here, not with the module: models/ imports every family at start-up,
+        # and importing torchvision costs about 2 s (its ops load torch._dynamo)
+        from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
+
         block = BasicBlock if cfg.block == "basic" else Bottleneck
         net = ResNet(block, cfg.layers, num_classes=cfg.num_classes, width_per_group=64)
         if cfg.width != 64:  # torchvision fixes 64 channels for stage 1; rebuild with the asked width
@@ -140,8 +143,10 @@ class SupervisedResNet(nn.Module):
         return self._flops
 
 
-def _narrow_resnet(block, cfg: ResNetConfig) -> ResNet:
-    """A ResNet whose stages have width, 2*width, 4*width, 8*width channels."""
+def _narrow_resnet(block, cfg: ResNetConfig) -> nn.Module:
+    """A torchvision ResNet whose stages have width, 2*width, 4*width, 8*width channels."""
+    from torchvision.models.resnet import ResNet
+
     net = ResNet(block, cfg.layers, num_classes=cfg.num_classes)
     net.inplanes = cfg.width
     net.conv1 = nn.Conv2d(3, cfg.width, 7, 2, 3, bias=False)

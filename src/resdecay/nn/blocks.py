@@ -17,10 +17,20 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import DropPath
 
 from .residual import decayed_add as decayed_add  # re-exported: the add's name before issue 21
 from .residual import factors_of, factors_repr, residual_add, set_block_factors
+
+
+def drop_path_module(rate: float) -> nn.Module:
+    """timm's DropPath for ``rate > 0``, else the identity. timm is imported here, not at module level:
+    ``import timm`` loads all of timm's models and data code (about 2 s of every command's start-up),
+    and only fine-tuning uses stochastic depth."""
+    if rate <= 0:
+        return nn.Identity()
+    from timm.layers import DropPath
+
+    return DropPath(rate)
 
 
 class Attention(nn.Module):
@@ -103,7 +113,7 @@ class Block(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
         set_block_factors(self, alpha_attn, alpha_mlp, beta_attn, beta_mlp, learnable_alpha)
         # stochastic depth on the branches (fine-tuning); the decayed shortcut is never dropped
-        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.drop_path = drop_path_module(drop_path)
         if zero_init:
             self.zero_init_branches()
 

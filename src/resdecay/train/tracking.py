@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from ..errors import UserError, one_line
 from .remote_trackers import MlflowTracker, WandbTracker
@@ -168,6 +167,8 @@ def alpha_table(alphas: list[tuple[str, tuple[float, ...]]]) -> str:
 
 def alpha_figure(alphas: list[tuple[str, tuple[float, ...]]]) -> bytes:
     """PNG: alpha of every residual add in network order, each block's first add labelled."""
+    from matplotlib.figure import Figure  # here, not at import: matplotlib costs every command a second
+
     values = [a for _, factors in alphas for a in factors]
     starts = np.cumsum([0] + [len(f) for _, f in alphas[:-1]])
     fig = Figure(figsize=(max(4.0, 0.25 * len(values) + 1.5), 3.2))

@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from torch.utils.data import Subset
 
-from .plots import _save  # importing resdecay.viz.plots selects the Agg backend first
-import matplotlib.pyplot as plt  # noqa: E402
 from ..eval.features import extract_block_features
 from ..eval.metrics import DIFFUSION, SAMPLES, column_metric, column_title, registered
+from .backend import plt
+from .plots import _save
 
 KNN_KEY = "online_knn_top1"  # the accuracy a run without the online probe falls back to
 

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.image as mpimg  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-
-from ..data.fashion_mnist_m import composite  # noqa: E402
-from ..eval.metrics import column_metric, column_title  # noqa: E402
-from ..schedule import effective_decay  # noqa: E402
+from ..data.fashion_mnist_m import composite
+from ..eval.metrics import column_metric, column_title
+from ..schedule import effective_decay
+from .backend import mpimg, plt
 
 
 def plot_alpha_schedules(schedules: dict[str, torch.Tensor], path: Path, title: str = "") -> Path:
