@@ -47,6 +47,14 @@ def test_end_to_end_trains_from_jpegs_with_each_decoder(tmp_path):
     assert result["model_only_img_per_s"] > 0 and "model only" in stdout
 
 
+def test_startup_times_every_row_against_torch_alone(tmp_path):
+    stdout, result = run_benchmark("startup.py", "--repeats", "1", tmp_path=tmp_path)
+    rows = {r["command"]: r for r in result["rows"]}
+    assert set(rows) == {"torch alone", "resdecay CLI (--version)", "eager imports (--version)", "pretrain --print-config"}
+    assert rows["torch alone"]["over_torch_s"] == 0 and all(r["median_s"] > 0 and len(r["runs_s"]) == 1 for r in rows.values())
+    assert "over torch" in stdout and "resdecay CLI (--version)" in stdout
+
+
 def test_block_overhead_times_both_blocks_per_shape(tmp_path):
     stdout, result = run_benchmark("block_overhead.py", "--shape", "2,8,32,2", "--shape", "2,4,16", "--warmup", "1",
                                    "--iters", "1", "--repeats", "2", "--threads", "1", tmp_path=tmp_path)
@@ -121,6 +129,7 @@ def test_gpu_rows_smoke_mode_runs_data_throughput_on_every_decoder_path(tmp_path
     # no whole batch: every rate was 0 img/s, then a ZeroDivisionError traceback
     ("data_throughput.py", ["--images", "2", "--batch", "4"], "--images 2 is fewer than one batch (--batch 4)"),
     ("eval_speed.py", ["--rank-rows", "1"], "--rank-rows must be at least 2"),
+    ("startup.py", ["--repeats", "0"], "--repeats must be a positive integer"),
 ])
 def test_bad_arguments_are_one_line_exit_2(script, args, needle):
     proc = run_script(script, *args)
