@@ -28,6 +28,8 @@ def announce(cfg: RunConfig, env, data, trainee, resume: str | None, say) -> Non
     say(f"base lr {tc.base_lr:.2e} | effective batch {data.eff_batch} = {tc.batch_size} per device x {tc.accum_steps} accum "
         f"x {env.world_size} devices | lr {data.peak_lr:.2e}{' (set directly)' if tc.lr is not None else ''} | "
         f"{data.steps_per_epoch} steps/epoch x {tc.epochs} epochs = {data.total_steps} steps, {data.warmup_steps} warmup")
+    # where to look while it runs (tensorboard --logdir <run>/tb, tail -f <run>/log.jsonl)
+    say(f"run folder {cfg.out_dir}: log.jsonl, checkpoints/, summary.json | trackers {', '.join(tc.loggers) or 'none'}")
     if trainee.resumed_from is not None:
         say(f"resumed from {trainee.resumed_from} at step {trainee.step}")
     elif resume == "auto":
