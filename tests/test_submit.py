@@ -158,7 +158,10 @@ def test_each_command_is_queued_into_its_own_run_folder(capsys, tmp_path, fake_s
     cases = {"finetune": (["finetune", str(pre), "train.epochs=1"], tmp_path / "pre" / "finetune-mae", True),
              "train-supervised": (["train-supervised", "--preset", "resnet18-fmnist", f"train.out_dir={tmp_path / 'sup'}"],
                                   tmp_path / "sup", True),
-             "ablate": (["ablate", "--grid", "figure7-toy", "--out", str(tmp_path / "abl")], tmp_path / "abl", False)}
+             "ablate": (["ablate", "--grid", "figure7-toy", "--out", str(tmp_path / "abl")], tmp_path / "abl", False),
+             # --out names the run folder as train.out_dir does (resolved at submission, relaunched unchanged)
+             "pretrain --out": (["pretrain", "--preset", "mae-tiny-digits", "--out", str(tmp_path / "p")], tmp_path / "p", True),
+             "finetune --out": (["finetune", str(pre), "--out", str(tmp_path / "ft")], tmp_path / "ft", True)}
     for name, (argv, run_dir, resume) in cases.items():
         code, _, err = run(capsys, "submit", "--timeout-min", "60", *argv)
         assert code == 0, err

@@ -37,7 +37,7 @@ from .. import __version__
 from .examples import add_examples
 from .interop import add_interop_commands
 from .plugins import ENV as PLUGIN_ENV, load_plugins
-from .parents import data_options, device_option, progress_option, run_folder_options
+from .parents import data_options, device_option, progress_option, run_folder_options, run_overrides
 from .submit import add_submit_command
 
 
@@ -72,15 +72,6 @@ def cmd_alpha(args) -> None:
     out = Path(args.out or f"runs/alpha/alpha_d{args.depth}_{alpha_min:.3f}_{args.schedule}.png")
     plot_alpha_schedules({f"depth {args.depth}, alpha_min {alpha_min:.3g} ({args.schedule})": a}, out)
     print(f"plot: {out}", file=note)
-
-
-def run_overrides(args) -> list[str]:
-    """The key=value overrides of a training command, with ``--out DIR`` as ``train.out_dir=DIR``."""
-    if args.out is None:
-        return args.overrides
-    if any(o.split("=", 1)[0] in ("train.out_dir", "out_dir") for o in args.overrides):
-        raise UserError("give the run folder once: --out DIR or train.out_dir=DIR, not both")
-    return [*args.overrides, f"train.out_dir={json.dumps(args.out)}"]  # JSON quoting: a YAML string whatever the path
 
 
 def cmd_pretrain(args) -> None:

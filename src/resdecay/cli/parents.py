@@ -4,8 +4,10 @@ from the registries (datasets, devices) so the CLI cannot drift from the library
 from __future__ import annotations
 
 import argparse
+import json
 
 from ..data import DATASETS
+from ..errors import UserError
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -39,3 +41,13 @@ def run_folder_options(resume_help: str = "auto (newest checkpoint in the run fo
     p.add_argument("--allow-changes", action="store_true",
                    help="resume although batch / data / seed / lr / processes changed (no longer exact)")
     return p
+
+
+def run_overrides(args: argparse.Namespace) -> list[str]:
+    """The key=value overrides of a command parsed with ``run_folder_options``, ``--out DIR`` added as
+    ``train.out_dir=DIR`` (what `resdecay pretrain` and `resdecay submit pretrain` both resolve)."""
+    if args.out is None:
+        return list(args.overrides)
+    if any(o.split("=", 1)[0] in ("train.out_dir", "out_dir") for o in args.overrides):
+        raise UserError("give the run folder once: --out DIR or train.out_dir=DIR, not both")
+    return [*args.overrides, f"train.out_dir={json.dumps(args.out)}"]  # JSON quoting: a YAML string whatever the path

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..commands.submit import COMMANDS, EXECUTORS, JOBS_FILE, Resources, job_argv, run_folder, submit, wait_for_debug_job
 from ..errors import UserError
+from .parents import run_overrides
 
 
 @contextmanager
@@ -38,6 +39,8 @@ def parse_job(parsers: dict, job: list[str]) -> tuple[str, argparse.Namespace, l
         if extra and not (hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra)):
             raise UserError(f"submit {command}: unrecognized arguments: {' '.join(extra)}")
     args.overrides = [*getattr(args, "overrides", []), *extra]
+    if command != "ablate":  # --out names the run folder (ablate's --out is its grid folder, read as such)
+        args.overrides = run_overrides(args)
     return command, args, [command, *rest]
 
 
