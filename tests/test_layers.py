@@ -83,3 +83,8 @@ def test_lazy_pyplot_draws_headless():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
                          env={k: v for k, v in os.environ.items() if k != "MPLBACKEND"}).stdout
     assert out.strip() == "agg", out
+    # a backend chosen before (a notebook's) is kept, not switched under open figures
+    code = ("import matplotlib; matplotlib.use('pdf'); import matplotlib.pyplot as mpl_plt; from resdecay.viz.backend import plt; "
+            "fig, ax = plt.subplots(); print(matplotlib.get_backend().lower(), plt.subplots is mpl_plt.subplots)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.split() == ["pdf", "True"], out
