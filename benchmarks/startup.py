@@ -17,7 +17,7 @@ What is measured
 How to read the numbers
     median / min / max seconds over the repeats; "over torch" is the median minus the torch-alone median,
     i.e. what the package itself adds. Numbers depend on the CPU and the disk cache (the first,
-    uncounted warm-up round fills it).
+    uncounted warm-up round, ``--warmup``, fills it).
 
     python benchmarks/startup.py                  # 5 repeats
     python benchmarks/startup.py --repeats 10 --json startup.json
@@ -55,20 +55,24 @@ def time_once(args: list[str]) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=5, help="timed processes per row (after one warm-up round)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed processes per row")
+    ap.add_argument("--warmup", type=int, default=1, help="uncounted rounds first (they fill the disk cache)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args()
     if args.repeats < 1:
         bad_input(f"--repeats must be a positive integer, got {args.repeats}")
-    for cmd in ROWS.values():  # warm-up: fills the disk cache, not counted
-        time_once(cmd)
+    if args.warmup < 0:
+        bad_input(f"--warmup must be 0 or more, got {args.warmup}")
+    for _ in range(args.warmup):  # fills the disk cache; not counted
+        for cmd in ROWS.values():
+            time_once(cmd)
     times = {name: [] for name in ROWS}
     for _ in range(args.repeats):
         for name, cmd in ROWS.items():
             times[name].append(time_once(cmd))
     floor = statistics.median(times["torch alone"])
     print(f"startup | python {platform.python_version()} | {platform.processor() or platform.machine()} | "
-          f"{args.repeats} fresh processes per row, interleaved")
+          f"{args.repeats} fresh processes per row, interleaved, after {args.warmup} warm-up round(s)")
     head = f"{'command':<28} {'median s':>9} {'min s':>7} {'max s':>7} {'over torch':>11}"
     print(head)
     print("-" * len(head))
@@ -80,7 +84,8 @@ def main() -> int:
         print(f"{name:<28} {row['median_s']:>9.2f} {row['min_s']:>7.2f} {row['max_s']:>7.2f} {row['over_torch_s']:>+11.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"benchmark": "startup", "python": platform.python_version(), "repeats": args.repeats, "rows": rows},
+            json.dump({"benchmark": "startup", "python": platform.python_version(), "repeats": args.repeats,
+                       "warmup": args.warmup, "rows": rows},
                       f, indent=2)
         print(f"wrote {args.json}")
     return 0

@@ -48,7 +48,7 @@ def test_end_to_end_trains_from_jpegs_with_each_decoder(tmp_path):
 
 
 def test_startup_times_every_row_against_torch_alone(tmp_path):
-    stdout, result = run_benchmark("startup.py", "--repeats", "1", tmp_path=tmp_path)
+    stdout, result = run_benchmark("startup.py", "--repeats", "1", "--warmup", "0", tmp_path=tmp_path)
     rows = {r["command"]: r for r in result["rows"]}
     assert set(rows) == {"torch alone", "resdecay CLI (--version)", "eager imports (--version)", "pretrain --print-config"}
     assert rows["torch alone"]["over_torch_s"] == 0 and all(r["median_s"] > 0 and len(r["runs_s"]) == 1 for r in rows.values())
