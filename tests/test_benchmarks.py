@@ -130,6 +130,7 @@ def test_gpu_rows_smoke_mode_runs_data_throughput_on_every_decoder_path(tmp_path
     ("data_throughput.py", ["--images", "2", "--batch", "4"], "--images 2 is fewer than one batch (--batch 4)"),
     ("eval_speed.py", ["--rank-rows", "1"], "--rank-rows must be at least 2"),
     ("startup.py", ["--repeats", "0"], "--repeats must be a positive integer"),
+    ("startup.py", ["--warmup", "-1"], "--warmup must be 0 or more"),
 ])
 def test_bad_arguments_are_one_line_exit_2(script, args, needle):
     proc = run_script(script, *args)
