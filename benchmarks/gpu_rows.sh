@@ -6,13 +6,15 @@
 #   bash benchmarks/gpu_rows.sh                 # on the GPU machine, from the repository root
 #   bash benchmarks/gpu_rows.sh mae_throughput batch_sweep     # only these rows (each fits a 10-minute command)
 #   SMOKE=1 bash benchmarks/gpu_rows.sh         # the same sequence on the CPU with tiny settings (checks the script)
+#   SHORT=1 bash benchmarks/gpu_rows.sh         # the GPU rows that fit one 10-minute command (a 15-minute lease):
+#                                               # eager first, compiled last, fewer rounds; no JPEG rows
 #
 # Rows: mae_throughput block_overhead block_overhead_compiled batch_sweep data_throughput train_end_to_end eval_speed
 #
 # On the GPU machine, install first with its own PyTorch: pip install --no-deps -e .
 # (and pip install nvidia-dali-cuda130 for the DALI rows, where the package can be had).
 set -u
-ROWS=" mae_throughput block_overhead block_overhead_compiled batch_sweep data_throughput train_end_to_end eval_speed "
+ROWS=" mae_throughput mae_throughput_compiled block_overhead block_overhead_compiled batch_sweep data_throughput train_end_to_end eval_speed "
 for name in "$@"; do
     if [[ "$ROWS" != *" $name "* ]]; then
         echo "gpu_rows.sh: error: unknown row '$name'; rows are:$ROWS" >&2
@@ -50,6 +52,20 @@ if [ "${SMOKE:-0}" = 1 ]; then
         --json "$OUT/train_end_to_end.json"
     row eval_speed 300 $PY $B/eval_speed.py --threads 1 --bank 2000 --queries 200 --probe-epochs 1 --probe-train 2000 \
         --probe-test 500 --rank-rows 2000 --repeats 1 --json "$OUT/eval_speed.json"
+    exit 0
+fi
+
+if [ "${SHORT:-0}" = 1 ]; then
+    row mae_throughput 100 $PY $B/mae_throughput.py --preset mae-b16 --device cuda --batch-size 256 --naive --rounds 2 \
+        --json "$OUT/mae_throughput.json"
+    row block_overhead 45 $PY $B/block_overhead.py --device cuda --repeats 10 --json "$OUT/block_overhead.json"
+    row batch_sweep 90 $PY $B/batch_sweep.py --preset mae-b16 --device cuda --batches 128,256,384,512 --rounds 1 \
+        --json "$OUT/batch_sweep.json"
+    row eval_speed 45 $PY $B/eval_speed.py --device cuda --sections knn --repeats 2 --json "$OUT/eval_speed.json"
+    row mae_throughput_compiled 170 $PY $B/mae_throughput.py --preset mae-b16 --device cuda --batch-size 256 --compile \
+        --rounds 1 --json "$OUT/mae_throughput_compiled.json"
+    row block_overhead_compiled 60 $PY $B/block_overhead.py --device cuda --compile --repeats 10 \
+        --json "$OUT/block_overhead_compiled.json"
     exit 0
 fi
 

@@ -53,6 +53,7 @@ import platform
 import statistics
 import sys
 import time
+import types
 
 import torch
 import torch.nn as nn
@@ -175,18 +176,16 @@ class RefMAE(nn.Module):
 
 
 # ============================================================================ measurement
-def concat_fusion(f):
+def concat_fusion(f, dec, enc, ids_restore):
     """resdecay's skip fusion before issue 14: fill at encoder width, unshuffle, concatenate, fc1."""
-    def forward(dec, enc, ids_restore):
-        enc = fill_and_unshuffle(enc, ids_restore, f.mask_token)
-        return dec + f.fc2(f.act(f.fc1(torch.cat([enc, dec], dim=-1))))
-    return forward
+    enc = fill_and_unshuffle(enc, ids_restore, f.mask_token)
+    return dec + f.fc2(f.act(f.fc1(torch.cat([enc, dec], dim=-1))))
 
 
 def before_issue14(model):
     m = copy.deepcopy(model)
-    for f in m.skip_fusions:
-        f.forward = concat_fusion(f)
+    for f in m.skip_fusions:  # a bound method: a later deepcopy (.to(device)) rebinds it to the copied module
+        f.forward = types.MethodType(concat_fusion, f)
     return m
 
 
@@ -272,8 +271,6 @@ def main() -> int:
         ap.error("--steps and --rounds must be at least 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     presets = {"U-Net": args.preset, "plain": args.plain_preset or f"{args.preset}-plain"}
     cfgs = {a: load_config(p) for a, p in presets.items()}
     batch = args.batch_size or cfgs["U-Net"].train.batch_size
@@ -302,6 +299,9 @@ def main() -> int:
               f"| {n_model:,} params (reference {'same' if n_model == n_ref else 'DIFFERENT'}) | {flops[arch] / 1e9:.4g} "
               f"GFLOP/img fwd | same-model check: loss {c['loss_rel_diff']:.1e} pred {c['pred_rel_diff']:.1e} "
               f"grad {c['grad_rel_diff']:.1e} -> {'OK' if c['ok'] else 'MISMATCH (> 1e-4)'}")
+
+    if cuda:  # after the same-model checks, which compare in true fp32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
     def on_device(m, compiled=False):
         return lambda: torch.compile(copy.deepcopy(m).to(device)) if compiled else copy.deepcopy(m).to(device)
