@@ -42,7 +42,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn as nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, one_line
 from ..schedule import BRANCHES, alpha_schedule, check_alpha_min
 
 
@@ -165,6 +165,11 @@ def register_shortcut(name: str, *, learnable: bool = False) -> Callable[[Formul
     Args:
         name: the setting's value; must not be taken by another function.
         learnable: alpha is trained, starting from the formula's alphas (the blocks hold it as a parameter).
+
+    The formula is called on the CPU (under ``torch.device("cpu")``, also while a model is being built
+    on the meta device), so ``torch.arange(n)`` without ``device=`` is fine; it may return floats,
+    lists, numpy arrays or tensors of any dtype (converted to float64). An exception it raises is
+    reported as one line naming the formula and its file.
     """
     def add(fn: Formula) -> Formula:
         old = SHORTCUT_FORMULAS.get(name)
@@ -224,13 +229,49 @@ class ShortcutPlan:
                 for a, b, (la, lm) in zip(self.alphas.tolist(), self.betas.tolist(), self.learnable.tolist())]
 
 
-def _table(value, depth: int, adds: int, what: str, name: str) -> torch.Tensor:
-    t = torch.as_tensor(value, dtype=torch.float64, device="cpu")
+def formula_source(formula: ShortcutFormula) -> str:
+    """Where a formula is defined, for error lines: its file (a plugin's path) and function name."""
+    code = getattr(formula.factors, "__code__", None)
+    where = code.co_filename if code is not None else getattr(formula.factors, "__module__", "?")
+    return f"{where} ({getattr(formula.factors, '__qualname__', formula.name)})"
+
+
+def _table(value, depth: int, adds: int, what: str, formula: ShortcutFormula) -> torch.Tensor:
+    try:
+        if isinstance(value, torch.Tensor):  # any device, any dtype: a plain float64 CPU copy
+            value = value.detach().to("cpu")
+        t = torch.as_tensor(value, dtype=torch.float64, device="cpu")
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ConfigError(f"shortcut formula {formula.name!r} in {formula_source(formula)} returned {what} that is "
+                          f"not a number or a table of numbers ({type(e).__name__}: {one_line(e)}); return floats, "
+                          "lists or tensors") from None
     try:
         return t.expand(depth, adds).clone()
     except RuntimeError:
-        raise ValueError(f"shortcut formula {name!r} returned {what} of shape {tuple(t.shape)}; "
-                         f"expected ({depth}, {adds}) or a shape that broadcasts to it") from None
+        raise ConfigError(f"shortcut formula {formula.name!r} in {formula_source(formula)} returned {what} of shape "
+                          f"{tuple(t.shape)}; expected ({depth}, {adds}) or a shape that broadcasts to it") from None
+
+
+def evaluate_formula(formula: ShortcutFormula, depth: int, alpha_min: float, schedule: str,
+                     adds_per_block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A formula's (alphas, betas) as ``(depth, adds_per_block)`` float64 CPU tensors.
+
+    The formula runs under ``torch.device("cpu")``: models are also built inside
+    ``torch.device("meta")`` (parameter counts, ``from_pretrained``'s shape check), and a formula
+    written as a newcomer writes it (``torch.arange(n)``, no ``device=``) would otherwise make meta
+    tensors whose values cannot be read. A formula that raises is one line naming it and its file.
+    """
+    try:
+        with torch.device("cpu"):
+            result = formula.factors(depth, alpha_min, schedule, adds_per_block)
+        alphas, betas = result
+    except Exception as e:  # a plugin's own bug: name the formula and its file, keep it to one line
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"shortcut formula {formula.name!r} in {formula_source(formula)} failed: "
+                          f"{type(e).__name__}: {one_line(e)}; fix the formula (it must return (alphas, betas))") from None
+    return (_table(alphas, depth, adds_per_block, "alphas", formula),
+            _table(betas, depth, adds_per_block, "betas", formula))
 
 
 def shortcut_plan(depth: int, alpha_min: float, schedule: str = "linear", branches: str = "both",
@@ -251,8 +292,7 @@ def shortcut_plan(depth: int, alpha_min: float, schedule: str = "linear", branch
     if adds_per_block not in (1, 2):
         raise ValueError(f"adds_per_block must be 1 (ResNet blocks) or 2 (transformer blocks), got {adds_per_block}")
     check_alpha_min(alpha_min, "alpha_min")
-    alphas, betas = formula.factors(depth, alpha_min, schedule, adds_per_block)
-    alphas, betas = (_table(v, depth, adds_per_block, w, shortcut) for v, w in ((alphas, "alphas"), (betas, "betas")))
+    alphas, betas = evaluate_formula(formula, depth, alpha_min, schedule, adds_per_block)
     trained = torch.full((depth, adds_per_block), formula.learnable, dtype=torch.bool, device="cpu")  # CPU also under torch.device("meta")
     if branches != "both":  # the other sub-block is plain: x + f, never trained
         other = 1 if branches == "attn" else 0
