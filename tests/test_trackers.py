@@ -134,6 +134,23 @@ def test_checkpoints_keep_the_tracker_runs_and_resume_continues_them(tracked):
     assert len(client.search_runs([client.get_experiment_by_name("resdecay").experiment_id])) == 1
 
 
+def test_a_resumed_launch_leaves_no_duplicate_points_in_wandb_offline_files(tracked):
+    """Issue 30.6: the resumed launch (from step 4) logged steps 6..10 again into its own offline folder,
+    so `wandb sync` sent each of them twice; now each tag is logged at each step by one launch only."""
+    out, _ = tracked
+    launches = sorted((out / "wandb").glob("offline-run-*"))
+    assert len(launches) == 3  # training, the resumed launch, the evaluation
+    logged = []  # (tag, step) of every scalar in every launch folder's history records
+    for run_dir in launches:
+        for record in wandb_records(next(run_dir.glob("run-*.wandb"))):
+            if record.WhichOneof("record_type") == "history":
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                logged += [(k, items["_step"]) for k, v in items.items() if not k.startswith("_") and isinstance(v, float)]
+    twice = sorted({x for x in logged if logged.count(x) > 1})
+    assert not twice, twice[:5]
+    assert sorted(s for k, s in logged if k == "train/loss") == [2, 4, 6, 8, 10]
+
+
 def test_wandb_offline_files_hold_config_scalars_block_rms_and_figures(tracked):
     out, _ = tracked
     found, rows = wandb_run(out), read_log(out)
@@ -163,8 +180,11 @@ def test_mlflow_file_store_holds_params_metrics_images_and_the_evaluation(tracke
     assert run_.data.params["train.epochs"] == "1" and run_.data.params["model.alpha_min"] == "0.6"
     rows = {r["step"]: r for r in read_log(out) if "loss" in r}
     history = client.get_metric_history(ref["id"], "train/loss")
-    # the first launch logged 2..10, the resumed one 6..10 again (MLflow keeps both; the values agree)
-    assert sorted(m.step for m in history) == [2, 4, 6, 6, 8, 8, 10, 10]
+    # the first launch logged 2..10; the resumed one (from step 4) skips the steps MLflow already holds (issue 30.6)
+    assert sorted(m.step for m in history) == [2, 4, 6, 8, 10]
+    for key in client.get_run(ref["id"]).data.metrics:
+        steps = [m.step for m in client.get_metric_history(ref["id"], key)]
+        assert len(steps) == len(set(steps)), key
     assert all(m.value == pytest.approx(rows[m.step]["loss"], rel=1e-12) for m in history)
     assert [m.step for m in client.get_metric_history(ref["id"], "block_rms/decoder_block_01")][:2] == [2, 4]
     assert [m.step for m in client.get_metric_history(ref["id"], "eval/knn_top1")] == [10]

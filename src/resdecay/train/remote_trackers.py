@@ -12,18 +12,29 @@ Where their runs go, and how a resumed launch finds its run again:
   ``file:<grid>/mlruns``); experiment ``$MLFLOW_EXPERIMENT_NAME``, else the grid's name, else
   ``resdecay``. The config goes in as parameters (``train.epochs``) and as ``config.yaml``. The
   checkpoint keeps the run id, the URI and the experiment.
+
+A resumed launch never logs a step twice (issue 30.6). Neither service can delete a point, so the
+points a killed launch logged past its checkpoint stay, and the resumed launch logs a tag only at steps
+beyond the last one the run already holds for it: MLflow's own metric history says which; for W&B
+(whose offline files cannot be read back cheaply) each launch keeps ``<run>/wandb/resdecay-steps-<id>.json``,
+the last step logged per tag. ``log.jsonl``, TensorBoard and CSV hold the resumed launch's values for
+those steps instead; with exact resume the two agree.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import os
+import socket
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import yaml
 
 from ..errors import UserError, one_line
+from ..io import atomic_write_text
 from .trackers import Tracker, image_array
 
 PROJECT = "resdecay"  # default W&B project and MLflow experiment
@@ -57,20 +68,35 @@ class WandbTracker(Tracker):
         except Exception as e:  # not logged in, no network, a bad setting: one line, before training
             raise TrackerStartError(f"Weights & Biases could not start a run ({type(e).__name__}: {one_line(e)}); run `wandb login`, "
                                     "or set WANDB_MODE=offline to log locally, or drop wandb from train.loggers") from None
+        self.steps_file = Path(run_dir) / "wandb" / f"resdecay-steps-{self.run.id}.json"
+        self.logged = read_steps(self.steps_file) if resume_step is not None else {}
+        # online, a resumed run starts past the server's last step (W&B would drop earlier points with a warning)
+        self.floor = self.run.step - 1 if resume_step is not None else -1
         return {"id": self.run.id, "project": self.run.project, "entity": self.run.entity or ""}
 
+    def _new(self, step: int, values: dict) -> dict:
+        """The values at ``step`` not logged to this run yet, noted as logged (in the steps file)."""
+        fresh = {k: v for k, v in values.items() if step > max(self.logged.get(k, -1), self.floor)}
+        if fresh:
+            self.logged.update({k: step for k in fresh})
+            atomic_write_text(self.steps_file, json.dumps(self.logged))
+        return fresh
+
     def log_scalars(self, step, values):
-        self.run.log(dict(values), step=step)
+        if fresh := self._new(step, values):
+            self.run.log(fresh, step=step)
 
     def log_text(self, step, name, text):
         import wandb
 
-        self.run.log({name: wandb.Html(f"<pre>{html.escape(text)}</pre>")}, step=step)
+        if self._new(step, {name: 0}):
+            self.run.log({name: wandb.Html(f"<pre>{html.escape(text)}</pre>")}, step=step)
 
     def log_image(self, step, name, image):
         import wandb
 
-        self.run.log({name: wandb.Image(image_array(image))}, step=step)
+        if self._new(step, {name: 0}):
+            self.run.log({name: wandb.Image(image_array(image))}, step=step)
 
     def log_summary(self, values, step=None):
         self.run.summary.update(dict(values))
@@ -92,6 +118,7 @@ class MlflowTracker(Tracker):
         uri = self.tracking_uri(Path(run_dir), resume.get("uri"))
         if uri.startswith("file:"):  # MLflow 3.x asks for this opt-in to keep using a file store
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        check_reachable(uri)
         experiment = resume.get("experiment") or os.environ.get("MLFLOW_EXPERIMENT_NAME") or (
             self.group.name if self.group else PROJECT)
         try:
@@ -99,9 +126,11 @@ class MlflowTracker(Tracker):
             self.run_id = self._find_run(resume.get("id")) or self._new_run(experiment, self.run_name(run_dir))
             if config is not None:
                 self._log_params(config)
+            self.held = self._held_steps() if resume_step is not None else {}
         except Exception as e:
             raise TrackerStartError(f"MLflow could not start a run at {uri} ({type(e).__name__}: {one_line(e)}); check "
                                     "MLFLOW_TRACKING_URI, or drop mlflow from train.loggers") from None
+        self.last_held = max(self.held.values(), default=-1)
         if resume_step is None and config is not None:
             self.client.log_text(self.run_id, yaml.safe_dump(config, sort_keys=False), "config.yaml")
         return {"id": self.run_id, "uri": uri, "experiment": experiment}
@@ -126,6 +155,12 @@ class MlflowTracker(Tracker):
         self.client.update_run(run_id, status="RUNNING")
         return run_id
 
+    def _held_steps(self) -> dict[str, int]:
+        """The last step the run holds per metric: a resumed launch logs a metric only past it, since
+        MLflow cannot delete the points a killed launch logged after its checkpoint."""
+        keys = self.client.get_run(self.run_id).data.metrics
+        return {k: max((m.step for m in self.client.get_metric_history(self.run_id, k)), default=-1) for k in keys}
+
     def _new_run(self, experiment: str, run_name: str) -> str:
         found = self.client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
@@ -144,19 +179,59 @@ class MlflowTracker(Tracker):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in values.items()])
+        metrics = [Metric(k, float(v), now, step) for k, v in values.items() if step > self.held.get(k, -1)]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+            self.held.update({m.key: step for m in metrics})  # a tag twice at one step (epoch in two rows) once
 
     def log_text(self, step, name, text):
         self.client.log_text(self.run_id, text, f"{name}.txt")
 
     def log_image(self, step, name, image):
-        self.client.log_image(self.run_id, image_array(image), key=name, step=step)
+        if step > self.last_held:  # a killed launch's figures past the checkpoint stay, as its points do
+            self.client.log_image(self.run_id, image_array(image), key=name, step=step)
 
     def log_summary(self, values, step=None):
         self.log_scalars(step or 0, values)
 
     def finish(self, ok=True):
         self.client.set_terminated(self.run_id, status="FINISHED" if ok else "FAILED")
+
+
+def read_steps(path: Path) -> dict[str, int]:
+    """A W&B steps file (tag -> last step logged); {} when there is none or it cannot be read."""
+    try:
+        found = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in found.items() if isinstance(v, int)} if isinstance(found, dict) else {}
+
+
+def connect_timeout() -> float:
+    """Seconds to wait for a tracking server: ``$MLFLOW_HTTP_REQUEST_TIMEOUT`` (MLflow's own setting),
+    else 10. MLflow itself retries a refused connection with back-off for minutes, silently."""
+    try:
+        return max(float(os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT", 10)), 0.1)
+    except ValueError:
+        raise TrackerStartError(f"MLFLOW_HTTP_REQUEST_TIMEOUT={os.environ['MLFLOW_HTTP_REQUEST_TIMEOUT']!r} is not a number "
+                                "of seconds; set it to e.g. 10") from None
+
+
+def check_reachable(uri: str) -> None:
+    """One line, within ``connect_timeout()`` seconds, when an http(s) tracking server does not accept a
+    connection (before training starts, instead of minutes of MLflow's silent retries)."""
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    timeout = connect_timeout()
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=timeout).close()
+    except OSError as e:
+        reason = "no answer" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
+        raise TrackerStartError(f"MLflow tracking server {parsed.hostname}:{port} ({uri}) is not reachable ({reason}, "
+                                f"waited up to {timeout:g} s); start it or fix MLFLOW_TRACKING_URI, or drop mlflow from "
+                                "train.loggers") from None
 
 
 class TrackerStartError(UserError):
