@@ -8,17 +8,15 @@ Under torchrun use the module form: ``torchrun --nproc_per_node 8 -m resdecay pr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
 
 from ..commands.ablate import list_grids, run_grid
 from ..commands.ablate_seeds import parse_seeds, run_seeds
 from ..commands.check_data import check_data
 from ..commands.demo import run_demo
 from ..commands.demo_diffusion import run_diffusion_demo
-from ..commands.evaluate import run_compare, run_eval
+from ..commands.evaluate import run_compare, run_eval, run_pixel_baseline
 from ..commands.finetune import run_finetune
 from ..commands.pretrain import run_pretrain
 from ..commands.report import run_figures, run_plot
@@ -29,9 +27,8 @@ from ..eval.metrics import FEATURES, metric_names
 from ..eval.protocol import KNN_K, KNN_TEMPERATURE
 from ..eval.suite import EvalSettings
 from ..io import first_sentence
-from ..schedule import SCHEDULES, alpha_schedule, effective_decay, solve_alpha_min
 from ..train.config import list_presets, load_config, preset_text
-from ..viz.plots import plot_alpha_schedules
+from .alpha import add_alpha_command
 from .diffusion import add_commands as add_diffusion_commands
 from .. import __version__
 from .examples import add_examples
@@ -39,39 +36,6 @@ from .interop import add_interop_commands
 from .plugins import ENV as PLUGIN_ENV, load_plugins
 from .parents import data_options, device_option, progress_option, run_folder_options, run_overrides
 from .submit import add_submit_command
-
-
-def cmd_alpha(args) -> None:
-    # with --json, stdout carries the JSON document alone; every message goes to stderr
-    note = sys.stderr if args.json else sys.stdout
-    if (args.alpha_min is None) == (args.target_eff is None):
-        raise UserError("give exactly one of --alpha-min (to see its schedule) or --target-eff (to solve for alpha_min)")
-    try:
-        if args.target_eff is not None:
-            alpha_min = solve_alpha_min(args.depth, args.target_eff, args.schedule)
-            print(f"alpha_min {alpha_min:.6f} gives alpha_eff {args.target_eff:.3g} at depth {args.depth} ({args.schedule} schedule)",
-                  file=note)
-        else:
-            alpha_min = args.alpha_min
-        a = alpha_schedule(args.depth, alpha_min, args.schedule)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    eff = effective_decay(a)
-    if args.json:
-        print(json.dumps({"depth": args.depth, "alpha_min": alpha_min, "schedule": args.schedule,
-                          "alpha_eff": eff, "alphas": a.tolist()}))
-    else:
-        print(f"{'block':>5} {'alpha_attn':>10} {'alpha_mlp':>10} {'cumulative':>11}")
-        running = 1.0
-        for i, (at, ml) in enumerate(a.tolist()):
-            running *= at * ml
-            print(f"{i:>5} {at:>10.4f} {ml:>10.4f} {running:>11.3e}")
-        hint = "inside" if 1e-3 <= eff < 1e-2 else "outside"
-        print(f"alpha_eff = {eff:.3e} ({hint} the paper's recommended [1e-3, 1e-2)); depth {args.depth}, "
-              f"alpha_min {alpha_min:.4g}, {args.schedule} schedule")
-    out = Path(args.out or f"runs/alpha/alpha_d{args.depth}_{alpha_min:.3f}_{args.schedule}.png")
-    plot_alpha_schedules({f"depth {args.depth}, alpha_min {alpha_min:.3g} ({args.schedule})": a}, out)
-    print(f"plot: {out}", file=note)
 
 
 def cmd_pretrain(args) -> None:
@@ -154,6 +118,16 @@ def cmd_eval(args) -> None:
                             max_test=args.max_test, batch_size=args.batch_size, num_workers=args.num_workers,
                             device=args.device, cache_dir=args.cache_dir, progress=not args.no_progress,
                             baselines=not args.no_baselines, data_path=None if args.data else args.data_path)
+    if args.baseline:  # raw pixels alone: no checkpoint
+        if args.checkpoints:
+            raise UserError(f"--baseline pixels measures no checkpoint: drop {args.checkpoints[0]}, or drop --baseline "
+                            "(pixels are measured beside every checkpoint anyway)")
+        run_pixel_baseline(data, settings, args.img_size, args.out)
+        return
+    if not args.checkpoints:
+        raise UserError("eval needs checkpoint files (<run>/checkpoints/step_*.pt), or --baseline pixels --data NAME")
+    if args.img_size is not None:
+        raise UserError("--img-size applies to --baseline pixels; a checkpoint's images are read at its model.img_size")
     run_eval(args.checkpoints, settings, args.out)
 
 
@@ -205,7 +179,10 @@ def add_ablate_command(sub) -> None:
 def add_measurement_commands(sub) -> None:
     """eval, compare, plot, figures: the commands that measure and draw trained runs."""
     e = sub.add_parser("eval", parents=[data_options("dataset (default: the checkpoint's training data)"), device_option(), progress_option()], help="kNN, linear probe and effective rank of checkpoints (features cached)")
-    e.add_argument("checkpoints", nargs="+", help="checkpoint files (<run>/checkpoints/step_*.pt)")
+    e.add_argument("checkpoints", nargs="*", help="checkpoint files (<run>/checkpoints/step_*.pt)")
+    e.add_argument("--baseline", choices=("pixels",), default=None,
+                   help="pixels: the raw-pixel baseline of --data alone, no checkpoint (cached per data set and protocol)")
+    e.add_argument("--img-size", type=int, default=None, help="with --baseline pixels: image side (default: the data set's own)")
     e.add_argument("--layer", default="-1", help="encoder block index (-1 = last) or 'all' for the per-layer profile")
     e.add_argument("--feature", default="mean", help="pooling: mean (all tokens incl. cls; default) | cls | patch_mean")
     e.add_argument("--evals", default=None, help=f"comma list of {', '.join(metric_names(FEATURES))} (default: all; "
@@ -215,11 +192,12 @@ def add_measurement_commands(sub) -> None:
     e.add_argument("--probe-epochs", type=int, default=None, help="probe epochs (default 200; 30 for --layer all)")
     e.add_argument("--probe-norm", default=None, help="none | batchnorm (default: none for the 200-epoch IN-100 recipe, batchnorm for --layer all)")
     e.add_argument("--rank-exp", action="store_true", help="report exp(effective rank) (Roy & Vetterli) instead of eq. 6")
-    e.add_argument("--max-train", type=int, default=None, help="use the first N training images")
-    e.add_argument("--max-test", type=int, default=None, help="use the first N test images")
+    e.add_argument("--max-train", type=int, default=None, help="use N training images (class-balanced, seeded by data.subset_seed)")
+    e.add_argument("--max-test", type=int, default=None, help="use N test images (class-balanced, seeded by data.subset_seed)")
     e.add_argument("--batch-size", type=int, default=256)
     e.add_argument("--num-workers", type=int, default=0)
-    e.add_argument("--cache-dir", default=None, help="feature cache (default <run>/eval/cache)")
+    e.add_argument("--cache-dir", default=None, help="feature cache (default <run>/eval/cache; --baseline pixels: "
+                                                      "~/.cache/resdecay/baselines)")
     e.add_argument("--out", default=None, help="output folder (default <run>/eval)")
     e.add_argument("--no-baselines", action="store_true",
                    help="skip the raw-pixel and random-init-encoder rows (measured by default with the same protocol)")
@@ -273,14 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the decayed model's exact numbers depend on it (README, 'What the numbers depend on')")
     d.set_defaults(func=cmd_demo)
 
-    a = sub.add_parser("alpha", help="print and plot an alpha schedule, or solve alpha_min for a target alpha_eff")
-    a.add_argument("--depth", type=int, required=True, help="number of transformer blocks")
-    a.add_argument("--alpha-min", type=float, default=None, help="alpha of the last sub-block")
-    a.add_argument("--target-eff", type=float, default=None, help="solve for the alpha_min giving this alpha_eff")
-    a.add_argument("--schedule", default="linear", choices=SCHEDULES, help="linear (authors' code) | paper (eq. 5) | cosine | constant")
-    a.add_argument("--out", default=None, help="PNG path (default runs/alpha/alpha_d<depth>_<alpha_min>_<schedule>.png)")
-    a.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    a.set_defaults(func=cmd_alpha)
+    add_alpha_command(sub)  # cli/alpha.py
 
     t = sub.add_parser("pretrain", parents=[progress_option(), run_folder_options()],
                        help="pretrain a preset on CPU, one GPU or many (torchrun)")

@@ -35,9 +35,11 @@ import torch
 
 from .. import yaml_io
 from ..errors import UserError
+from ..eval.baselines import default_baseline_cache
 from ..eval.metrics import FEATURES, Metric, registered, row_columns
 from ..eval.suite import EvalSettings, evaluate_checkpoint
 from ..models import build_model
+from ..nn.shortcut_info import describe_model
 from ..train import distributed as dist_env
 from ..train.config import RunConfig, load_config
 from ..train.distributed import is_main_process
@@ -150,7 +152,8 @@ def plan_grid(grid: str, out: str | None = None, only: list[str] | None = None, 
     cfgs = {v["name"]: load_config(v.get("preset", g["preset"]), [*g.get("overrides", []), *v.get("overrides", []), *(extra or []),
                                                                    f"train.out_dir={out_dir / slug(v['name'])}"])
             for v in g["variants"]}
-    settings = EvalSettings(**{**g.get("eval", {}), "progress": progress})
+    # raw pixels are measured once per data set and protocol, not once per variant (cache shared with `eval --baseline pixels`)
+    settings = EvalSettings(**{"pixel_cache": str(default_baseline_cache()), **g.get("eval", {}), "progress": progress})
     if isinstance(settings.evals, list):
         settings.evals = tuple(settings.evals)
     return GridPlan(g, cfgs, out_dir, only, settings)
@@ -193,7 +196,7 @@ def _run_variants(g: dict, cfgs: dict, only, settings, reference: dict, progress
         summary_file = run_dir / "summary.json"
         if not done.exists() and not summary_file.exists():
             if env.is_main:
-                print(f"\n=== {g['name']}: {name} ===")
+                print(f"\n=== {g['name']}: {name} ({describe_model(cfg.model)}) ===")
             train_with_online_eval(cfg, resume="auto", progress=progress, init=shared_init(reference))  # rank 0 writes summary.json
         dist_env.barrier(env)  # rank 0's summary.json is on disk for every rank
         if not done.exists():  # every rank gives the same answer: eval.json is written only before the next barrier
@@ -209,6 +212,7 @@ def _run_variants(g: dict, cfgs: dict, only, settings, reference: dict, progress
         model = report.get("model", {})
         rows[name] = {"measures": _measure(report), "random_init": _measure(report, "random-init"),
                       "pixels": _measure(report, "pixels"), "paper": v.get("paper"), "run_dir": str(run_dir),
+                      "shortcut": describe_model(cfg.model),  # the formula in words (nn.shortcut_info)
                       "overrides": v.get("overrides", []), "alphas": report.get("alphas"), "family": model.get("family"),
                       "alpha_min": model.get("alpha_min"), "depth": sum(model["layers"]) if "layers" in model else model.get("depth")}
     return rows

@@ -1,5 +1,7 @@
 """``resdecay eval``, ``compare`` and ``eval-diffusion``: measure checkpoints and write the
-reports (JSON with protocol cards, PNG profiles, heat maps)."""
+reports (JSON with protocol cards, PNG profiles, heat maps); ``resdecay eval --baseline pixels``:
+the raw-pixel baseline of a data set alone, without a checkpoint (cached per data set and protocol,
+the cache ``ablate`` reads too)."""
 
 from __future__ import annotations
 
@@ -9,14 +11,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch.distributed as dist
-from torch.utils.data import Subset
-
-from ..data import build_dataset
+from ..data import DataConfig, build_dataset
+from ..data.subsets import balanced_subset
 from ..errors import UserError
 from ..eval.compare import compare_reports, format_comparison, load_report
 from ..eval.diffusion_probe import FAST_RECIPE, NOISE_LEVELS, check_levels, probe_grid
+from ..eval.baselines import default_baseline_cache, pixel_rows
 from ..eval.inputs import check_data_path, check_writable, write_failure
-from ..eval.reports import format_report
+from ..eval.reports import format_report, protocol_text, values_text
 from ..eval.suite import EvalSettings, checked_checkpoint, evaluate_checkpoint
 from ..io import run_dir_of
 from ..models import is_diffusion
@@ -178,14 +180,12 @@ def run_eval_diffusion(checkpoint: str, data=None, out: str | None = None, layer
     data_cfg = replace(data or cfg.data, train_subset=None)
     train_set, _ = build_dataset(data_cfg, "train", cfg.model.img_size, augment=False)
     test_set, _ = build_dataset(data_cfg, "test", cfg.model.img_size, augment=False)
-    if max_train:
-        train_set = Subset(train_set, range(min(max_train, len(train_set))))
-    if max_test:
-        test_set = Subset(test_set, range(min(max_test, len(test_set))))
+    train_set, test_set = (balanced_subset(ds, n, data_cfg.subset_seed) for ds, n in ((train_set, max_train), (test_set, max_test)))
     result = probe_grid(model, train_set, test_set, layers, levels, dev, batch_size, progress)
     step = int(state["train_state"]["step"])
     result["protocol"] = {"checkpoint": str(checkpoint), "step": step, "weights": "EMA" if cfg.train.ema_decay > 0 else "raw",
                           "data": data_cfg.name, "train_images": len(train_set), "test_images": len(test_set),
+                          "subset": f"class-balanced, data.subset_seed={data_cfg.subset_seed}" if max_train or max_test else "none",
                           "feature": "mean of all tokens of the block output", "probe": FAST_RECIPE.card(),
                           "noise": f"{cfg.model.objective}: level = fraction of the diffusion time (0 clean, 1 pure noise), "
                                    "one seeded noise draw per image", "labels": "null label (no class leak)"}
@@ -196,3 +196,58 @@ def run_eval_diffusion(checkpoint: str, data=None, out: str | None = None, layer
         raise UserError(write_failure(out_dir / "probe_grid.json", e, "free some space or pass --out DIR")) from None
     result["paths"] = {"json": str(out_dir / "probe_grid.json"), "png": str(out_dir / "probe_grid.png")}
     return result
+
+
+NATIVE_SIDE = {"digits": 8, "fashion-mnist": 28, "cifar10": 32, "cifar100": 32}
+
+
+def pixel_side(data: DataConfig, img_size: int | None) -> int:
+    """The side images are read at for the pixel baseline: --img-size, else the data set's own."""
+    if img_size is not None:
+        if img_size < 1:
+            raise UserError(f"--img-size must be a positive integer, got {img_size}")
+        return img_size
+    if data.name == "fashion-mnist-m":
+        return data.canvas
+    if data.name not in NATIVE_SIDE:
+        raise UserError(f"{data.name} images have no one size: pass --img-size N (the side your models read, e.g. 224)")
+    return NATIVE_SIDE[data.name]
+
+
+def run_pixel_baseline(data: DataConfig | None, settings: EvalSettings, img_size: int | None = None,
+                       out: str | None = None) -> dict:
+    """``resdecay eval --baseline pixels --data NAME``: every baseline metric on raw, normalised
+    pixels, with the protocol ``settings`` gives, no checkpoint; rows cached per data set and
+    protocol (``--cache-dir``, default ``baselines.default_baseline_cache()``, which ``ablate`` reads).
+
+    Args:
+        data: the data set (``--data``, ``--data-path``); settings: the evaluation settings
+        (metrics, kNN / probe protocol, --max-train / --max-test); img_size: --img-size;
+        out: the report folder (default runs/eval/pixels-<data>).
+    """
+    if data is None:
+        raise UserError("--baseline pixels measures a data set, not a checkpoint: name it with --data NAME (and --data-path DIR)")
+    if settings.layer != -1:
+        raise UserError("--layer chooses an encoder block; raw pixels have none: drop --layer")
+    settings.validate()
+    check_data_path(data.name, data.path)
+    if data.name in ("latents", "synthetic"):
+        raise UserError(f"--baseline pixels measures images with labels; {data.name} has no pixels worth a baseline")
+    side = pixel_side(data, img_size)
+    folder = check_writable(Path(out or f"runs/eval/pixels-{data.name}"), "pass --out DIR (a folder you can write)")
+    cache = Path(settings.cache_dir) if settings.cache_dir else default_baseline_cache()
+    metrics = [m for m in settings.metrics() if "baselines" in m.where]
+    ms = replace(settings.metric_settings(resolve_device(settings.device, "--device")), progress=False)
+    rows, hit = pixel_rows(data, side, metrics, ms, settings.max_train, settings.max_test, None, cache)
+    report = {"resdecay_eval": 1, "baseline": "pixels", "data": data.name, "img_size": side, "baselines": rows,
+              "cache": hit}
+    try:
+        (folder / "pixels.json").write_text(json.dumps(report, indent=2))
+    except OSError as e:
+        raise UserError(write_failure(folder / "pixels.json", e, "free some space or pass --out DIR")) from None
+    print(f"raw pixels | {data.name} at {side}x{side}, normalised as the models see them, no checkpoint")
+    print(f"{'metric':<8} {'feature':<8} {'value':<32} protocol")
+    for r in rows:
+        print(f"{r['metric']:<8} {r['feature']:<8} {values_text(r):<32} {protocol_text(r)}")
+    print(f"wrote {folder / 'pixels.json'} (pixel-baseline cache: {'hit' if hit['hit'] else 'new'}, {hit['file']})")
+    return report

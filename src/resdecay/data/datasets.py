@@ -32,6 +32,7 @@ from ..io import safe_load
 from ..safe_pickle import load_data_pickle
 from .fashion_mnist_m import NUISANCES, composite, validate_knobs
 from .fast_images import BadImage, bad_image_reason, decode_uint8
+from .subsets import SUBSET_SEED, balanced_indices, balanced_subset
 from .transforms import RECIPES, Augment, choose_decoder, create_transform
 
 DatasetName = Literal["digits", "fashion-mnist", "fashion-mnist-m", "cifar10", "cifar100", "imagefolder", "synthetic", "latents"]
@@ -49,11 +50,12 @@ class DataConfig:
     path: str | None = None  # dataset folder; fashion-mnist defaults to the Debian path
     augment: Augment = "none"  # none | flip | mae | rrc | randaug | cifar: one table, transforms.RECIPES
     num_workers: int = 0  # DataLoader worker processes (0 = load in the main process)
-    train_subset: int | None = None  # use only the first N training images (quick runs)
+    train_subset: int | None = None  # train on N images only (quick runs): a class-balanced subset drawn with subset_seed (subsets.py)
     resize: bool = False  # resize fixed-size datasets to model.img_size instead of refusing
     normalize: Normalize = "dataset"  # dataset (per-channel mean/std) | symmetric (pixels to [-1, 1], diffusion)
     canvas: int = 32  # fashion-mnist-m: image side in pixels
     nuisances: list[str] = field(default_factory=lambda: list(NUISANCES))  # fashion-mnist-m: which nuisances are on
+    subset_seed: int = SUBSET_SEED  # seeds every N-image subset: train_subset, train.online_eval_size, eval --max-train
     dataset_seed: int = 0  # fashion-mnist-m: image i of a split is drawn from a generator seeded by (dataset_seed, split, i)
     on_bad_file: Literal["stop", "skip"] = "stop"  # an unreadable image in training: stop the run | skip (replace it deterministically, list it in <run>/bad_files.txt)
     decoder: Decoder = "tensor"  # imagefolder: tensor (uint8 decode + transforms.v2, fast_images.py) | pil (PIL + v1 transforms)
@@ -141,9 +143,9 @@ def _fashion_mnist_m_stats(path: str | None, canvas: int, nuisances: tuple, seed
 
 def _load_fashion_mnist_m(cfg: DataConfig, train: bool, limit: int | None):
     garments, labels = _load_fashion_mnist(cfg.path, train)
-    if limit:  # composite only what is used; image i is the same either way
-        garments, labels = garments[:limit], labels[:limit]
-    images = composite(garments, "train" if train else "test", cfg.canvas, cfg.nuisances, cfg.dataset_seed)
+    chosen = balanced_indices(labels, limit, cfg.subset_seed) if limit else np.arange(len(labels))
+    garments, labels = garments[chosen], labels[chosen]  # composite only what is used; image i is the same either way
+    images = composite(garments, "train" if train else "test", cfg.canvas, cfg.nuisances, cfg.dataset_seed, indices=chosen)
     return images, labels, _fashion_mnist_m_stats(cfg.path, cfg.canvas, tuple(cfg.nuisances), cfg.dataset_seed)
 
 
@@ -257,8 +259,8 @@ def _folder_dataset(cfg: DataConfig, train: bool, img_size: int, aug: str, pipel
     transform = create_transform(aug, img_size, view, mean=mean, std=std, uint8_out=uint8_out)
     ds = _image_folder(sub, transform, loader=decode_uint8 if view == "uint8" else _checked_pil_loader)
     info = DataInfo("imagefolder", len(ds.classes), 3, None, mean, std)
-    if cfg.train_subset and train:
-        ds = torch.utils.data.Subset(ds, range(min(cfg.train_subset, len(ds))))
+    if cfg.train_subset and train:  # the folder lists class by class: its first N would be a few classes
+        ds = balanced_subset(ds, cfg.train_subset, cfg.subset_seed)
     return ds, info
 
 
@@ -317,8 +319,9 @@ def _memory_split(cfg: DataConfig, train: bool, img_size: int):
         stats = ((0.5,) * 3, (0.29,) * 3)
     if len(images) == 0:
         raise DataError(f"{cfg.name} at {cfg.path} holds no images")
-    if cfg.train_subset and train:
-        images, labels = images[: cfg.train_subset], labels[: cfg.train_subset]
+    if cfg.train_subset and train and cfg.name != "fashion-mnist-m":  # fashion-mnist-m composited its subset only
+        chosen = torch.from_numpy(balanced_indices(labels, cfg.train_subset, cfg.subset_seed))
+        images, labels = images[chosen], labels[chosen]
     num_classes = 100 if cfg.name == "cifar100" else 10
     if cfg.normalize == "symmetric":  # diffusion models see pixels in [-1, 1]
         stats = ((0.5,) * images.shape[1], (0.5,) * images.shape[1])
@@ -350,6 +353,7 @@ def latent_dataset(cfg: DataConfig, split: str):
     except (KeyError, TypeError) as e:
         raise DataError(f"{f} is not a resdecay latents file ({type(e).__name__}); rebuild it with `resdecay latents`") from None
     if cfg.train_subset and split == "train":
-        z, y = z[: cfg.train_subset], y[: cfg.train_subset]
+        chosen = torch.from_numpy(balanced_indices(y, cfg.train_subset, cfg.subset_seed))
+        z, y = z[chosen], y[chosen]
     info = DataInfo("latents", int(meta["num_classes"]), int(z.shape[1]), int(z.shape[-1]), (0.0,), (1.0,))
     return LatentDataset(z, y), info

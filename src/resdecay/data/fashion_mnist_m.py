@@ -73,7 +73,7 @@ def _draw(rng: np.random.Generator, canvas: int, on: frozenset) -> dict:
 
 
 def composite(garments: torch.Tensor, split: str, canvas: int = 32, nuisances=NUISANCES, seed: int = 0,
-              offset: int = 0) -> torch.Tensor:
+              offset: int = 0, indices=None) -> torch.Tensor:
     """Composite garments (N, 1, 28, 28) uint8 into (N, 3, canvas, canvas) uint8 images.
 
     Args:
@@ -83,12 +83,15 @@ def composite(garments: torch.Tensor, split: str, canvas: int = 32, nuisances=NU
         nuisances: which of ``NUISANCES`` are on.
         seed: data-set seed; image i uses a generator seeded by (seed, split, offset + i).
         offset: index of ``garments[0]`` in its split (so a slice gives the same images as the whole).
+        indices: instead of ``offset``, the index in its split of every garment (a subset such as
+            ``data.train_subset``'s gives the same images as the whole).
     """
     on = frozenset(nuisances)
     pyramid = _photo_pyramid(canvas) if "background" in on else None
     n = len(garments)
     out = torch.zeros(n, 3, canvas, canvas)
-    draws = [_draw(np.random.default_rng([seed, SPLIT_IDS[split], offset + i]), canvas, on) for i in range(n)]
+    where = range(offset, offset + n) if indices is None else [int(i) for i in indices]
+    draws = [_draw(np.random.default_rng([seed, SPLIT_IDS[split], i]), canvas, on) for i in where]
     alpha = garments.float().div(255.0)
     for i, d in enumerate(draws):
         if pyramid is not None:

@@ -9,26 +9,45 @@ constructor, as ``train()`` does), so for a U-Net MAE with zero-initialised bran
 the network before its first step: every branch outputs 0 and each block's output is α_eff times a
 linear embedding of the pixels (kNN on cosine similarity is scale-free, so the decay itself does
 not change its kNN).
+
+The pixel rows depend on the data and the protocol only, not on a model: ``pixel_rows`` keeps them
+in a small JSON per (data set, images, protocol) in a cache folder (``default_baseline_cache()``
+for ``resdecay eval --baseline pixels`` and ``ablate``), so a grid of ten variants measures the
+pixels once, and a pixel-only evaluation computed before is reused by both.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader
 
+from ..data import DataConfig
+from ..data.subsets import balanced_subset, dataset_labels
+from ..io import atomic_write_text
 from ..models import build_model
+from .inputs import eval_split, replaced_count, split_card, warn, write_failure
+from .metrics import FeatureSet, Metric, measure
+from .protocol import MetricSettings
 
 SOURCES = ("pixels", "random-init")
+BASELINE_FORMAT = 1  # bump when the pixel features change, so old cached rows are not reused
+
+
+def default_baseline_cache() -> Path:
+    """Where pixel-baseline rows are kept: $XDG_CACHE_HOME/resdecay/baselines (~/.cache/resdecay/baselines)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "resdecay" / "baselines"
 
 
 @torch.no_grad()
-def pixel_features(dataset, limit: int | None = None, batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flattened, normalised pixels (as the model sees them, no augmentation): (N, C·H·W), labels."""
-    if limit:
-        dataset = Subset(dataset, range(min(limit, len(dataset))))
+def pixel_features(dataset, limit: int | None = None, batch_size: int = 1024, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flattened, normalised pixels (as the model sees them, no augmentation): (N, C·H·W), labels;
+    of ``limit`` images drawn class-balanced with ``seed`` (``data/subsets.py``), as the model's features are."""
+    dataset = balanced_subset(dataset, limit, seed)
     xs, ys = [], []
     for x, y in DataLoader(dataset, batch_size=batch_size, shuffle=False):
         xs.append(x.flatten(1).float())
@@ -55,3 +74,55 @@ def baseline_value(report: dict, source: str, metric: str, feature: str, value: 
                 and (layer is None or r["layer"] in (layer, None))):
             return r["values"][value]
     return None
+
+
+def _digest(x) -> str:
+    return hashlib.sha256(x.encode() if isinstance(x, str) else x).hexdigest()[:20]
+
+
+def pixel_rows(data: DataConfig, img_size: int, metrics: list[Metric], ms: MetricSettings, max_train: int | None,
+               max_test: int | None, bad_files: Path | None = None, cache_dir: str | Path | None = None) -> tuple[list, dict]:
+    """The raw-pixel baseline's ``eval.json`` rows, from ``cache_dir`` when the same images were
+    measured under the same protocol before. Returns (rows, {"file", "hit"}).
+
+    The key holds the split cards (data set, folder, image counts, subset draw, side), every
+    metric's protocol card, a digest of the chosen labels and of the first chosen image as the
+    model sees it (so a changed normalisation or folder content is not served stale rows).
+
+    Args:
+        data: the data config; img_size: the side images are read at; metrics, ms: what to measure
+        and how; max_train, max_test: the subset sizes (None: whole splits); bad_files: the folder
+        listing images replaced under ``data.on_bad_file=skip`` (such rows are not cached);
+        cache_dir: the cache folder, or None to compute without one.
+    """
+    splits, card = {}, {"norm": "none"}
+    for split, limit in (("train", max_train), ("test", max_test)):
+        whole = eval_split(data, split, img_size, bad_files)
+        splits[split] = balanced_subset(whole, limit, data.subset_seed)
+        card[split] = split_card(data, split, len(splits[split]), len(whole), img_size)
+    for m in metrics:  # settings that cannot work on this bank are refused before any pixel is read
+        if m.check is not None:
+            m.check(len(splits["train"]), ms)
+    skip = data.on_bad_file == "skip" and bad_files is not None
+    file = None
+    if cache_dir is not None and not skip:
+        key = {"format": BASELINE_FORMAT, "card": card, "metrics": [[m.name, m.protocol(ms)] for m in metrics],
+               **{f"{split}_labels": _digest(dataset_labels(ds).astype("int64").tobytes()) for split, ds in splits.items()},
+               **{f"{split}_first": _digest(ds[0][0].float().numpy().tobytes()) for split, ds in splits.items()}}
+        file = Path(cache_dir) / f"pixels-{_digest(json.dumps(key, sort_keys=True, default=str))}.json"
+        try:
+            return json.loads(file.read_text())["rows"], {"file": str(file), "hit": True}
+        except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: measured again
+            pass
+    (tr, tr_y), (te, te_y) = (pixel_features(splits[split]) for split in ("train", "test"))
+    if skip:
+        for split in ("train", "test"):
+            card[split]["unreadable_replaced"] = replaced_count(bad_files, split)
+    rows = measure(metrics, FeatureSet({"pixels": tr}, tr_y, {"pixels": te}, te_y, "pixels"), ms, card, None, "pixels")[0]
+    if file is not None and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(file, json.dumps({"key": key, "rows": rows}, indent=1))
+        except OSError as e:  # only a cache: the rows are returned anyway
+            warn(write_failure(file, e, "the pixel baseline is measured anyway, its rows are not cached"))
+    return rows, {"file": str(file) if file else None, "hit": False}

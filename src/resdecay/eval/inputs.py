@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..data import DataConfig, build_dataset
 from ..data.badfiles import SkipBadFiles, count_bad_files, record_bad_file
+from ..data.subsets import describe_subset
 from ..errors import UserError, one_line
 from ..io import is_disk_full, no_space_message
 from ..models import is_diffusion
@@ -122,6 +123,22 @@ def eval_split(data: DataConfig, split: str, img_size: int, bad_files: Path | No
     if data.on_bad_file == "skip" and bad_files is not None:
         dataset = SkipBadFiles(dataset, bad_files_list(bad_files, split))
     return dataset
+
+
+def split_card(data: DataConfig, split: str, n: int, total: int, img_size: int) -> dict:
+    """The protocol card of the images of one split an evaluation read (part of feature- and
+    baseline-cache keys): the data set, its folder, how many images and, for a subset, how drawn.
+
+    Args:
+        data: the data config; split: "train" or "test"; n: the images used; total: the split's
+        images; img_size: the side they were read at.
+    """
+    path = str(Path(data.path).resolve()) if data.path else None
+    card = {"data": data.name, "data_path": path, "split": split, "images": n, "img_size": img_size,
+            "augmentation": "none", "resize": data.resize}
+    if n < total:  # only then: keys of whole-split features written before issue 30 stay valid
+        card["subset"] = describe_subset(n, total, split, data.subset_seed)
+    return card
 
 
 def bad_files_list(folder: Path, split: str) -> Path:

@@ -18,20 +18,22 @@ from pathlib import Path
 import torch
 
 from ..data import DataConfig, check_first_sample
+from ..data.subsets import balanced_subset
 from ..errors import UserError
 from ..io import file_sha256, run_dir_of
 from ..models import MAEConfig
 from ..nn.blocks import block_statistics as record_block_statistics
 from ..nn.decayify import alphas_of
 from ..train.checkpoint import load_checkpoint, load_model
-from ..train.config import from_dict, shortcut_tag
+from ..nn.shortcut_info import describe_model
+from ..train.config import from_dict
 from ..train.distributed import resolve_device
 from ..train.tracking import log_to_run
 from . import baselines as bl
 from .feature_cache import FeatureCache
 from .features import POOLINGS, extract_block_features
 from .inputs import (bad_files_list, check_data_path, check_encoder_family, check_writable, eval_split,
-                     replaced_count, replaced_list, restore_replaced)
+                     replaced_count, replaced_list, restore_replaced, split_card)
 from .metrics import BLOCKS, FEATURES, BlockStats, FeatureSet, Metric, measure, metric_names, registered, row_columns
 from .protocol import FAST_RECIPE, IN100_RECIPE, KNN_K, KNN_TEMPERATURE, STATS_IMAGES, MetricSettings
 
@@ -50,8 +52,8 @@ class EvalSettings:
     probe_norm: str | None = None  # None: the recipe's (none for IN-100, batchnorm for fast) | none | batchnorm
     rank_exp: bool = False  # False: paper eq. 6 (entropy); True: exp of it (Roy & Vetterli)
     data: DataConfig | None = None  # None: the checkpoint's training data, without augmentation
-    max_train: int | None = None  # first N training images as the kNN bank / probe training set
-    max_test: int | None = None
+    max_train: int | None = None  # N training images (class-balanced, data.subset_seed) as the kNN bank / probe set
+    max_test: int | None = None  # N test images, drawn the same way
     batch_size: int = 256
     num_workers: int = 0
     device: str = "auto"
@@ -59,6 +61,7 @@ class EvalSettings:
     progress: bool = True
     baselines: bool = True  # also measure raw pixels and the run's randomly initialised encoder (eval/baselines.py)
     data_path: str | None = None  # with data=None: the checkpoint's data set, read from this folder
+    pixel_cache: str | None = None  # a folder of cached raw-pixel baseline rows (ablate: baselines.default_baseline_cache())
     trackers: bool = True  # also log one layer's numbers to the training run's trackers (train.loggers: TensorBoard, W&B, MLflow)
 
     def validate(self) -> None:
@@ -96,12 +99,6 @@ class EvalSettings:
                               device=device, progress=self.progress and self.layer != "all")
 
 
-def _data_card(data: DataConfig, split: str, n: int, img_size: int) -> dict:
-    path = str(Path(data.path).resolve()) if data.path else None
-    return {"data": data.name, "data_path": path, "split": split, "images": n, "img_size": img_size,
-            "augmentation": "none", "resize": data.resize}
-
-
 def cached_features(model, ckpt_sha: str, data: DataConfig, split: str, img_size: int, layers: list[int],
                     pools: tuple[str, ...], limit: int | None, s: EvalSettings, cache: FeatureCache, device,
                     bad_files: Path | None = None) -> tuple:
@@ -116,13 +113,13 @@ def cached_features(model, ckpt_sha: str, data: DataConfig, split: str, img_size
     """
     dataset = eval_split(data, split, img_size, bad_files)
     check_first_sample(dataset, model.cfg.in_chans, img_size, data.name)
-    if limit:
-        dataset = torch.utils.data.Subset(dataset, range(min(limit, len(dataset))))
+    total = len(dataset)
+    dataset = balanced_subset(dataset, limit, data.subset_seed)  # an ImageFolder's first N are a class or two
     if split == "train":  # settings that cannot work on this bank are refused before extracting, not after
         for m in s.metrics():
             if m.check is not None:
                 m.check(len(dataset), s.metric_settings())
-    card = _data_card(data, split, len(dataset), img_size)
+    card = split_card(data, split, len(dataset), total, img_size)  # a subset's draw is in the key: no first-N reuse
     key = {"format": FEATURE_FORMAT, "checkpoint_sha256": ckpt_sha, **card, "layers": layers, "pools": sorted(pools)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     file = cache.dir / f"{split}-{digest}.pt"
@@ -288,14 +285,10 @@ def random_init_features(cfg, data: DataConfig, s: EvalSettings, layers: list[in
 def baseline_rows(cfg, data: DataConfig, s: EvalSettings, layers: list[int], untrained: tuple, base: dict,
                   device, bad_files: Path | None = None) -> list[dict]:
     """The same metrics on raw pixels and on the run's randomly initialised encoder, rows with a ``source``."""
-    img = cfg.model.img_size
     card = {k: v for k, v in base.items() if k != "checkpoint_sha256"}
     metrics = [m for m in s.metrics() if "baselines" in m.where]
     ms = replace(s.metric_settings(device), progress=False)
-    (tr, tr_y), (te, te_y) = (bl.pixel_features(eval_split(data, split, img, bad_files), limit)
-                              for split, limit in (("train", s.max_train), ("test", s.max_test)))
-    pixels = FeatureSet({"pixels": tr}, tr_y, {"pixels": te}, te_y, "pixels")
-    rows = measure(metrics, pixels, ms, card, None, "pixels")[0]
+    rows = bl.pixel_rows(data, cfg.model.img_size, metrics, ms, s.max_train, s.max_test, bad_files, s.pixel_cache)[0]
     train, train_y, test, test_y = untrained
     pools = [s.feature, *sorted(s.pools() - {s.feature})]  # the feature first, as the baseline rows always listed it
     for layer in layers:
@@ -306,4 +299,4 @@ def baseline_rows(cfg, data: DataConfig, s: EvalSettings, layers: list[int], unt
 
 def _label(cfg) -> str:
     skips = cfg.model.skips if isinstance(cfg.model, MAEConfig) else False  # only the MAE has long skips
-    return f"{cfg.preset} ({shortcut_tag(cfg.model.alpha_min, skips)})"
+    return f"{cfg.preset} ({describe_model(cfg.model, skips)})"
