@@ -227,3 +227,53 @@ def test_a_local_job_of_two_tasks_trains_as_torchrun_would(capsys, tmp_path):
     assert state["train_state"]["world_size"] == 2 and state["train_state"]["step"] == 4  # 256 images / (2 x 32)
     assert "device cpu x 2" in (out / "submitit" / f"{job_id}_0_log.out").read_text()
     assert [e["event"] for e in read_jobs(out)] == ["submitted", "started"]  # rank 0 alone notes the start
+
+
+# ----------------------------------------------------------------------------- issue 30: cluster options, hangs
+def test_cluster_specific_sbatch_options_setup_lines_and_the_signal_delay_reach_the_batch_file(capsys, tmp_path, fake_slurm):
+    """Issue 30.11: #SBATCH options submit has no flag for, setup lines, and MAE's 120 s signal delay."""
+    out = tmp_path / "run"
+    code, _, err = run(capsys, "submit", "--timeout-min", "60", "--signal-delay", "120", "--sbatch", "comment=mae run",
+                       "--sbatch", "exclusive", "--sbatch=--gres=gpu:8", "--setup", "module load cuda/12.1",
+                       "--setup", "export NCCL_DEBUG=INFO", *pretrain(out))
+    assert code == 0, err
+    sbatch = fake_slurm.read_text()
+    for line in ("#SBATCH --comment='mae run'", "#SBATCH --exclusive", "#SBATCH --gres=gpu:8", "#SBATCH --signal=USR2@120",
+                 "#SBATCH --requeue"):
+        assert line in sbatch.splitlines(), line
+    setup = sbatch.index("module load cuda/12.1")
+    assert setup < sbatch.index("export NCCL_DEBUG=INFO") < sbatch.index("submitit.core._submit")  # before the command
+    [event] = read_jobs(out)
+    assert event["signal_delay_s"] == 120 and event["sbatch"] == {"comment": "mae run", "exclusive": True, "gres": "gpu:8"}
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["--signal-delay", "0"], ["--signal-delay", "got 0"]),
+    (["--signal-delay", "3600"], ["--signal-delay", "3600 s"]),  # not before the end of a 60-minute job
+    (["--sbatch", "=x"], ["--sbatch '=x'", "NAME=VALUE"]),
+    (["--sbatch", "signal=USR1@60"], ["signal", "--signal-delay"]),
+    (["--submit-timeout", "0"], ["--submit-timeout"]),
+])
+def test_bad_cluster_options_are_one_line(capsys, tmp_path, fake_slurm, argv, fragments):
+    code, _, err = run(capsys, "submit", "--timeout-min", "60", *argv, *pretrain(tmp_path / "run"))
+    assert_one_line_error(code, err, *fragments)
+    assert not fake_slurm.exists() and not (tmp_path / "run").exists()
+
+
+def test_an_sbatch_that_never_answers_is_one_line_after_the_timeout(capsys, tmp_path, fake_slurm):
+    """Issue 30.8: submitit waits for sbatch without a limit, so a hung controller hung submit silently."""
+    (fake_slurm.parent / "bin" / "sbatch").write_text("#!/bin/sh\nsleep 60\n")
+    t0 = time.monotonic()
+    code, _, err = run(capsys, "submit", "--timeout-min", "60", "--submit-timeout", "1", *pretrain(tmp_path / "run"))
+    assert_one_line_error(code, err, "sbatch did not answer within 1 s", "--submit-timeout")
+    assert time.monotonic() - t0 < 30  # bounded, far below the 60 s the fake sbatch sleeps
+
+
+def test_an_unwritable_submitit_folder_is_one_line_naming_folder(capsys, tmp_path, fake_slurm):
+    """Issue 30.8: --folder where nothing can be created was a FileNotFoundError traceback (a path through a
+    file stands for an unwritable place: even root cannot create it)."""
+    (tmp_path / "a-file").write_text("x")
+    code, _, err = run(capsys, "submit", "--timeout-min", "60", "--folder", str(tmp_path / "a-file" / "jobs"),
+                       *pretrain(tmp_path / "run"))
+    assert_one_line_error(code, err, "a-file/jobs", "is not writable", "--folder")
+    assert not fake_slurm.exists()

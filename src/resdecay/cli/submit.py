@@ -7,7 +7,8 @@ import argparse
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..commands.submit import COMMANDS, EXECUTORS, JOBS_FILE, Resources, job_argv, run_folder, submit, wait_for_debug_job
+from ..commands.submit import (COMMANDS, EXECUTORS, JOBS_FILE, Resources, job_argv, parse_sbatch_option, run_folder, submit,
+                               wait_for_debug_job)
 from ..errors import UserError
 from .parents import run_overrides
 
@@ -48,7 +49,9 @@ def cmd_submit(args, parsers: dict, entry) -> None:
     res = Resources(nodes=args.nodes, gpus_per_node=args.gpus_per_node, tasks_per_node=args.tasks_per_node,
                     timeout_min=args.timeout_min, partition=args.partition, account=args.account, qos=args.qos,
                     constraint=args.constraint, cpus_per_task=args.cpus_per_task, mem_gb=args.mem_gb,
-                    executor=args.executor, folder=args.folder, max_timeouts=args.max_timeouts)
+                    executor=args.executor, folder=args.folder, max_timeouts=args.max_timeouts,
+                    signal_delay_s=args.signal_delay, sbatch=dict(parse_sbatch_option(o) for o in args.sbatch),
+                    setup=list(args.setup), submit_timeout_s=args.submit_timeout)
     command, job_args, argv = parse_job(parsers, args.job)
     res.check()  # before the command's config is loaded: the cheap mistakes first
     run_dir = run_folder(command, job_args)
@@ -82,6 +85,16 @@ def add_submit_command(sub, entry) -> None:
     s.add_argument("--executor", default="slurm", help=f"{' | '.join(EXECUTORS)}: local runs the job in subprocesses on "
                                                          "this machine, debug in this process (both without a cluster)")
     s.add_argument("--folder", default=None, help="submitit's folder: job pickles and logs (default <run>/submitit)")
+    s.add_argument("--signal-delay", type=int, default=90, metavar="S",
+                   help="SLURM signals the job S seconds before its time limit to checkpoint and requeue (default 90; MAE uses 120)")
+    s.add_argument("--sbatch", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="a further #SBATCH option of your cluster, repeatable: --sbatch gres=gpu:8 --sbatch exclusive "
+                        "--sbatch comment=mae (SLURM only)")
+    s.add_argument("--setup", action="append", default=[], metavar="LINE",
+                   help="a shell line run before the command in the batch script, repeatable: --setup 'module load cuda/12.1' "
+                        "(SLURM only)")
+    s.add_argument("--submit-timeout", type=float, default=60, metavar="S",
+                   help="give up when sbatch has not answered after S seconds (default 60)")
     s.add_argument("job", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                    help=f"{' | '.join(COMMANDS)} with its own options, e.g. pretrain --preset mae-b16 data.path=/data/in100")
     s.set_defaults(func=lambda args: cmd_submit(args, sub.choices, entry))

@@ -27,11 +27,12 @@ import socket
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from ..errors import UserError
+from ..eval.inputs import check_writable
 from ..io import run_dir_of
 from ..train import checkpoint as ckpt
 from ..train.config import load_config, parse_overrides
@@ -41,6 +42,7 @@ from .ablate import plan_grid
 COMMANDS = ("pretrain", "finetune", "ablate", "train-supervised")
 EXECUTORS = ("slurm", "local", "debug")
 JOBS_FILE = "slurm_jobs.jsonl"
+OWN_SBATCH = {"signal", "requeue", "output", "error", "open_mode", "open-mode", "job_name", "job-name"}
 INSTALL_HINT = "pip install -e '.[slurm]'"
 
 
@@ -65,6 +67,12 @@ class Resources:
         cpus_per_task, mem_gb: CPU cores per process and memory per node (None: the cluster's default).
         executor: slurm | local (subprocesses here) | debug (in this process); folder: submitit's folder
             (default ``<run>/submitit``).
+        signal_delay_s: seconds before the time limit that SLURM signals the job (``--signal=USR2@S``;
+            MAE's submitit scripts use 120).
+        sbatch: further ``#SBATCH`` options of this cluster, ``{"gres": "gpu:8", "exclusive": True}``
+            (submitit's ``slurm_additional_parameters``); setup: shell lines run before the command in the
+            batch script, e.g. ``module load cuda`` (``slurm_setup``). Both are SLURM's only.
+        submit_timeout_s: how long ``sbatch`` may take to answer before the submission is given up.
     """
 
     nodes: int = 1
@@ -80,6 +88,10 @@ class Resources:
     executor: str = "slurm"
     folder: str | None = None
     max_timeouts: int = 10
+    signal_delay_s: int = 90
+    sbatch: dict = field(default_factory=dict)
+    setup: list = field(default_factory=list)
+    submit_timeout_s: float = 60.0
 
     @property
     def tasks(self) -> int:
@@ -95,6 +107,13 @@ class Resources:
                                    ("--cpus-per-task", self.cpus_per_task, 1), ("--max-timeouts", self.max_timeouts, 0)):
             if value is not None and value < least:
                 raise UserError(f"{flag} must be an integer >= {least}, got {value}")
+        if not 0 < self.signal_delay_s < self.timeout_min * 60:
+            raise UserError(f"--signal-delay must be a number of seconds between 1 and the time limit "
+                            f"({self.timeout_min * 60} s), got {self.signal_delay_s}")
+        if not self.submit_timeout_s > 0:
+            raise UserError(f"--submit-timeout must be a positive number of seconds, got {self.submit_timeout_s:g}")
+        if clash := sorted(set(self.sbatch) & OWN_SBATCH):
+            raise UserError(f"--sbatch {clash[0]}=... is set by submit itself; use --signal-delay (signal), or drop it")
         if self.mem_gb is not None and self.mem_gb <= 0:
             raise UserError(f"--mem-gb must be positive, got {self.mem_gb:g}")
         if self.executor == "local" and self.nodes != 1:
@@ -280,10 +299,25 @@ def make_executor(res: Resources, folder: Path, name: str):
     executor.update_parameters(name=name, nodes=res.nodes, tasks_per_node=res.tasks, gpus_per_node=res.gpus_per_node,
                                timeout_min=res.timeout_min, cpus_per_task=res.cpus_per_task, mem_gb=res.mem_gb,
                                slurm_partition=res.partition, slurm_account=res.account, slurm_qos=res.qos,
-                               slurm_constraint=res.constraint,
+                               slurm_constraint=res.constraint, slurm_signal_delay_s=res.signal_delay_s,
+                               slurm_setup=list(res.setup) or None,
                                # requeueable also where the cluster's default is not (PreemptMode=REQUEUE needs it)
-                               slurm_additional_parameters={"requeue": True})
+                               slurm_additional_parameters={"requeue": True, **res.sbatch})
+    if res.executor == "slurm" and shutil.which("timeout"):
+        # submitit waits for sbatch without a limit: a hung controller would hang submit silently
+        slurm = executor._executor
+        plain = slurm._make_submission_command
+        slurm._make_submission_command = lambda path: ["timeout", "--kill-after=5", f"{res.submit_timeout_s:g}", *plain(path)]
     return executor
+
+
+def parse_sbatch_option(text: str) -> tuple[str, str | bool]:
+    """``--sbatch comment=x`` / ``gres=gpu:8`` / ``exclusive`` (a flag) -> (key, value) for ``#SBATCH --key[=value]``."""
+    key, eq, value = text.strip().lstrip("-").partition("=")
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", key) or (eq and not value):
+        raise UserError(f"--sbatch {text!r} is not an sbatch option; write it as NAME=VALUE or NAME, e.g. "
+                        "--sbatch gres=gpu:8 --sbatch exclusive")
+    return key.replace("-", "_"), value if eq else True
 
 
 def submit(entry: Callable[[list[str]], int], argv: list[str], run_dir: Path, res: Resources):
@@ -296,11 +330,17 @@ def submit(entry: Callable[[list[str]], int], argv: list[str], run_dir: Path, re
     res.check()
     run_dir = Path(run_dir)
     folder = Path(res.folder) if res.folder else run_dir / "submitit"
+    check_writable(folder, "pass --folder DIR in a folder you can write" if res.folder else "choose a run folder you can write")
+    check_writable(run_dir, "choose a run folder you can write")
     call = SubmittedCommand(entry, argv, run_dir.resolve(), os.getcwd())
     executor = make_executor(res, folder, f"resdecay-{call.command}-{run_dir.name}")
     try:
         job = executor.submit(call)
     except Exception as e:  # sbatch refused (unknown partition, account, ...): its own message, on one line
+        if getattr(e.__cause__, "returncode", None) in (124, 137):  # `timeout` stopped sbatch
+            raise UserError(f"sbatch did not answer within {res.submit_timeout_s:g} s (is the SLURM controller up? "
+                            "`squeue --me` shows whether a job was queued after all); try again later, or pass "
+                            "--submit-timeout S") from None
         raise UserError(f"submission failed: {' '.join(str(e).split())[:400]}") from None
     fields = {k: v for k, v in asdict(res).items() if v is not None and k not in ("folder", "tasks_per_node")}
     record(run_dir, "submitted", job_id=job.job_id, folder=str(folder.resolve()), cwd=os.getcwd(),
