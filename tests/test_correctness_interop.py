@@ -288,9 +288,13 @@ def test_hybrid_timm_model_warns_once_naming_what_was_left():
         warnings.simplefilter("error")  # alpha 1 changes nothing: nothing to warn about; plain ViTs never warn
         decayify(model, alpha_min=1.0)
         decayify(tiny_timm(), alpha_min=0.6)
-    with pytest.raises(TypeError, match=r"in ResNetV2 \(its timm.models.resnetv2.Bottleneck blocks are not supported\); "
-                                        r"supported: resdecay.nn.blocks.Block"):
-        decayify(model.patch_embed.backbone, alpha_min=0.6)
+    # the stem alone is a ResNetV2, whose blocks have an adapter since issue 31: decayed, one add each
+    stem = decayify(model.patch_embed.backbone, alpha_min=0.6)
+    assert [a for _, a in alphas_of(stem)][-1] == (0.6,)
+    with pytest.raises(TypeError, match=r"in ParallelThingsBlock \(its timm.models.vision_transformer.ParallelThingsBlock "
+                                        r"blocks are not supported; the nearest supported kind is .*supported: "
+                                        r"resdecay.nn.blocks.Block"):
+        decayify(timm.models.vision_transformer.ParallelThingsBlock(16, 2), alpha_min=0.6)
 
 
 def test_exported_safetensors_gets_the_same_mode_as_other_outputs(capsys, tmp_path):

@@ -1,17 +1,14 @@
 """``decayify``: put decayed identity shortcuts into models people already have, by composition.
 
-Supported residual blocks (found in ``model.modules()`` order, i.e. depth order):
-    resdecay.nn.blocks.Block              its alpha_attn / alpha_mlp (and betas) are set
-    timm VisionTransformer ``Block``      x + drop_path(ls(f(norm(x)))) per sub-block: a forward
-                                          pre-hook on ``norm1``/``norm2`` keeps the sub-block input x
-                                          and a forward hook on ``drop_path1``/``drop_path2`` returns
-                                          ``residual_correction`` (branch - (1 - alpha) * x for beta 1),
-                                          so the block's own add gives alpha*x + beta*branch
-    torchvision ``BasicBlock`` / ``Bottleneck``
-                                          the identity path (and the downsample path) is scaled:
-                                          a forward hook on ``downsample``, or a parameter-free
-                                          ``ShortcutScale`` put in its empty place; beta != 1 scales
-                                          the branch's last BatchNorm output by a forward hook
+Residual blocks are found in ``model.modules()`` order (depth order) through the block-adapter
+registry (``resdecay.nn.adapters``: resdecay's ``Block``; timm's ViT / EVA / Swin / CaiT / ConvNeXt /
+ResNet / ResNetV2 blocks; torchvision's ResNet, ViT, ConvNeXt and Swin blocks; transformers' ViT /
+ViTMAE / DINOv2 layers; diffusers' DiT / PixArt ``BasicTransformerBlock``). Each adapter reaches its
+block's adds in one of three ways (``adapters.hooks``): a pre-hook keeping the sub-block input x and a
+hook returning ``residual_correction`` on the module the block adds; a scaled identity path
+(``downsample`` / ``shortcut``, or a parameter-free ``ShortcutScale`` in its empty place); or, where
+the add is inline with a gate (adaLN-Zero), a replaced forward equal to the library's at alpha = 1.
+docs/plug-and-play.md has the coverage table.
 
 The factors come from the shortcut formula registry (``shortcut``, default ``"decay"``) and every
 form of the add is ``resdecay.nn.residual``'s. Formulas that train alpha are refused: a hook holds
@@ -32,147 +29,38 @@ left at alpha 1; ``decayify`` says so in one ``PartialDecayWarning`` naming them
 from __future__ import annotations
 
 import re
-import threading
 import warnings
 
-import torch
 import torch.nn as nn
 
-from . import blocks as rd_blocks
-from .residual import (ShortcutScale, check_shortcut, factors_of, residual_correction, scale_branch, scale_identity,
-                       set_block_factors, shortcut_plan)
-from ..errors import UserError
-
-SUPPORTED = ("resdecay.nn.blocks.Block", "timm VisionTransformer Block", "torchvision BasicBlock", "torchvision Bottleneck")
+from .adapters import adapter_for, adapters, nearest_supported
+from .adapters.hooks import remove as _remove_hooks
+from .residual import ShortcutScale, check_shortcut, shortcut_plan  # noqa: F401  (ShortcutScale: public here before)
 
 
-def _kind(module: nn.Module) -> str | None:
-    if isinstance(module, rd_blocks.Block):
-        return "resdecay"
-    cls = type(module)
-    if cls.__name__ == "Block" and cls.__module__.startswith("timm.") and all(
-            hasattr(module, n) for n in ("norm1", "drop_path1", "norm2", "drop_path2")):
-        return "timm"
-    if cls.__name__ in ("BasicBlock", "Bottleneck") and cls.__module__.startswith("torchvision.") and hasattr(module, "downsample"):
-        return "resnet"
-    return None
+def supported() -> list[str]:
+    """The names of the block kinds ``decayify`` takes (the registered adapters)."""
+    return [a.name for a in adapters()]
+
+
+SUPPORTED = tuple(supported())  # the built-in kinds; ``supported()`` also lists those registered later
 
 
 def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
-    """(name, block, kind) of every supported residual block, in depth order."""
-    return [(name, m, k) for name, m in model.named_modules() if (k := _kind(m)) is not None]
+    """(name, block, adapter name) of every residual block ``decayify`` decays, in depth order."""
+    return _one_add_count(_supported_blocks(model))[0]
 
 
-# The hooks are module-level functions that keep nothing themselves. Each reads its factor from
-# the module it is called with (``module.resdecay_alpha`` / ``resdecay_beta``). The sub-block
-# input x, which the norm's pre-hook sees and the drop_path's hook needs, is kept per *thread*
-# (``_LOCAL``), under a key object that the norm and drop_path of one sub-block share
-# (``_SLOT``): one model called from several threads at once (an inference server, a threaded
-# data-parallel wrapper, whose replicas share their modules' attributes) never mixes the inputs
-# of two calls (issue 23.7). A
-# ``copy.deepcopy`` (EMA, torch.compile) gets new keys and its own alphas, so changing alpha on
-# one never reaches the other. Nothing per call is stored on a module.
-_SLOT = "_resdecay_slot"  # on a norm and its drop_path: the key of their pending input
-_LOCAL = threading.local()
-
-
-class _Slot:
-    """The key that ties one sub-block's norm to its drop_path (an identity, nothing more)."""
-
-    __slots__ = ()
-
-
-def _pending() -> dict:
-    """This thread's pending sub-block inputs, by slot (an entry lives from the norm to the add)."""
-    table = getattr(_LOCAL, "pending", None)
-    if table is None:
-        table = _LOCAL.pending = {}
-    return table
-
-
-def _stash_input(norm: nn.Module, args: tuple) -> None:
-    """Forward pre-hook on norm1/norm2: keep the sub-block input x for the residual add."""
-    _pending()[norm.__dict__[_SLOT]] = args[0]
-
-
-def _decayed_branch(drop_path: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
-    """Forward hook on drop_path1/drop_path2: the correction form of the add, so that the block's
-    ``x + out`` becomes ``alpha * x + beta * branch``."""
-    x = _pending().pop(drop_path.__dict__[_SLOT])
-    return residual_correction(x, out, drop_path.resdecay_alpha, drop_path.__dict__.get("resdecay_beta", 1.0))
-
-
-def _scale_output(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
-    """Forward hook on a ResNet block's downsample path: alpha * downsample(x)."""
-    return scale_identity(out, module.resdecay_alpha)
-
-
-def _scale_last_norm(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
-    """Forward hook on a ResNet block's last BatchNorm (the branch's end): beta * branch."""
-    return scale_branch(out, module.resdecay_beta)
-
-
-def _refuse_script():
-    raise UserError("torch.jit.script cannot compile decayify's forward hooks; use torch.compile or torch.export "
-                    "on the decayified model, or script the model before decayify (alpha_min=1 installs no hooks)")
-
-
-_HOOKS = (_stash_input, _decayed_branch, _scale_output, _scale_last_norm)
-
-
-def _remove_hooks(block: nn.Module) -> None:
-    for m in block.modules():
-        for table in (m._forward_pre_hooks, m._forward_hooks):
-            for key in [k for k, fn in table.items() if fn in _HOOKS]:
-                del table[key]
-        for name in (_SLOT, "resdecay_alpha", "resdecay_beta", "__prepare_scriptable__"):
-            m.__dict__.pop(name, None)
-    if isinstance(getattr(block, "downsample", None), ShortcutScale):
-        block.downsample = None
-
-
-def _timm_hooks(block: nn.Module, alphas: list[float], betas: list[float]) -> None:
-    for norm, drop_path, a, b in zip((block.norm1, block.norm2), (block.drop_path1, block.drop_path2), alphas, betas):
-        if a == 1.0 and b == 1.0:
+def _supported_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """Every block an adapter takes (blocks inside one are its own business and are not listed)."""
+    found: list[tuple[str, nn.Module, str]] = []
+    for name, m in model.named_modules():
+        if found and name.startswith(found[-1][0] + ".") and found[-1][0]:
             continue
-        drop_path.resdecay_alpha = float(a)
-        if b != 1.0:
-            drop_path.resdecay_beta = float(b)
-        norm.__dict__[_SLOT] = drop_path.__dict__[_SLOT] = _Slot()  # a plain attribute: state_dict keys unchanged
-        norm.register_forward_pre_hook(_stash_input)
-        drop_path.register_forward_hook(_decayed_branch)
-        block.__dict__["__prepare_scriptable__"] = _refuse_script  # torch.jit.script calls it on every submodule
-
-
-def _last_norm(block: nn.Module) -> nn.Module:
-    return block.bn3 if hasattr(block, "bn3") else block.bn2  # Bottleneck / BasicBlock
-
-
-def _resnet_shortcut(block: nn.Module, a: float, b: float) -> None:
-    if b != 1.0:
-        _last_norm(block).resdecay_beta = float(b)
-        _last_norm(block).register_forward_hook(_scale_last_norm)
-        block.__dict__["__prepare_scriptable__"] = _refuse_script
-    if a == 1.0:
-        return
-    if block.downsample is None:
-        block.downsample = ShortcutScale(a)  # identity = downsample(x) = a * x; no parameters
-    else:
-        block.downsample.resdecay_alpha = float(a)
-        block.downsample.register_forward_hook(_scale_output)
-        block.__dict__["__prepare_scriptable__"] = _refuse_script
-
-
-def _zero_last_layer(block: nn.Module, kind: str) -> None:
-    if kind == "resdecay":
-        block.zero_init_branches()
-    elif kind == "timm":
-        for layer in (block.attn.proj, block.mlp.fc2):
-            nn.init.zeros_(layer.weight)
-            if layer.bias is not None:
-                nn.init.zeros_(layer.bias)
-    else:  # the last BatchNorm's scale, torchvision's zero_init_residual
-        nn.init.zeros_(_last_norm(block).weight)
+        adapter = adapter_for(m)
+        if adapter is not None:
+            found.append((name, m, adapter.name))
+    return found
 
 
 class PartialDecayWarning(UserWarning):
@@ -194,10 +82,11 @@ def unsupported_blocks(model: nn.Module, found: list[tuple[str, nn.Module, str]]
     done = [name for name, _, _ in found]
     out: list[tuple[str, str]] = []
     for name, m in model.named_modules():
-        if not name or _kind(m) is not None or not _LOOKS_RESIDUAL.search(type(m).__name__):
+        if adapter_for(m) is not None or not _LOOKS_RESIDUAL.search(type(m).__name__):
             continue
-        related = any(name == d or name.startswith(d + ".") or d.startswith(name + ".") for d in done)
-        if not related and not any(name.startswith(o + ".") for o, _ in out):
+        related = any(name == d or name.startswith(d + ".") or d.startswith(name + ".") for d in done) or (
+            name == "" and bool(done))  # the model itself, named like a block, holding supported blocks
+        if not related and not any(name.startswith(o + ".") or o == "" for o, _ in out):
             out.append((name, f"{type(m).__module__}.{type(m).__name__}"))
     return out
 
@@ -208,7 +97,7 @@ def _say_what_was_left(model: nn.Module, found: list, skipped: list[tuple[str, s
     warnings.warn(f"decayify decayed {len(found)} block(s) of {type(model).__name__} ({found[0][0]} .. {found[-1][0]}) "
                   f"but left {len(skipped)} residual block(s) of a kind it does not support at alpha 1, first "
                   f"{skipped[0][0]} ({', '.join(kinds)}); the alpha schedule spans the decayed blocks only "
-                  f"(alphas_of(model) lists them); supported: {', '.join(SUPPORTED)}", PartialDecayWarning, stacklevel=3)
+                  f"(alphas_of(model) lists them); supported: {', '.join(supported())}", PartialDecayWarning, stacklevel=3)
 
 
 def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_init: bool = False,
@@ -235,53 +124,58 @@ def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_
         ``model``, decayified in place. Blocks of unsupported kinds beside supported ones stay at alpha 1
         and a ``PartialDecayWarning`` names them.
     """
-    found = residual_blocks(model)
+    found = _supported_blocks(model)
     skipped = unsupported_blocks(model, found)
     if not found:
-        also = f" (its {skipped[0][1]} blocks are not supported)" if skipped else ""
+        also = ""
+        if skipped:
+            cls = skipped[0][1].rpartition(".")[2]
+            also = f" (its {skipped[0][1]} blocks are not supported; the nearest supported kind is {nearest_supported(cls)})"
         raise TypeError(f"decayify found no supported residual block in {type(model).__name__}{also}; "
-                        f"supported: {', '.join(SUPPORTED)}")
-    kinds = {k for _, _, k in found}
-    if "resnet" in kinds and len(kinds) > 1:
-        raise TypeError("decayify does not mix ResNet and transformer blocks in one model")
-    adds = 1 if "resnet" in kinds else 2
+                        f"supported: {', '.join(supported())}; a block kind of your own is one register_adapter "
+                        "call (docs/EXTENDING.md)")
+    found, left = _one_add_count(found)
+    skipped += left
+    adds = adapter_for(found[0][1]).adds
     check_shortcut(shortcut, branches, adds, fixed_by="decayify (its hooks)", keys=("shortcut", "branches"))
     plan = shortcut_plan(len(found), alpha_min, schedule, branches, shortcut, adds)
     if skipped and bool((plan.alphas != 1.0).any() or (plan.betas != 1.0).any()):
         _say_what_was_left(model, found, skipped)
-    for (name, block, kind), a, b in zip(found, plan.alphas.tolist(), plan.betas.tolist()):
+    for (name, block, _), a, b in zip(found, plan.alphas.tolist(), plan.betas.tolist()):
+        adapter = adapter_for(block)
         _remove_hooks(block)
-        if kind == "resdecay":
-            set_block_factors(block, *a, *b)
-        elif kind == "timm":
-            _timm_hooks(block, a, b)
-        else:
-            _resnet_shortcut(block, a[0], b[0])
+        adapter.install(block, tuple(a), tuple(b))
         block.resdecay_alpha = tuple(a)
         if zero_init:
-            _zero_last_layer(block, kind)
-    # the structure only: zero_init is an action of this call, never something to re-apply (issue 23.3)
+            adapter.zero_init(block)
+    # the structure only: zero_init is an action of this call, never something to re-apply
     model.resdecay_spec = {"alpha_min": float(alpha_min), "schedule": schedule, "branches": branches}
     if shortcut != "decay":  # specs written before formulas reached decayify have no key: decay
         model.resdecay_spec["shortcut"] = shortcut
     return model
 
 
+def _one_add_count(found: list) -> tuple[list, list[tuple[str, str]]]:
+    """One schedule needs one number of adds per block. A model holding both transformer blocks (two
+    adds) and convolutional ones (one: a hybrid ViT's ResNet stem) has its transformer blocks decayed
+    and the others left at alpha 1, named in the PartialDecayWarning."""
+    counts = {adapter_for(m).adds for _, m, _ in found}
+    if len(counts) <= 1:
+        return found, []
+    keep = max(counts)
+    left = [(n, f"{type(m).__module__}.{type(m).__name__}") for n, m, _ in found if adapter_for(m).adds != keep]
+    return [f for f in found if adapter_for(f[1]).adds == keep], left
+
+
 def block_factors(block: nn.Module) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(alphas, betas) a residual block uses now, read where its add reads them: the hooked modules
-    of a timm or torchvision ResNet block (so a hand-changed ``resdecay_alpha`` shows), or a resdecay
-    block's own attributes (``factors_of``: ``Block``, ``AdaLNBlock``). Transformer blocks give
-    ``(attn, mlp)`` pairs, ResNet blocks one factor each."""
-    kind = _kind(block)
-    if kind == "timm":
-        paths = (block.drop_path1, block.drop_path2)
-        return (tuple(float(dp.__dict__.get("resdecay_alpha", 1.0)) for dp in paths),
-                tuple(float(dp.__dict__.get("resdecay_beta", 1.0)) for dp in paths))
-    if kind != "resnet":
+    """(alphas, betas) a residual block uses now, read where its add reads them (the hooked modules
+    of a library block, so a hand-changed ``resdecay_alpha`` shows, or a resdecay block's own
+    attributes). Transformer blocks give ``(attn, mlp)`` pairs, ResNet blocks one factor each."""
+    adapter = adapter_for(block)
+    if adapter is None:
+        from .residual import factors_of  # AdaLNBlock and other blocks built on residual_add
         return factors_of(block)
-    ds = block.downsample
-    alpha = ds.alpha if isinstance(ds, ShortcutScale) else (1.0 if ds is None else ds.__dict__.get("resdecay_alpha", 1.0))
-    return (float(alpha),), (float(_last_norm(block).__dict__.get("resdecay_beta", 1.0)),)
+    return adapter.factors(block)
 
 
 def alphas_of(model: nn.Module) -> list[tuple[str, tuple[float, ...]]]:

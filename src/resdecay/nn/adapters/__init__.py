@@ -1,0 +1,14 @@
+"""Block adapters: how ``decayify`` reaches the residual adds of each library's blocks.
+
+One file per library (``resdecay_blocks``, ``timm_blocks``, ``torchvision_blocks``,
+``transformers_blocks``, ``diffusers_blocks``), each registering ``BlockAdapter``s built from the three
+mechanisms in ``hooks``; a user's own block kind is one ``register_adapter`` call (docs/EXTENDING.md).
+No library is imported here: blocks are matched by class name and module.
+"""
+
+from . import resdecay_blocks, timm_blocks, torchvision_blocks, transformers_blocks, diffusers_blocks  # noqa: F401  (registration order)
+from .registry import (BlockAdapter, adapter_for, adapters, forward_adapter, nearest_supported, register_adapter,
+                       shortcut_adapter, subblock_adapter)
+
+__all__ = ["BlockAdapter", "adapter_for", "adapters", "forward_adapter", "nearest_supported", "register_adapter",
+           "shortcut_adapter", "subblock_adapter"]

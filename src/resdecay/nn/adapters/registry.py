@@ -1,0 +1,145 @@
+"""The block-adapter registry: how ``decayify`` recognises a library's residual block and reaches its adds.
+
+An adapter is a name, the block classes it takes, its number of residual adds, and three functions
+(install the factors, read them back, zero-initialise the branches). Most blocks need only a
+declaration of *roles*: for each sub-block, the module that first receives its input x (the
+pre-norm) and the module whose output the block adds to x::
+
+    from resdecay.nn.adapters import register_adapter, subblock_adapter
+
+    register_adapter(subblock_adapter(
+        "my library's Block", classes=("mylib.models:Block",),
+        pairs=lambda b: [(b.norm1, b.drop1), (b.norm2, b.drop2)],
+        zero=lambda b: (b.attn.proj, b.mlp.fc2)))
+
+Classes are matched by name and module prefix (``"timm.models:Block"``), or given as types: the
+library is never imported to look for its blocks.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch.nn as nn
+
+from . import hooks
+
+Pairs = Callable[[nn.Module], list[tuple[nn.Module, nn.Module]]]
+Factors = tuple[tuple[float, ...], tuple[float, ...]]
+
+
+@dataclass(frozen=True)
+class BlockAdapter:
+    """How ``decayify`` reaches one kind of residual block.
+
+    Args:
+        name: shown in messages and in the coverage table ("timm ViT Block").
+        classes: the block classes, as ``"module.prefix:ClassName"`` strings or as types.
+        adds: residual adds per block (2 for attention + MLP blocks, 1 for ResNet / ConvNeXt blocks).
+        install: ``install(block, alphas, betas)`` puts one factor per add into the block.
+        factors: ``factors(block)`` reads back ``(alphas, betas)`` as the forward uses them.
+        zero_init: ``zero_init(block)`` zeroes the last layer of every branch (the paper's init).
+        accepts: a structural check beyond the class (an optional attribute the mechanism needs).
+    """
+
+    name: str
+    classes: tuple
+    adds: int
+    install: Callable[[nn.Module, tuple, tuple], None]
+    factors: Callable[[nn.Module], Factors]
+    zero_init: Callable[[nn.Module], None]
+    accepts: Callable[[nn.Module], bool] = field(default=lambda block: True)
+
+    def matches(self, module: nn.Module) -> bool:
+        cls = type(module)
+        for c in self.classes:
+            if isinstance(c, type):
+                if isinstance(module, c):
+                    return self.accepts(module)
+                continue
+            prefix, _, name = c.rpartition(":")
+            if cls.__name__ == name and cls.__module__.startswith(prefix):
+                return self.accepts(module)
+        return False
+
+    def class_names(self) -> list[str]:
+        return [c.__name__ if isinstance(c, type) else c.rpartition(":")[2] for c in self.classes]
+
+
+def subblock_adapter(name: str, classes: tuple, pairs: Pairs, zero: Callable[[nn.Module], tuple], adds: int = 2,
+                     accepts: Callable[[nn.Module], bool] = lambda block: True) -> BlockAdapter:
+    """An adapter for blocks that add ``x + out`` themselves (``hooks.correct_subblocks``).
+
+    Args:
+        pairs: ``pairs(block)`` -> one ``(pre, post)`` per add: ``pre`` receives the sub-block input x
+            as its first argument, ``post`` outputs what the block adds to x. ``post`` may be shared.
+        zero: ``zero(block)`` -> the last layer of each branch (zeroed by ``zero_init``).
+        adds: the number of pairs (2 for attention + MLP).
+    """
+    return BlockAdapter(
+        name, tuple(classes), adds,
+        install=lambda block, a, b: hooks.correct_subblocks(block, pairs(block), a, b),
+        factors=lambda block: hooks.subblock_factors(pairs(block)),
+        zero_init=lambda block: hooks.zero_(*zero(block)), accepts=accepts)
+
+
+def shortcut_adapter(name: str, classes: tuple, shortcut: str, branch_end: Callable[[nn.Module], nn.Module],
+                     zero: Callable[[nn.Module], tuple], accepts: Callable[[nn.Module], bool] = lambda block: True
+                     ) -> BlockAdapter:
+    """An adapter for one-add blocks whose identity path is the attribute ``shortcut`` (a module or None).
+
+    Args:
+        branch_end: ``branch_end(block)`` -> the module whose output is the branch the block adds (beta).
+        zero: ``zero(block)`` -> the layers to zero for the paper's init (a last norm's scale, a last conv).
+    """
+    def install(block, a, b):
+        hooks.scale_shortcut(block, shortcut, a[0])
+        hooks.scale_branch_end(block, branch_end(block), b[0])
+
+    def factors(block):
+        return (hooks.shortcut_factor(block, shortcut),), (float(branch_end(block).__dict__.get("resdecay_beta", 1.0)),)
+
+    return BlockAdapter(name, tuple(classes), 1, install, factors, lambda block: hooks.zero_(*zero(block)), accepts)
+
+
+def forward_adapter(name: str, classes: tuple, forward: Callable, adds: int, zero: Callable[[nn.Module], tuple],
+                    accepts: Callable[[nn.Module], bool] = lambda block: True) -> BlockAdapter:
+    """An adapter that replaces the block's forward (``hooks.replace_forward``); ``forward(block, ...)``
+    reads ``block.resdecay_factors`` (set before the first call; absent means alpha = beta = 1)."""
+    def factors(block):
+        return block.__dict__.get("resdecay_factors", ((1.0,) * adds, (1.0,) * adds))
+
+    def install(block, a, b):
+        if any(v != 1.0 for v in (*a, *b)):
+            hooks.replace_forward(block, forward, a, b)
+
+    return BlockAdapter(name, tuple(classes), adds, install, factors, lambda block: hooks.zero_(*zero(block)), accepts)
+
+
+_ADAPTERS: list[BlockAdapter] = []
+
+
+def register_adapter(adapter: BlockAdapter) -> BlockAdapter:
+    """Add ``adapter`` to the registry (replacing one of the same name). Adapters are tried in
+    registration order (the built-in ones first); the first that matches a module takes it."""
+    _ADAPTERS[:] = [a for a in _ADAPTERS if a.name != adapter.name] + [adapter]
+    return adapter
+
+
+def adapters() -> list[BlockAdapter]:
+    """Every registered adapter, in the order they are tried."""
+    return list(_ADAPTERS)
+
+
+def adapter_for(module: nn.Module) -> BlockAdapter | None:
+    """The adapter that takes ``module``, or None."""
+    return next((a for a in _ADAPTERS if a.matches(module)), None)
+
+
+def nearest_supported(class_name: str) -> str:
+    """The supported block class whose name is closest to ``class_name`` (for an error message)."""
+    names = {n: a.name for a in _ADAPTERS for n in a.class_names()}
+    close = difflib.get_close_matches(class_name, list(names), n=1, cutoff=0.0)
+    return f"{close[0]} ({names[close[0]]})" if close else "none"
