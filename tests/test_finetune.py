@@ -105,7 +105,7 @@ def test_plot_and_figures_commands(tiny_checkpoints, tmp_path, capsys):
     assert code == 0, err
     assert "Pearson r(rank, probe)" in out and (tmp_path / "plot" / "rank_and_accuracy.png").exists()
     report = json.loads((tmp_path / "plot" / "plot.json").read_text())
-    assert set(report["figure5c"]) == {"0.6 (alpha_min 0.6, skips)", "1.0 (alpha_min 1, skips)"}
+    assert set(report["figure5c"]) == {"0.6 (decay linear alpha_min 0.6, skips)", "1.0 (plain, skips)"}  # nn.shortcut_info
     code, _, err = run(capsys, "plot", str(tmp_path))
     assert_one_line_error(code, err, "no online evaluations", "train.online_eval_every")
     code, out, err = run(capsys, "figures", tiny_checkpoints["plain"], tiny_checkpoints["decayed"], "--per-class", "5",

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..train.checkpoint import load_model
+from ..nn.shortcut_info import describe_model
 from ..train.config import shortcut_tag
 from ..data import DataConfig, build_dataset
 from ..errors import UserError
@@ -26,7 +27,7 @@ def run_label(run: Path) -> str:
     summary = run / "summary.json"
     if summary.exists():
         s = json.loads(summary.read_text())
-        return f"{run.name} ({shortcut_tag(s['alpha_min'], s.get('skips'))})"
+        return f"{run.name} ({s.get('shortcut_label') or shortcut_tag(s['alpha_min'], s.get('skips'))})"  # older: no formula
     return run.name
 
 
@@ -80,7 +81,7 @@ def run_figures(checkpoints: list[str], out: str, data: DataConfig | None = None
     models, cfgs = {}, {}
     for c in checkpoints:
         model, cfg = load_model(c)
-        label = f"{run_dir_of(Path(c)).name} ({shortcut_tag(cfg.model.alpha_min, getattr(cfg.model, 'skips', False))})"
+        label = f"{run_dir_of(Path(c)).name} ({describe_model(cfg.model)})"
         models[label], cfgs[label] = model, cfg
     first = next(iter(cfgs.values()))
     sizes = {(cfg.model.img_size, cfg.model.in_chans) for cfg in cfgs.values()}

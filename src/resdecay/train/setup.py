@@ -21,6 +21,7 @@ from ..data.dali_images import DaliLoader, folder_samples
 from ..data.badfiles import SkipBadFiles
 from ..errors import ConfigError
 from ..models import Family, build_model, get_family
+from ..nn.shortcut_info import knob_warnings, shortcut_settings
 from . import checkpoint as ckpt
 from . import distributed as dist_env
 from .capacity import check_fits
@@ -92,6 +93,8 @@ def settings_warnings(cfg: RunConfig, data: Data) -> list[str]:
         out.append(f"warning: an effective batch of {data.eff_batch} fits {len(data.samples) // data.eff_batch} time(s) into "
                    f"the {len(data.samples)} training images: {dropped} ({100 * dropped / len(data.samples):.0f}%) are left "
                    f"out of every epoch (a different subset each epoch); lower train.batch_size to {better} or less")
+    knobs = shortcut_settings(cfg.model)  # e.g. model.alpha_min=0.6 beside a formula that never reads it
+    out += knob_warnings(knobs["shortcut"], knobs["alpha_min"], knobs["schedule"], knobs["adds_per_block"])
     return out + cfg.model.warnings()
 
 

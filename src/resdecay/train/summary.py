@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from ..io import atomic_write_text
+from ..nn.shortcut_info import describe_model, shortcut_settings
 from ..schedule import effective_decay
 from . import distributed as dist_env
 from .config import RunConfig
@@ -22,7 +23,7 @@ def announce(cfg: RunConfig, env, data, trainee, resume: str | None, say) -> Non
     """The run's header: model, data, device, batch and lr arithmetic, resume point."""
     tc = cfg.train
     say(f"resdecay train | preset {cfg.preset} | {cfg.model.family} depth {cfg.model.num_blocks} "
-        f"| alpha_min {cfg.model.alpha_min} ({cfg.model.schedule}) alpha_eff {effective_decay(trainee.raw.alphas):.3g}")
+        f"| alpha_min {cfg.model.alpha_min} | shortcut {describe_model(cfg.model)} | alpha_eff {effective_decay(trainee.raw.alphas):.3g}")
     say(f"data {cfg.data.name}: {len(data.samples)} images | device {env.device} x {env.world_size} | "
         f"precision {trainee.amp_dtype or torch.float32} | params {sum(p.numel() for p in trainee.raw.parameters()) / 1e6:.2f} M")
     say(f"base lr {tc.base_lr:.2e} | effective batch {data.eff_batch} = {tc.batch_size} per device x {tc.accum_steps} accum "
@@ -44,6 +45,8 @@ def run_summary(cfg: RunConfig, out, data, trainee, last_loss: float | None, las
     return {"preset": cfg.preset, "out_dir": str(out), "steps": trainee.step, "epochs": cfg.train.epochs,
             "images": len(data.samples), "effective_batch": data.eff_batch, "lr": data.peak_lr, "final_loss": last_loss,
             "train_time_s": seconds, "alpha_min": cfg.model.alpha_min, "skips": cfg.model.skips,
+            # the formula by name and the run's label (``nn.shortcut_info``): what compare, plot and ablate show
+            "shortcut": shortcut_settings(cfg.model)["shortcut"], "shortcut_label": describe_model(cfg.model),
             "alpha_eff": effective_decay(trainee.raw.alphas), "checkpoint": str(last_ckpt) if last_ckpt else None,
             "resumed_from": str(trainee.resumed_from) if trainee.resumed_from else None,
             "numerics": numerics_environment()}  # threads, CPU kernels, builds: what the exact numbers depend on
