@@ -149,7 +149,7 @@ def test_online_tracking_logs_and_resumes(tmp_path):
     online = [r for r in rows if "online_knn_top1" in r]
     assert [r["epoch"] for r in online] == [2.0, 4.0]
     assert all(0 <= r["online_probe_top1"] <= 1 and r["online_rank_cls"] >= 0 for r in online)
-    assert online[0]["online_protocol"]["bank"] == "first 300 train images"
+    assert online[0]["online_protocol"]["bank"] == "300 of 1437 train images, class-balanced, seed 0"
     # resume a longer run from the last checkpoint: the curve continues, nothing repeated
     cfg = load_config("mae-tiny-digits", [*TINY, "train.epochs=6", "train.online_eval_every=2", "train.online_eval_size=300",
                                           f"train.out_dir={tmp_path}"])

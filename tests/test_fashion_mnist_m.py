@@ -10,6 +10,7 @@ from resdecay.commands.ablate import load_grid, run_grid
 from resdecay.data import DataConfig, build_dataset
 from resdecay.eval.baselines import baseline_value, random_init_model
 from resdecay.data.fashion_mnist_m import composite
+from resdecay.data.subsets import balanced_indices
 
 from conftest import TINY
 from test_cli import assert_one_line_error, run
@@ -75,7 +76,8 @@ def test_splits_come_from_their_own_garments(fake_fmnist):
         assert torch.equal(ds.labels, labels)
     ds, _ = build_dataset(DataConfig(name="fashion-mnist-m", path=str(fake_fmnist), train_subset=10), "train", 32)
     full, _ = build_dataset(DataConfig(name="fashion-mnist-m", path=str(fake_fmnist)), "train", 32)
-    assert torch.equal(ds.images, full.images[:10])  # a subset is the first images, not other images
+    chosen = balanced_indices(full.labels, 10)  # the class-balanced draw every subset takes (issue 30.1)
+    assert torch.equal(ds.images, full.images[chosen])  # a subset holds the whole split's images, not other images
 
 
 @pytest.mark.parametrize("override,fragment", [

@@ -87,6 +87,9 @@ def test_online_eval_bank_and_queries_cover_every_class(sorted_folder, capsys):
     assert card["bank"] == "8 of 40 train images, class-balanced, seed 0"
     assert card["queries"] == "8 of 20 test images, class-balanced, seed 0"
     assert "data.subset_seed=0" in card["subset"] and "the same images at every evaluation" in card["subset"]
+    # data.normalize=dataset on a folder: ImageNet's statistics, and the card says so
+    assert card["normalize"] == ("ImageNet's mean/std for any folder (data.normalize=dataset on an imagefolder): "
+                                 "mean (0.485, 0.456, 0.406) std (0.229, 0.224, 0.225)")
 
     rows = []
 
@@ -110,6 +113,7 @@ def test_eval_max_train_draws_every_class_and_keys_the_cache_by_the_draw(sorted_
     feats, labels, card, hit = cached_features(model, "x", data, "train", SIDE, [1], ("mean",), 8, s, cache, "cpu")
     assert counts(labels) == [2, 2, 2, 2] and not hit  # --max-train 8 was 8 images of class 0
     assert card["images"] == 8 and card["subset"] == "8 of 40 train images, class-balanced, seed 0"
+    assert card["normalize"].startswith("ImageNet's mean/std for any folder")
     assert cached_features(model, "x", data, "train", SIDE, [1], ("mean",), 8, s, cache, "cpu")[3]  # reused
     whole = cached_features(model, "x", data, "train", SIDE, [1], ("mean",), None, s, cache, "cpu")[2]
     assert "subset" not in whole and whole["images"] == 40

@@ -245,6 +245,11 @@ def _image_folder(root: Path, transform, loader=_checked_pil_loader):
                         f"expected {root}/<class>/<image>{IMG_EXTENSIONS[0]}") from None
 
 
+def folder_stats(cfg: DataConfig) -> tuple[tuple, tuple]:
+    """The (mean, std) an ImageFolder is normalised with: ImageNet's for ``normalize=dataset``."""
+    return ((0.5,) * 3, (0.5,) * 3) if cfg.normalize == "symmetric" else (IMAGENET_MEAN, IMAGENET_STD)
+
+
 def _folder_dataset(cfg: DataConfig, train: bool, img_size: int, aug: str, pipeline: str, uint8_out: bool):
     """An ImageFolder split, constructed with its view's transform (``transforms.create_transform``)."""
     root = _need_dir(cfg.path, "imagefolder", "ImageNet layout: <path>/train/<class>/*.JPEG and <path>/val/...")
@@ -253,7 +258,7 @@ def _folder_dataset(cfg: DataConfig, train: bool, img_size: int, aug: str, pipel
         if not train:
             raise DataError(f"data path {root} has no val/ folder for evaluation; add <path>/val/<class>/*")
         sub = root
-    mean, std = ((0.5,) * 3, (0.5,) * 3) if cfg.normalize == "symmetric" else (IMAGENET_MEAN, IMAGENET_STD)
+    mean, std = folder_stats(cfg)
     # DALI decodes the training crops in its own loader; the dataset keeps the same crops on the CPU (uint8 path)
     view = "uint8" if pipeline == "dali" else pipeline
     transform = create_transform(aug, img_size, view, mean=mean, std=std, uint8_out=uint8_out)
@@ -262,6 +267,22 @@ def _folder_dataset(cfg: DataConfig, train: bool, img_size: int, aug: str, pipel
     if cfg.train_subset and train:  # the folder lists class by class: its first N would be a few classes
         ds = balanced_subset(ds, cfg.train_subset, cfg.subset_seed)
     return ds, info
+
+
+def normalization_card(cfg: DataConfig, info: DataInfo) -> str:
+    """Which per-channel statistics normalise the images, in words, for protocol cards: on an
+    ImageFolder ``data.normalize=dataset`` means ImageNet's, whatever the folder holds (its own
+    statistics are not computed), so cards say so rather than "dataset".
+
+    Args:
+        cfg: the data config; info: what ``build_dataset`` returned with the split.
+    """
+    stats = f"mean {tuple(round(m, 4) for m in info.mean)} std {tuple(round(v, 4) for v in info.std)}"
+    if cfg.normalize == "symmetric":
+        return f"symmetric: pixels to [-1, 1] ({stats})"
+    if cfg.name == "imagefolder":
+        return f"ImageNet's mean/std for any folder (data.normalize=dataset on an imagefolder): {stats}"
+    return f"{cfg.name}'s own mean/std: {stats}"
 
 
 def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | None = None, uint8_out: bool = False):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..data import DataConfig, build_dataset
 from ..data.badfiles import SkipBadFiles, count_bad_files, record_bad_file
+from ..data.datasets import DataInfo, folder_stats, normalization_card
 from ..data.subsets import describe_subset
 from ..errors import UserError, one_line
 from ..io import is_disk_full, no_space_message
@@ -138,6 +139,8 @@ def split_card(data: DataConfig, split: str, n: int, total: int, img_size: int) 
             "augmentation": "none", "resize": data.resize}
     if n < total:  # only then: keys of whole-split features written before issue 30 stay valid
         card["subset"] = describe_subset(n, total, split, data.subset_seed)
+    if data.name == "imagefolder":  # "dataset" reads as the folder's statistics, but they are ImageNet's: say which
+        card["normalize"] = normalization_card(data, DataInfo("imagefolder", 0, 3, None, *folder_stats(data)))
     return card
 
 

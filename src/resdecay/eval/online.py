@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ..data import build_dataset
+from ..data.datasets import normalization_card
 from ..data.subsets import balanced_subset, describe_subset
 from ..diffusion.samplers import DEFAULT_SAMPLER, DEFAULT_STEPS, sample, to_uint8
 from ..errors import ConfigError
@@ -43,13 +44,14 @@ FEATURE = "mean"  # the pooling online kNN / probe use: all tokens of the last b
 def _fixed_subsets(data, img_size: int, size: int):
     """(bank, queries, card): ``size`` train and ``size`` test images, class-balanced and seeded,
     the same at every evaluation of the run, and the card saying how they were drawn."""
-    bank, _ = build_dataset(data, "train", img_size, augment=False)
+    bank, info = build_dataset(data, "train", img_size, augment=False)
     queries, _ = build_dataset(data, "test", img_size, augment=False)
     chosen = [balanced_subset(ds, size, data.subset_seed) for ds in (bank, queries)]
     card = {"bank": describe_subset(len(chosen[0]), len(bank), "train", data.subset_seed),
             "queries": describe_subset(len(chosen[1]), len(queries), "test", data.subset_seed),
             "subset": f"each class's images shuffled with data.subset_seed={data.subset_seed}, classes dealt in turn "
-                      "(an even share per class), the same images at every evaluation"}
+                      "(an even share per class), the same images at every evaluation",
+            "normalize": normalization_card(data, info)}
     return chosen[0], chosen[1], card
 
 
