@@ -91,7 +91,7 @@ def test_learned_and_edited_alphas(tmp_path):
     (tmp_path / "m" / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError) as info:
         from_pretrained(tmp_path / "m")
-    _one_line(info, "blocks.0", "config.json lists", "edited")
+    _one_line(info, "config.json says model.alpha_min = 0.8", "model.safetensors says 0.6", "edited")  # its metadata
 
 
 # ----------------------------------------------------------------------------- a trained run and its card

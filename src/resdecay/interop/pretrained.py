@@ -32,8 +32,8 @@ from ..train.checkpoint import list_checkpoints, load_checkpoint, load_model
 from ..train.config import RunConfig, from_dict
 from .files import check_out_file, write_bytes_atomically
 from .model_card import model_card
-from .pretrained_config import (FORMAT, build_from_config, check_config, check_factors, describe_decayified,
-                                describe_resdecay, family_config)
+from .pretrained_config import (FORMAT, build_from_config, check_config, check_factors, check_weights_metadata,
+                                describe_decayified, describe_resdecay, family_config)
 from .weights import load_strict, read_safetensors
 
 CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, EVAL_NAME = "config.json", "model.safetensors", "README.md", "eval.json"
@@ -235,8 +235,9 @@ def resolve_folder(name_or_path: str | Path, revision: str | None = None, cache_
     return Path(local)
 
 
-def read_folder(folder: Path) -> tuple[dict, dict]:
-    """(config.json, the weights) of a save_pretrained folder, each checked, or a one-line error."""
+def read_folder(folder: Path) -> tuple[dict, dict, dict]:
+    """(config.json, the weights, their safetensors metadata) of a save_pretrained folder, each
+    checked, or a one-line error."""
     config_path, weights_path = folder / CONFIG_NAME, folder / WEIGHTS_NAME
     for path, what in ((config_path, "the model's config"), (weights_path, "its weights")):
         if not path.is_file():
@@ -244,7 +245,7 @@ def read_folder(folder: Path) -> tuple[dict, dict]:
                                   "or resdecay export --to hf (a download may have been cut short: fetch it again)")
     config = check_config(_read_json(config_path, CONFIG_NAME, "save the model again"), str(config_path))
     blob = read_safetensors(weights_path)
-    return config, blob["model"]
+    return config, blob["model"], blob["metadata"]
 
 
 def from_pretrained(name_or_path: str | Path, *, device: str = "cpu", revision: str | None = None,
@@ -265,9 +266,11 @@ def from_pretrained(name_or_path: str | Path, *, device: str = "cpu", revision: 
         ``data``, ``training`` and ``evaluation``.
     """
     folder = resolve_folder(name_or_path, revision, cache_dir, local_files_only, token)
-    config, state = read_folder(folder)
+    config, state, meta = read_folder(folder)
     source = str(folder / WEIGHTS_NAME)
-    model, _ = build_from_config(config, str(folder / CONFIG_NAME))
+    model, _ = build_from_config(config, str(folder / CONFIG_NAME))  # an unregistered family is named first
+    # the weights repeat config.json in their metadata: a config.json from another save is refused, not trusted
+    check_weights_metadata(config, meta, str(folder), CONFIG_NAME, WEIGHTS_NAME)
     load_strict(model, state, source)
     check_factors(model, config, str(folder))
     return model.to(device).eval(), config

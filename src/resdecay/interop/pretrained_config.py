@@ -245,3 +245,58 @@ def check_factors(model: nn.Module, config: dict, source: str) -> None:
             raise CheckpointError(f"{source}: the rebuilt {name} uses shortcut factors {fs} but config.json lists {want}; "
                                   "the file was edited or the schedule changed since resdecay "
                                   f"{config.get('resdecay_version', '?')}: {SAVE_FIX}")
+
+
+# ----------------------------------------------------------------------------- config.json against the weights
+# what builds the model and its factors: a difference in any of these loads a different function
+MODEL_KEYS = ("kind", "family", "model", "architecture", "resdecay_spec", "alpha")
+
+
+def _first_difference(a: Any, b: Any, path: str) -> tuple[str, Any, Any] | None:
+    """The first place two JSON values differ, as (dotted path, a's value, b's value)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in [*a, *(k for k in b if k not in a)]:
+            found = _first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else k)
+            if found:
+                return found
+        return None
+    return None if a == b else (path, a, b)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_weights_metadata(config: dict, meta: dict, folder: str, config_name: str, weights_name: str) -> None:
+    """Refuse a folder whose config.json and whose weights' own metadata (``resdecay_config``, which
+    save_pretrained writes into model.safetensors) describe different models, naming the first
+    setting that differs. Weights without that metadata have nothing to contradict.
+
+    Args:
+        config: config.json, already checked by ``check_config``.
+        meta: the safetensors metadata of the weights.
+        folder: the folder, for the message.
+        config_name, weights_name: the two files' names.
+    """
+    if "resdecay_config" not in meta:
+        return
+    try:
+        stated = json.loads(meta["resdecay_config"])
+    except ValueError as e:
+        raise CheckpointError(f"{folder}: the resdecay_config metadata of {weights_name} is not JSON ({e}); {SAVE_FIX}") from None
+    if not isinstance(stated, dict):
+        raise CheckpointError(f"{folder}: the resdecay_config metadata of {weights_name} is not a JSON object; {SAVE_FIX}")
+    ours = {k: config.get(k) for k in MODEL_KEYS}
+    theirs = {k: stated.get(k) for k in MODEL_KEYS}
+    if "resdecay_spec" in meta:  # the bare file's own spec (load_decayified reads it) must agree too
+        try:
+            theirs["resdecay_spec"] = json.loads(meta["resdecay_spec"])
+        except ValueError:
+            pass  # read_safetensors already refused it
+    diff = _first_difference(json.loads(json.dumps(ours)), theirs, "")
+    if diff is not None:
+        where, said, meta_said = diff
+        raise CheckpointError(f"{folder}: {config_name} says {where} = {_short(said)} but the metadata of {weights_name} "
+                              f"says {_short(meta_said)}; the two files come from different saves (or one was edited): "
+                              f"{SAVE_FIX}")
