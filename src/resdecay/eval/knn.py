@@ -13,7 +13,39 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from ..errors import UserError
 from .protocol import KNN_K, KNN_TEMPERATURE
+
+
+class LabelError(UserError, ValueError):
+    """Labels that are not class indices (a ValueError too, as scikit-learn's classifiers raise)."""
+
+
+def check_labels(labels: torch.Tensor, what: str = "labels", fn: str = "knn_accuracy") -> torch.Tensor:
+    """``labels`` as int64 class indices, or one line saying why they are not.
+
+    ``.long()`` would truncate: labels ``y + 0.5`` would score exactly as ``y`` and a regression
+    target would be read as classes. As scikit-learn does (``Unknown label type: continuous``),
+    float labels are taken only when every one is a whole number; negative, NaN and multi-column
+    labels are refused too (a class index is a row of the vote table).
+    """
+    if not isinstance(labels, torch.Tensor):
+        raise LabelError(f"{fn}: {what} must be a tensor of class indices, got {type(labels).__name__}")
+    if labels.ndim != 1:
+        raise LabelError(f"{fn}: {what} must hold one class index per row, shape (N,); got shape {tuple(labels.shape)}")
+    if labels.is_complex():
+        raise LabelError(f"{fn}: {what} are complex numbers, not class indices; pass integer labels 0..C-1")
+    if labels.is_floating_point():
+        bad = ~torch.isfinite(labels) | (labels != labels.round())
+        if bool(bad.any()):
+            example = float(labels[bad][0])
+            raise LabelError(f"{fn}: {what} must be class indices (whole numbers 0..C-1), but {int(bad.sum())} of "
+                             f"{len(labels)} are not (e.g. {example:g}): continuous values are not classes; map each "
+                             "class to an integer (e.g. torch.unique(y, return_inverse=True)[1])")
+    if len(labels) and float(labels.min()) < 0:
+        raise LabelError(f"{fn}: {what} must be class indices 0..C-1, but one is {float(labels.min()):g}; map each "
+                         "class to an integer >= 0 (e.g. torch.unique(y, return_inverse=True)[1])")
+    return labels.long()
 
 
 @contextlib.contextmanager
@@ -47,7 +79,7 @@ def knn_scores(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Ten
                temperature: float = KNN_TEMPERATURE, num_classes: int | None = None, chunk_size: int = 1024) -> torch.Tensor:
     """Summed neighbour votes per class, shape (num_queries, num_classes)."""
     _check(bank, bank_labels, queries, k)
-    bank_labels = bank_labels.long().to(bank.device)
+    bank_labels = check_labels(bank_labels, "train_labels").to(bank.device)
     C = int(num_classes or int(bank_labels.max()) + 1)
     bank_n = F.normalize(bank.float(), dim=1)
     out = []
@@ -67,6 +99,7 @@ def knn_topk(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: 
     (a top-k larger than the number of classes counts every class)."""
     if len(test_labels) != len(test_feats):
         raise ValueError(f"{len(test_feats)} query features but {len(test_labels)} labels")
+    train_labels, test_labels = check_labels(train_labels, "train_labels"), check_labels(test_labels, "test_labels")
     num_classes = int(max(int(train_labels.max()), int(test_labels.max()))) + 1
     scores = knn_scores(train_feats, train_labels, test_feats, k, temperature, num_classes, chunk_size)
     return topk_accuracy(scores, test_labels, topk)
@@ -75,7 +108,7 @@ def knn_topk(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: 
 def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor, topk: tuple[int, ...] = (1, 5)) -> dict:
     """Fraction of rows whose label is among the ``t`` highest scores, for each t in ``topk``."""
     ranked = scores.topk(min(max(topk), scores.shape[1]), dim=1).indices.cpu()
-    hit = ranked == labels.cpu().long().unsqueeze(1)
+    hit = ranked == check_labels(labels, "test_labels", "topk_accuracy").cpu().unsqueeze(1)
     return {f"top{t}": float(hit[:, :t].any(1).float().mean()) for t in topk}
 
 

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..io import progress_bar
-from .knn import topk_accuracy
+from .knn import check_labels, topk_accuracy
 from .protocol import FAST_RECIPE, IN100_RECIPE, ProbeRecipe
 
 __all__ = ["FAST_RECIPE", "IN100_RECIPE", "ProbeRecipe", "linear_probe"]  # the recipes live in eval/protocol.py
@@ -37,6 +37,9 @@ def linear_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_fea
         raise ValueError(f"probe features must be (N, D) with the same D; got {tuple(train_feats.shape)} and {tuple(test_feats.shape)}")
     if len(train_feats) != len(train_labels) or len(test_feats) != len(test_labels):
         raise ValueError("probe features and labels differ in length")
+    # class indices or one line: .long() would truncate labels such as y + 0.5 into other classes
+    train_labels, test_labels = (check_labels(y, w, "linear_probe") for y, w in ((train_labels, "train_labels"),
+                                                                                  (test_labels, "test_labels")))
     device = torch.device(device)
     C = int(num_classes or max(int(train_labels.max()), int(test_labels.max())) + 1)
     g = torch.Generator().manual_seed(recipe.seed)
