@@ -199,3 +199,28 @@ def test_transformers_4x_layout_is_found_by_role():
         want = a2 * h + b.output.dropout(b.output.dense(torch.relu(b.intermediate(b.layernorm_after(h)))))
         assert torch.allclose(model[1](x), want, atol=1e-6)
         assert torch.equal(decayify(copy.deepcopy(plain), alpha_min=1.0)(x), plain(x))
+
+
+def test_docs_examples_run(capsys):
+    """docs/plug-and-play.md's two Python blocks, executed as written (the user adapter and the ViTMAE)."""
+    import re
+    from pathlib import Path
+    text = (Path(__file__).parent.parent / "docs" / "plug-and-play.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 2
+    for code in blocks:
+        exec(compile(code, "plug-and-play.md", "exec"), {"__name__": "docs"})
+    out = capsys.readouterr().out
+    assert "('decoder.decoder_layers.0', (0.64" in out and "[('0', (1.0, 0.8333" in out
+    from resdecay.nn.adapters import registry
+    registry._ADAPTERS[:] = [a for a in registry._ADAPTERS if a.name != "my MyBlock"]
+
+
+def test_uvit2d_is_refused_naming_its_block_and_the_nearest_supported():
+    from diffusers import UVit2DModel
+    model = UVit2DModel(hidden_size=32, micro_cond_encode_dim=8, micro_cond_embed_dim=16, in_channels=16,
+                        block_out_channels=16, num_res_blocks=1, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, codebook_size=32, vocab_size=33, encoder_hidden_size=16, cond_embed_dim=16)
+    with pytest.raises(TypeError, match=r"in UVit2DModel \(its diffusers\.models\.unets\.uvit_2d\.UVitBlock blocks are not "
+                                        r"supported; the nearest supported kind is .*register_adapter"):
+        decayify(model, alpha_min=0.5)
