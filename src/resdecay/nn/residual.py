@@ -30,7 +30,8 @@ checks ``model.shortcut`` against this registry, so a formula registered in a us
 setting everywhere.
 
 Built-ins: ``decay`` (the method), ``learnable`` (Table 3a / Table 5), ``scaled_sum`` and
-``scaled_branch`` (Table 3b). The alpha schedule itself lives in ``resdecay.schedule``.
+``scaled_branch`` (Table 3b). The alpha schedule itself lives in ``resdecay.schedule``; how a run
+names its formula (``decay linear alpha_min 0.6``, ``scaled_sum``, ``... (plugin)``) in ``nn.shortcut_info``.
 """
 
 from __future__ import annotations
