@@ -14,7 +14,7 @@ import sys
 from ..commands.ablate import list_grids, run_grid
 from ..commands.ablate_seeds import parse_seeds, run_seeds
 from ..commands.check_data import check_data
-from ..commands.demo import run_demo
+from ..commands.demo import check_demo_args, run_demo
 from ..commands.demo_diffusion import run_diffusion_demo
 from ..commands.evaluate import run_compare, run_eval, run_pixel_baseline
 from ..commands.finetune import run_finetune
@@ -95,6 +95,7 @@ def cmd_demo(args) -> None:
         raise UserError(f"--threads must be a positive integer, got {args.threads}")
     if args.diffusion and args.threads is not None:
         raise UserError("--threads is an option of the MAE demo; with --diffusion set OMP_NUM_THREADS=N instead")
+    check_demo_args(args.out or ("runs/demo_diffusion" if args.diffusion else "runs/demo"), args.seed)
     if args.diffusion:
         run_diffusion_demo(data=args.data, out_dir=args.out or "runs/demo_diffusion", epochs=args.epochs, alpha_min=alpha_min,
                            seed=args.seed, progress=not args.no_progress, samples=args.samples, max_images=args.max_images)

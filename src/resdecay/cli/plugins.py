@@ -18,6 +18,7 @@ from pathlib import Path
 from ..errors import UserError, one_line
 
 ENV = "RESDECAY_PLUGINS"
+LOADED: list[str] = []  # every plugin this process loaded: a resolved .py path or a module name (checkpoints record them)
 
 
 def plugin_paths(argv: list[str]) -> list[str]:
@@ -36,23 +37,30 @@ def load_plugin(spec: str) -> None:
     (named by both the environment and a flag) imports it once."""
     path = Path(spec)
     if spec.endswith(".py") or path.exists():
+        if path.is_dir():
+            raise UserError(f"plugin {spec} is a folder; give the path of a .py file in it that registers your extension")
         if not path.is_file():
             raise UserError(f"plugin {spec}: no such file; give the path of a .py file that registers your extension")
+        if path.suffix != ".py":  # importlib finds no loader for it and fails with an AttributeError
+            raise UserError(f"plugin {spec} is not a .py file; give the path of a Python file (ending in .py) that "
+                            "registers your extension")
         name = f"resdecay_plugin_{path.resolve().stem}_{abs(hash(str(path.resolve()))) % 10**8}"
         if name in sys.modules:
             return
         module_spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module
-        run = lambda: module_spec.loader.exec_module(module)  # noqa: E731
+        run, source = (lambda: module_spec.loader.exec_module(module)), str(path.resolve())
     else:
-        run = lambda: importlib.import_module(spec)  # noqa: E731
+        run, source = (lambda: importlib.import_module(spec)), spec
     try:
         run()
+        LOADED.append(source)
     except UserError:
         raise
-    except Exception as e:  # a plugin's own bug: name the file, keep it to one line
-        raise UserError(f"plugin {spec} failed to load: {type(e).__name__}: {one_line(e)}") from e
+    except (Exception, KeyboardInterrupt, SystemExit) as e:  # a plugin's own bug (or exit): name the file, one line
+        raise UserError(f"plugin {spec} failed to load: {type(e).__name__}: {one_line(e) or 'raised at import'}; "
+                        "fix the plugin, or drop it from --plugin / RESDECAY_PLUGINS") from e
 
 
 def load_plugins(argv: list[str]) -> None:

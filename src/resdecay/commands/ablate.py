@@ -67,6 +67,9 @@ def load_grid(grid: str) -> dict:
         if not path.is_file():
             raise UserError(f"grid {grid!r} does not exist; shipped grids: {', '.join(list_grids())} (or a path to a .yaml file)")
     g = yaml_io.load_document(path.read_text(), f"grid {path}") or {}  # YAML 1.2 floats; a bad file is one line
+    if not isinstance(g, dict):  # a list's items would be reported as unknown keys
+        raise UserError(f"grid {path} holds a YAML {type(g).__name__}, not a mapping; write it as keys: name, preset, "
+                        "baseline, variants (a list of {name, overrides}), as in `resdecay ablate --list`'s grids")
     bad = [k for k in g if k not in GRID_KEYS]
     if bad:
         raise UserError(f"grid key {bad[0]!r} does not exist; valid keys: {', '.join(GRID_KEYS)}")

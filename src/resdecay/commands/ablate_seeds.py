@@ -40,6 +40,8 @@ def parse_seeds(text: str) -> list[int]:
         raise UserError(f"--seeds {text!r}: {bad!r} is not an integer; {fix}") from None
     if any(s < 0 for s in seeds):
         raise UserError(f"--seeds {text!r}: {min(seeds)} is negative; {fix}")
+    if any(s >= 2**32 for s in seeds):  # numpy's and torch's seed range
+        raise UserError(f"--seeds {text!r}: {max(seeds)} is 2**32 or more; {fix}, each below 2**32")
     if len(set(seeds)) != len(seeds):
         raise UserError(f"--seeds {text!r} repeats a seed; {fix}")
     return seeds

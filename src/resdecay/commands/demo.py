@@ -22,6 +22,7 @@ from ..train.config import load_config
 from ..data import build_dataset, fashion_mnist_available
 from ..errors import UserError
 from ..eval import effective_rank, extract_block_features, knn_accuracy
+from ..eval.inputs import check_writable
 from ..eval.protocol import KNN_K, KNN_TEMPERATURE as KNN_T, KNN_VOTE
 from ..viz.figures import plot_pca_maps
 from ..viz.plots import plot_alpha_schedules, plot_loss_curves, plot_reconstructions, reconstruct
@@ -83,8 +84,17 @@ def measure(model, cfg, progress: bool) -> dict:
     }
 
 
+def check_demo_args(out_dir: str, seed: int) -> None:
+    """The demo's own options, checked before anything trains: the run folders' checks would name
+    ``train.seed`` / ``train.out_dir``, which the demo's user never typed (issue 30.9)."""
+    if not 0 <= seed < 2**32:  # as ablate --seeds: numpy's and torch's seed range
+        raise UserError(f"--seed must be an integer in [0, 2**32), got {seed}; e.g. --seed 0")
+    check_writable(Path(out_dir), "pass --out DIR in a folder you can write")
+
+
 def run_demo(data: str = "auto", out_dir: str = "runs/demo", epochs: int | None = None, alpha_min: float | None = None,
              seed: int = 0, progress: bool = True, threads: int | None = None) -> dict:
+    check_demo_args(out_dir, seed)
     name = pick_data(data)
     preset, extra, default_alpha = DEMO_DATA[name]
     alpha_min = default_alpha if alpha_min is None else alpha_min

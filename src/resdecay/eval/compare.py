@@ -22,9 +22,10 @@ def load_report(path: str | Path) -> dict:
     for c in candidates:
         if c.is_file():
             try:
-                report = json.loads(c.read_text())
-            except json.JSONDecodeError as e:
-                raise UserError(f"{c} is not valid JSON ({e})") from None
+                report = json.loads(c.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:  # not JSON, or not even UTF-8 text
+                raise UserError(f"{c} is not valid UTF-8 JSON ({e}); pass the eval.json written by `resdecay eval`, "
+                                "or run it again") from None
             if not isinstance(report, dict) or "results" not in report:
                 raise UserError(f"{c} is not a resdecay evaluation (no 'results'); run `resdecay eval` first")
             report["_source"] = str(c)

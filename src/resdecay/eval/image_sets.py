@@ -73,6 +73,14 @@ def is_image_set(path: str) -> bool:
     return p.is_dir() or p.suffix.lower() in ARRAY_SUFFIXES
 
 
+def array_fix(dtype, shape) -> str:
+    """The fix for an array that is not uint8 NHWC images: the dtype conversion only when the dtype is
+    what is wrong; a wrong shape needs (N, H, W, C) with C 1 or 3, or (N, H, W) (issue 30.9)."""
+    if len(shape) not in (3, 4) or (len(shape) == 4 and shape[-1] not in (1, 3)):
+        return "save the images as one (N, H, W, C) array with C = 1 or 3 (or (N, H, W) for grayscale)"
+    return "convert with (x * 255).round().astype(np.uint8)"
+
+
 def describe_set(path: str) -> ImageSet:
     """The image set at ``path``, from headers only; a one-line UserError when it cannot be used.
 
@@ -93,7 +101,7 @@ def describe_set(path: str) -> ImageSet:
                         f"{SET_FIX}") from None
     if dtype != np.uint8 or len(shape) not in (3, 4) or (len(shape) == 4 and shape[-1] not in (1, 3)):
         raise UserError(f"{p} holds a {dtype} array of shape {shape}, not uint8 NHWC images with 1 or 3 channels: "
-                        "convert with (x * 255).round().astype(np.uint8)")
+                        + array_fix(dtype, shape))
     n, h, w = shape[:3]
     return ImageSet(p, int(n), (int(shape[3]) if len(shape) == 4 else 1, int(h), int(w)))
 
@@ -167,7 +175,7 @@ def image_chunks(images):
     if isinstance(images, np.ndarray):
         if images.dtype != np.uint8 or images.ndim not in (3, 4):
             raise UserError(f"numpy samples must be uint8 NHWC images (ADM .npz 'arr_0'), got {images.dtype} "
-                            f"{images.shape}: convert with (x * 255).round().astype(np.uint8)")
+                            f"{images.shape}: " + array_fix(images.dtype, images.shape))
         t = torch.from_numpy(images)
         yield t.unsqueeze(1) if t.ndim == 3 else t.permute(0, 3, 1, 2)
     elif isinstance(images, torch.Tensor):

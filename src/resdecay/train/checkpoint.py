@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import random
 import re
+import sys
 from pathlib import Path
 
 import dataclasses
@@ -33,7 +34,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..io import atomic_save, first_sentence, safe_load
-from ..models import build_model, model_config_class
+from ..models import FAMILIES, build_model, model_config_class
 from . import distributed as dist_env
 from .config import RunConfig, from_dict
 from .previous_run import HARMLESS, check_resume_changes, inexact_changes
@@ -94,6 +95,11 @@ def save_checkpoint(state: dict, ckpt_dir: Path, step: int, keep_last: int) -> P
 def load_checkpoint(path: str | Path) -> dict:
     """Load a resdecay checkpoint safely (``weights_only=True``) or raise one clear error."""
     path = Path(path)
+    exported = exported_folder(path)
+    if exported is not None:  # else "does not exist" (the folder) or "a facebookresearch/mae checkpoint" (its weights)
+        raise CheckpointError(f"{path} is a save_pretrained / `export --to hf` model (config.json + model.safetensors), not "
+                              f"a training checkpoint; load it with resdecay.from_pretrained('{exported}'), or pass the "
+                              "step_*.pt it was exported from")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     ckpt = safe_load(path, CheckpointError, f"{path} is not a readable resdecay checkpoint ({{reason}})")
@@ -105,7 +111,16 @@ def load_checkpoint(path: str | Path) -> dict:
         raise CheckpointError(f"{path} is not a resdecay checkpoint (no '{FORMAT}' marker); "
                               "pass a file from <run>/checkpoints/")
     upgrade_config(ckpt.get("config") or {})
+    check_plugins(ckpt, path)
     return ckpt
+
+
+def exported_folder(path: Path) -> Path | None:
+    """The huggingface_hub-layout folder ``path`` is, or whose ``model.safetensors`` it is; else None."""
+    folder = path if path.is_dir() else path.parent
+    if path.is_file() and path.name != "model.safetensors":
+        return None
+    return folder if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file() else None
 
 
 def foreign_format(obj) -> tuple[str, str] | None:
@@ -172,6 +187,8 @@ def load_resume(resume: str | None, ckpt_dir: Path, say=print) -> tuple[Path | N
     for candidate in reversed(list_checkpoints(ckpt_dir)):
         try:
             state = load_checkpoint(candidate)
+        except PluginNeeded:  # readable: an older checkpoint would need the plugin too
+            raise
         except CheckpointError as e:
             skipped.append((candidate, str(e)))
             continue
@@ -201,6 +218,29 @@ def field_defaults(config_class: type) -> dict:
         elif f.default_factory is not dataclasses.MISSING:
             out[f.name] = f.default_factory()
     return out
+
+
+class PluginNeeded(CheckpointError):
+    """A readable checkpoint whose model family only a plugin registers, and none loaded here does."""
+
+
+def loaded_plugins() -> list[str]:
+    """The ``--plugin`` files (or modules) this process loaded, as ``cli.plugins`` noted them; a checkpoint
+    records them, so a model whose family a plugin adds can name the file it needs to load again."""
+    module = sys.modules.get("resdecay.cli.plugins")  # not imported: a library user's process, no --plugin
+    return list(getattr(module, "LOADED", []))
+
+
+def check_plugins(state: dict, path) -> None:
+    """A checkpoint whose model family is not registered here: one line naming the plugin it was trained
+    with (checkpoints record the plugins loaded; older ones do not), not "model.family is unknown"."""
+    family = (state.get("config") or {}).get("model", {}).get("family", "mae")
+    if family in FAMILIES:
+        return
+    recorded = state.get("plugins") or []
+    fix = (f"pass the plugin it was trained with: resdecay --plugin {' --plugin '.join(recorded)} ..." if recorded else
+           "pass the plugin file that registers it: resdecay --plugin FILE.py ...")
+    raise PluginNeeded(f"{path} is a model of family {family!r}, which a plugin adds and none loaded here registers; {fix}")
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", ema: bool = False, state: dict | None = None):
@@ -244,7 +284,7 @@ def save_training(cfg: RunConfig, env, trainee, data, ckpt_dir: Path, writer=Non
                  "train_state": {"step": step, "epoch": step // data.steps_per_epoch,
                                  "step_in_epoch": step % data.steps_per_epoch, "world_size": env.world_size,
                                  "images": len(data.samples), **(progress or {})},
-                 "rng": rngs, "config": cfg.to_dict()}
+                 "rng": rngs, "config": cfg.to_dict(), "plugins": loaded_plugins()}
         if window is not None:
             state["loss_window"] = [w for _, w in ranks]
         if trainee.ema is not None:

@@ -72,6 +72,8 @@ class TrainConfig:
                 raise ConfigError(f"train.{f.name} must be a finite number, got {value}")
         if bad := [n for n in self.loggers if n not in typing.get_args(Logger)]:
             raise ConfigError(f"train.loggers: {bad[0]!r} is unknown; choose from {', '.join(typing.get_args(Logger))}")
+        if not 0 <= self.seed < 2**32:  # numpy's and torch's seeds (else their ValueError / "Overflow" mid-setup)
+            raise ConfigError(f"train.seed must be an integer in [0, 2**32), got {self.seed}; pick e.g. train.seed=0")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"train.threads must be a positive integer (or null for torch's default), got {self.threads}")
         if self.norm_growth_warn < 0 or self.norm_growth_window < 1:
@@ -192,7 +194,7 @@ def _check_type(value: Any, hint: Any, key: str) -> Any:
         raise ConfigError(errors[0] if errors else f"{key} has an invalid value {value!r}")
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list like [1, 3], got {value!r}")
+            raise ConfigError(f"{key} must be a list like {list_example(key, args, value)}, got {value!r}")
         return [_check_type(v, args[0], key) for v in value] if args else list(value)
     if hint is bool:
         if isinstance(value, bool):
@@ -255,11 +257,27 @@ def parse_overrides(pairs: list[str], family: str) -> dict[str, dict]:
     return out
 
 
+def check_family(family: str) -> None:
+    """A registered model family, or one line naming the plugin fix (a plugin's family is unknown until loaded)."""
+    if family not in FAMILIES:
+        raise ConfigError(f"model.family {family!r} is unknown (registered: {', '.join(sorted(FAMILIES))}); a family "
+                          "added by a plugin needs that plugin: resdecay --plugin FILE.py ...")
+
+
+def list_example(key: str, args: tuple, value: Any) -> str:
+    """An example list for ``key`` made of its own item type (``[tensorboard,csv]``), not a generic ``[1, 3]``."""
+    item = args[0] if args else int
+    if typing.get_origin(item) is Literal:
+        choices = typing.get_args(item)
+        one = value if value in choices else choices[0]
+        return f"[{','.join(map(str, choices[:2]))}] ({key}=[{one}] for one)"
+    return "[0.5, 1.0]" if item is float else "[a, b]" if item is str else "[1, 3]"
+
+
 def from_dict(d: dict, preset: str = "custom") -> RunConfig:
     model = dict(d.get("model") or {})
     family = model.get("family", "mae")
-    if family not in FAMILIES:
-        raise ConfigError(f"model.family {family!r} is unknown; choose one of {', '.join(sorted(FAMILIES))}")
+    check_family(family)
     unknown = set(d) - {"model", "data", "train", "preset"}
     if unknown:
         raise ConfigError(f"config section {sorted(unknown)[0]!r} does not exist; use model, data and train")
@@ -278,10 +296,11 @@ def load_config(preset: str, overrides: list[str] | None = None) -> RunConfig:
     """Resolve a preset (name or YAML path) and overrides into a checked RunConfig."""
     raw = _read_preset(preset)
     family = (raw.get("model") or {}).get("family", "mae")
+    check_family(family)
     try:
         extra = parse_overrides(overrides or [], family)
-    except KeyError as e:
-        raise UserError(str(e)) from None
+    except KeyError as e:  # its message, not the KeyError's repr (quotes around it)
+        raise UserError(e.args[0] if e.args else str(e)) from None
     for section, values in extra.items():
         raw.setdefault(section, {}).update(values)
     name = Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 from PIL import Image
+
+from ..errors import UserError
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ class TensorBoardTracker(Tracker):
     def start(self, config, run_dir, resume=None, resume_step=None):
         from torch.utils.tensorboard import SummaryWriter
 
+        check_writable_folder(Path(run_dir) / "tb", "TensorBoard")
         # purge_step drops events at steps >= it: the resumed-from step's row stays in log.jsonl,
         # so it must stay in TensorBoard too (issue 23.5); only later steps are the killed run's
         purge = None if resume_step is None else resume_step + 1
@@ -147,6 +151,9 @@ class CsvTracker(Tracker):
 
     def start(self, config, run_dir, resume=None, resume_step=None):
         self.path = Path(run_dir) / "summary.csv"
+        if self.path.is_dir():  # else an IsADirectoryError from deep in the csv writer
+            raise UserError(f"{self.path} is a folder, so the csv logger cannot write its table there; move or delete "
+                            "that folder, or drop csv from train.loggers")
         rows = read_csv(self.path) if resume_step is not None else []
         rows = [r for r in rows if float(r["step"]) <= resume_step] if rows else []
         self.columns = list(dict.fromkeys(k for r in rows for k in r)) or ["step"]
@@ -189,6 +196,20 @@ class CsvTracker(Tracker):
 
     def finish(self, ok=True):
         pass
+
+
+def check_writable_folder(folder: Path, what: str) -> None:
+    """Create ``folder`` and a file in it now, or raise one line: TensorBoard's writer thread opens its
+    event file later and would print its own 40-line traceback from that thread (issue 30.8)."""
+    probe = Path(folder) / f".write-test-{os.getpid()}"
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb"):
+            pass
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"{what} cannot write to {folder} ({e.strerror or type(e).__name__}); make the run folder "
+                        f"writable, or drop {what.lower()} from train.loggers") from None
 
 
 def read_csv(path: Path) -> list[dict]:
