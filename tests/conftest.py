@@ -17,6 +17,20 @@ TINY = ["model.embed_dim=32", "model.depth=4", "model.num_heads=2", "model.decod
         "train.batch_size=64", "train.log_every=5"]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """The pixel-baseline cache ($XDG_CACHE_HOME/resdecay) of the tests lives in a temporary folder, shared by
+    the session (so the ablate tests reuse it) and never the developer's own."""
+    import os
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
+
+
 @pytest.fixture(autouse=True)
 def _threads(monkeypatch):
     torch.set_num_threads(2)
