@@ -241,7 +241,8 @@ PLANS: dict[str, Plan] = {
         add=("--data-path", "{fmnist}", "--ref-out", "{tmp}/ref.pt", "--no-progress"), says=("proxy FID (",)),
     "resdecay fid samples.npz --ref cifar100 --data-path /data/cifar --inception-weights pt_inception-2015-12-05-6726825d.pth":
         Plan(add=("--allow-few", "--ref-out", "{tmp}/ref.pt", "--no-progress"), setup="cifar100",  # 4 samples, 8 refs
-             says=("FID (Inception-v3",)),  # on random weights in the real file's layout (tests/test_fid.py does the same)
+             # random weights in the real file's layout (tests/test_fid.py does the same): so not called FID
+             says=("Inception-v3 Frechet distance, NOT FID",)),
     "resdecay eval-diffusion runs/uvit-tiny-fmnist/checkpoints/step_*.pt --noise-levels 0,0.1,0.25,0.5": Plan(
         add=("--max-train", "64", "--max-test", "32", "--out", "{tmp}/grid", "--no-progress")),
     "resdecay plot runs/sit-tiny-fmnist runs/sit-tiny-fmnist-plain --out runs/plot": Plan(expect=("runs/plot/*.png",)),

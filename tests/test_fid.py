@@ -7,8 +7,11 @@ import pytest
 import torch
 import torch.nn as nn
 
+from resdecay.commands.fid import run_fid
 from resdecay.errors import UserError
 from resdecay.eval import fid as fidmod
+from resdecay.eval import fid_published
+from resdecay.io import file_sha256
 from resdecay.eval.fid import (compute_fid, feature_stats, fid, inception_extractor, load_stats, proxy_extractor,
                                reference_images, save_stats)
 
@@ -136,7 +139,8 @@ def test_inception_path_offline_with_random_weights(tmp_path):
     ext = inception_extractor(tmp_path / "weights.pth")
     st = feature_stats(torch.rand(4, 1, 8, 8), ext, batch_size=2)
     assert st["mu"].shape == (2048,) and st["grayscale_to_rgb"] and st["resolution"] == (1, 8, 8)
-    assert st["label"] == "FID (Inception-v3, torchmetrics)" and st["resize_filter"] == "bilinear (torch-fidelity, 299x299)"
+    assert st["label"].startswith("Inception-v3 Frechet distance, NOT FID") and "-6726825d.pth" in st["label"]  # random weights
+    assert st["resize_filter"] == "bilinear (torch-fidelity, 299x299)"
     with pytest.raises(UserError, match="need at least 2049"):
         fid(st, st)
 
@@ -197,3 +201,58 @@ def test_extractors_are_described_by_a_typed_card(proxy_cache):
     st = feature_stats(torch.rand(20, 1, 8, 8), Doubled())
     assert (st["extractor_id"], st["label"], st["resize_filter"], st["grayscale_to_rgb"]) == ("doubled@abc", "FID (doubled)",
                                                                                                 "nearest", True)
+
+
+# ----------------------------------------------------------------------------- issue 30.10: published weights and statistics
+def random_inception_weights(path):
+    """FID Inception-v3's layout with random weights (the published file is not shipped, nor downloaded)."""
+    from torchvision.models import inception_v3
+
+    torch.manual_seed(0)
+    torch.save(inception_v3(weights=None, aux_logits=False, num_classes=1008, init_weights=False).state_dict(), path)
+    return path
+
+
+def image_npz(path, n, seed, **extra):
+    np.savez(path, arr_0=np.random.default_rng(seed).integers(0, 256, (n, 8, 8, 3), dtype=np.uint8), **extra)
+    return path
+
+
+def test_pytorch_fid_and_adm_statistics_are_accepted_as_the_reference(tmp_path, monkeypatch):
+    """pytorch-fid's --save-stats .npz (mu, sigma) and ADM's reference batch (arr_0 with mu, sigma) were refused
+    as --ref; now they are the reference, and give the FID the same reference images give."""
+    weights = random_inception_weights(tmp_path / "weights.pth")
+    published = file_sha256(weights)[:8]  # stand in for the published file, whose digest is recognised
+    for module in (fid_published, fidmod):
+        monkeypatch.setattr(module, "PUBLISHED_INCEPTION", published)
+    samples, ref_images = image_npz(tmp_path / "samples.npz", 4, 0), image_npz(tmp_path / "ref.npz", 5, 1)
+    settings = dict(inception_weights=str(weights), allow_few=True, progress=False, batch_size=8, device="cpu")
+    expected = run_fid(str(samples), ref=str(ref_images), **settings)
+    assert expected["label"] == "FID (Inception-v3, torchmetrics)" and expected["protocol"]["published_fid_weights"]
+    st = feature_stats(str(ref_images), inception_extractor(weights), batch_size=8)
+    pytorch_fid = tmp_path / "pytorch_fid_stats.npz"
+    np.savez(pytorch_fid, mu=st["mu"].numpy(), sigma=st["sigma"].numpy())  # pytorch-fid's layout, float64
+    adm = image_npz(tmp_path / "VIRTUAL_ref.npz", 5, 1, mu=st["mu"].numpy().astype(np.float32),
+                    sigma=st["sigma"].numpy(), mu_s=np.zeros(3), sigma_s=np.eye(3))
+    for ref in (pytorch_fid, adm):
+        got = run_fid(str(samples), ref=str(ref), **settings)
+        assert got["value"] == pytest.approx(expected["value"], rel=1e-4), ref.name
+        assert got["label"] == "FID (Inception-v3, torchmetrics)" and got["protocol"]["reference_kind"] == "stats"
+        assert got["protocol"]["n_ref"] is None and "pytorch-fid / ADM statistics" in got["summary"]
+    np.savez(tmp_path / "bad.npz", mu=np.zeros(3), sigma=np.zeros(4))
+    with pytest.raises(UserError, match="are not a mean vector and its covariance"):
+        run_fid(str(samples), ref=str(tmp_path / "bad.npz"), **settings)
+
+
+def test_inception_weights_that_are_not_the_published_file_are_not_called_fid(tmp_path):
+    """The weights' digest was recorded but never compared: any Inception-shaped file gave "FID"."""
+    weights = random_inception_weights(tmp_path / "pt_inception-2015-12-05-6726825d.pth")  # the name does not make it so
+    samples, ref_images = image_npz(tmp_path / "samples.npz", 4, 0), image_npz(tmp_path / "ref.npz", 5, 1)
+    result = run_fid(str(samples), ref=str(ref_images), inception_weights=str(weights), allow_few=True, progress=False,
+                     batch_size=8, device="cpu")
+    assert result["label"].startswith("Inception-v3 Frechet distance, NOT FID") and not result["summary"].startswith("FID")
+    assert result["protocol"]["published_fid_weights"] is False
+    np.savez(tmp_path / "stats.npz", mu=np.zeros(2048), sigma=np.eye(2048))
+    with pytest.raises(UserError, match="made with the published FID Inception weights.*sha256 starts 6726825d.*--inception-weights"):
+        run_fid(str(samples), ref=str(tmp_path / "stats.npz"), inception_weights=str(weights), allow_few=True,
+                progress=False, batch_size=8, device="cpu")

@@ -5,6 +5,9 @@ of its *training* split are built once with the chosen extractor, saved to ``--r
 ``runs/fid_refs/<data>-train-<extractor>.pt``, and reused next time with the same extractor) or a
 second image set (an ``.npz`` or a folder of PNG/JPEG images, given as ``--ref`` or as a second
 argument: ``fid A.npz B.npz``, ``fid dirA dirB``, what pytorch-fid and torch-fidelity users do first).
+An ``.npz`` holding ``mu`` and ``sigma`` (pytorch-fid's ``--save-stats``, ADM's reference batches) is
+read as published Inception statistics; only the published Inception weights are compared with them.
+The number is called "FID" only when the weights are the published file (``eval/fid_published.py``).
 The extractor is Inception-v3 from ``--inception-weights`` (real FID) or, with ``--proxy``, a small
 CNN resdecay trains once on a dataset ("proxy FID"; ``--data`` names it when neither side is one).
 
@@ -19,7 +22,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..eval.fid import (INCEPTION_LABEL, PROXY_DATASETS, WEIGHTS_FIX, ProxyCNN, _res, check_count, compute_fid, dataset_reference,
-                        feature_stats, inception_extractor, load_stats, proxy_extractor, save_stats)
+                        feature_stats, inception_extractor, load_stats, npz_has_stats, proxy_extractor, save_stats)
 from ..eval.image_sets import ImageSet, describe_set, is_image_set
 from ..eval.inputs import check_data_path, check_writable
 from ..train.distributed import resolve_device
@@ -48,6 +51,9 @@ def _reference(ref: str | None, data: str | None, data_path: str | None, img_siz
         raise UserError(f"--img-size must be a positive number of pixels, got {img_size}")
     if img_size is not None and ref != "imagefolder":
         raise UserError(f"--img-size sets the resolution of --ref imagefolder only, not of --ref {ref}: drop it")
+    if npz_has_stats(ref):  # pytorch-fid's statistics, ADM's reference batch: their mu and sigma, not images
+        stats = load_stats(ref)
+        return _Reference("stats", ref, None, None, data, stats)
     if is_image_set(ref):
         s = describe_set(ref)
         return _Reference("images", ref, s.resolution, s.n, data, images=s)

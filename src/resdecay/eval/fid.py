@@ -30,15 +30,14 @@ from torch.utils.data import DataLoader
 from ..data import DataConfig, build_dataset
 from ..errors import UserError
 from ..io import atomic_save, file_sha256, progress_bar, safe_load
+from .fid_published import (EXTERNAL_STATS, INCEPTION_LABEL, INCEPTION_RESIZE, PUBLISHED_INCEPTION,  # noqa: F401
+                            STATS_FORMAT, inception_label, is_published, load_npz_stats, npz_has_stats)
 from .image_sets import image_chunks, rebatch, unit_float
 from .knn import tf32_matmuls
 
 BATCH_SIZE = 100  # fixed: features (and so FID) must not depend on how the caller chunked the images
-STATS_FORMAT = "resdecay-fid-stats-v1"
 PROXY_VERSION = "v1"  # bump when the proxy's architecture or recipe changes: old caches are then ignored
 PROXY_DATASETS = {"digits": (1, 8), "fashion-mnist": (1, 28), "cifar10": (3, 32), "cifar100": (3, 32)}
-INCEPTION_LABEL = "FID (Inception-v3, torchmetrics)"
-INCEPTION_RESIZE = "bilinear (torch-fidelity, 299x299)"
 WEIGHTS_FIX = ("pass --inception-weights PATH (the FID Inception file: pytorch-fid's "
                "pt_inception-2015-12-05-6726825d.pth or torch-fidelity's weights-inception-2015-12-05-6726825d.pth)")
 
@@ -116,7 +115,7 @@ class InceptionFeatures(FeatureExtractor):
     def __init__(self, net: nn.Module, fingerprint: str):
         super().__init__()
         self.net = net
-        self.card = ExtractorCard(name="inception-v3-compat", label=INCEPTION_LABEL, kind="inception",
+        self.card = ExtractorCard(name="inception-v3-compat", label=inception_label(fingerprint), kind="inception",
                                   resize_filter=INCEPTION_RESIZE, needs_rgb=True, fingerprint=fingerprint)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -254,6 +253,12 @@ def _res(r) -> str:
 
 
 def _check_pair(ref: dict, ext_id: str, resolution) -> None:
+    if ref.get("source") == EXTERNAL_STATS:  # made with the published Inception; their image size is not recorded
+        if not ext_id.startswith(f"inception-v3-compat@{PUBLISHED_INCEPTION}"):
+            raise UserError(f"the reference is {EXTERNAL_STATS}, made with the published FID Inception weights, but the "
+                            f"samples' extractor is {ext_id} (the published file's sha256 starts {PUBLISHED_INCEPTION}): pass "
+                            f"--inception-weights pt_inception-2015-12-05-{PUBLISHED_INCEPTION}.pth as published")
+        return
     if ext_id != ref["extractor_id"]:
         raise UserError(f"reference stats were built with extractor {ref['extractor_id']}, the samples with {ext_id}: "
                         f"rebuild the reference with the samples' extractor")
@@ -321,6 +326,8 @@ def load_stats(path) -> dict:
     path = Path(path).expanduser()
     if not path.is_file():
         raise UserError(f"FID reference stats not found at {path}: build them from the real images first")
+    if npz_has_stats(path):
+        return load_npz_stats(path)
     st = safe_load(path, UserError, f"cannot read FID reference stats {path} (not a readable PyTorch file): rebuild them")
     return _checked_stats(st, str(path))
 
@@ -344,7 +351,8 @@ def fid(sample_stats: dict, ref_stats: dict, allow_few: bool = False) -> float:
 
     _check_pair(ref_stats, sample_stats["extractor_id"], sample_stats["resolution"])
     for st, what in ((sample_stats, "samples"), (ref_stats, "reference")):
-        check_count(st["n"], len(ref_stats["mu"]), st["label"], what, allow_few)
+        if st["n"] is not None:  # pytorch-fid's statistics do not record their count
+            check_count(st["n"], len(ref_stats["mu"]), sample_stats["label"], what, allow_few)
     value = float(_compute_fid(sample_stats["mu"].double(), sample_stats["sigma"].double(),
                                ref_stats["mu"].double(), ref_stats["sigma"].double()))
     if not math.isfinite(value):
@@ -361,8 +369,10 @@ def compute_fid(samples, ref, extractor: nn.Module, batch_size: int = BATCH_SIZE
     protocol = {"n_samples": st["n"], "n_ref": ref["n"], "extractor": st["extractor_id"],
                 "feature_dim": len(st["mu"]), "resolution": _res(st["resolution"]),
                 "resize_filter": st["resize_filter"], "grayscale_to_rgb": st["grayscale_to_rgb"],
-                "batch_size": st["batch_size"], "ref_batch_size": ref["batch_size"], "stats_dtype": "float64"}
-    summary = (f"{st['label']} = {value:.4f} ({st['n']} samples vs {ref['n']} reference, {protocol['resolution']}, "
+                "batch_size": st["batch_size"], "ref_batch_size": ref["batch_size"], "stats_dtype": "float64",
+                "published_fid_weights": is_published(extractor_card(extractor).fingerprint)}
+    ref_n = f"{ref['n']} reference" if ref["n"] is not None else ref.get("source", "reference")
+    summary = (f"{st['label']} = {value:.4f} ({st['n']} samples vs {ref_n}, {protocol['resolution']}, "
                f"resize {st['resize_filter']}{', gray->RGB' if st['grayscale_to_rgb'] else ''}, "
                f"batch {st['batch_size']}, float64 stats)")
     return {"value": value, "label": st["label"], "protocol": protocol, "summary": summary}
