@@ -256,3 +256,21 @@ def test_inception_weights_that_are_not_the_published_file_are_not_called_fid(tm
     with pytest.raises(UserError, match="made with the published FID Inception weights.*sha256 starts 6726825d.*--inception-weights"):
         run_fid(str(samples), ref=str(tmp_path / "stats.npz"), inception_weights=str(weights), allow_few=True,
                 progress=False, batch_size=8, device="cpu")
+
+
+def test_the_proxy_id_does_not_depend_on_how_long_its_training_took(tmp_path, monkeypatch):
+    """Issue 30.12: the proxy's id hashed its cache file, which records the training's wall-clock seconds,
+    so the same training on a busy machine got another id and refused statistics made on a quiet one."""
+    def same_training(*args, **kwargs):  # the same weights each time, as a seeded training gives
+        torch.manual_seed(0)
+        return fidmod.ProxyCNN(1, 10).eval()
+
+    monkeypatch.setattr(fidmod, "_train_proxy", same_training)
+    ids = []
+    for seconds in (1.0, 9.0):  # a quiet and a loaded machine
+        clock = iter([100.0, 100.0 + seconds])
+        monkeypatch.setattr(fidmod.time, "perf_counter", lambda: next(clock))
+        ext = proxy_extractor("digits", cache_dir=tmp_path / f"cache{seconds:g}")
+        assert ext.meta["train_seconds"] == seconds
+        ids.append(ext.card.id)
+    assert ids[0] == ids[1]

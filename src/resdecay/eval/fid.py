@@ -15,6 +15,7 @@ own are ``FeatureExtractor`` subclasses whose ``ExtractorCard`` says what the st
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -50,6 +51,16 @@ def default_cache_dir() -> Path:
 def _digest(path: Path) -> str:
     """Short hash of a weights file: stats record it, so a retrained proxy cannot be mixed with old stats."""
     return file_sha256(path)[:12]
+
+
+def _weights_digest(state_dict: dict) -> str:
+    """Short hash of the weights alone: the cache file also holds its training's wall-clock time, so
+    hashing the file gave two identical trainings different ids, depending on how busy the machine was."""
+    h = hashlib.sha256()
+    for key in sorted(state_dict):
+        h.update(key.encode())
+        h.update(state_dict[key].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:12]
 
 
 # ----------------------------------------------------------------------------- extractors
@@ -241,7 +252,7 @@ def proxy_extractor(dataset_name: str, data_path=None, cache_dir=None, img_size:
         atomic_save(saved, path)
     net = ProxyCNN(chans, saved["meta"]["num_classes"])
     net.load_state_dict(saved["state_dict"])
-    net.card = replace(net.card, name=name, label=f"proxy FID ({name})", fingerprint=_digest(path),
+    net.card = replace(net.card, name=name, label=f"proxy FID ({name})", fingerprint=_weights_digest(saved["state_dict"]),
                        resolution=(chans, size, size))
     net.meta = saved["meta"]
     return net.eval()
