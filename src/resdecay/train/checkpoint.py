@@ -228,7 +228,7 @@ def loaded_plugins() -> list[str]:
     """The ``--plugin`` files (or modules) this process loaded, as ``cli.plugins`` noted them; a checkpoint
     records them, so a model whose family a plugin adds can name the file it needs to load again."""
     module = sys.modules.get("resdecay.cli.plugins")  # not imported: a library user's process, no --plugin
-    return list(getattr(module, "LOADED", []))
+    return list(vars(module).get("LOADED", [])) if module is not None else []
 
 
 def check_plugins(state: dict, path) -> None:
