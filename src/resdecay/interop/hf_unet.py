@@ -1,0 +1,189 @@
+"""The paper's U-Net MAE inside Hugging Face transformers: encoder->decoder long skips for a
+``ViTMAEForPreTraining``, wired as resdecay's U-Net MAE (= the authors' code) wires them.
+
+The decay alone on an HF ViTMAE is the paper's worst cell (Table 3a: LP 61.5 without skips against 83.6
+with them), so ``unet_skips`` adds the rest of the method, by composition as ``decayify`` does:
+
+* one ``SkipFusion`` per skip source (resdecay's own module: the encoder block's visible tokens get the
+  skip's mask token, are put back in image order, concatenated with the decoder stream and added
+  through Linear-SiLU-Linear whose last Linear starts at zero, so a new skip starts silent);
+* the sources are ``choose_skip_sources`` (every other encoder block ending with the last one; decoder
+  layer j takes the j-th deepest);
+* ``decoder_start="content_free"`` (the paper's): the decoder stream starts from its positions and a cls
+  token only, through a Dd -> Dd ``decoder_embed``, and the image enters through the skips alone, so the
+  bottleneck must carry what the decoder needs. ``decoder_start="encoder"`` keeps HF's start (the encoder
+  output, mask tokens, positions): with zero fusions and alpha 1 the model is then exactly the original.
+
+Forward hooks on the encoder layers keep their outputs (per thread), a pre-hook on the decoder keeps
+``ids_restore``, and a pre-hook on each decoder layer j fuses the j-th skip into its input. New parameters
+live under ``model.resdecay_unet.`` (``skip_fusions.{j}.{mask_token,fc1,fc2}``, and for the content-free
+start ``decoder_cls_token``, ``decoder_embed``); HF's own keys are unchanged. The settings are written to
+``model.config.resdecay`` (saved in config.json by ``save_pretrained``), and ``restore(model, folder)``
+re-applies decay and skips to a model that transformers' own ``from_pretrained`` loaded and loads the
+``resdecay_unet.`` weights from the folder.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn as nn
+
+from ..errors import CheckpointError, UserError
+from ..models.mae import SkipFusion, choose_skip_sources
+from ..nn.decayify import decayify
+
+PREFIX = "resdecay_unet."
+_LOCAL = threading.local()
+_REF = "_resdecay_unet_ref"  # on hooked HF modules: the UNetSkips they serve (a plain attribute, not a child)
+
+
+class UNetSkips(nn.Module):
+    """The long skips of one HF ViTMAE (its new parameters and the hooks' shared state)."""
+
+    def __init__(self, enc_dim: int, dec_dim: int, sources: list[int], decoder_start: str):
+        super().__init__()
+        self.sources, self.decoder_start = list(sources), decoder_start
+        self.skip_fusions = nn.ModuleList(SkipFusion(enc_dim, dec_dim) for _ in self.sources)
+        for fusion in self.skip_fusions:  # the last Linear at zero: a new skip starts silent (paper §3)
+            nn.init.normal_(fusion.mask_token, std=0.02)
+            nn.init.xavier_uniform_(fusion.fc1.weight)
+            nn.init.zeros_(fusion.fc1.bias)
+            nn.init.zeros_(fusion.fc2.weight)
+            nn.init.zeros_(fusion.fc2.bias)
+        if decoder_start == "content_free":
+            self.decoder_cls_token = nn.Parameter(torch.zeros(1, 1, dec_dim))
+            self.decoder_embed = nn.Linear(dec_dim, dec_dim)
+            nn.init.normal_(self.decoder_cls_token, std=0.02)
+            nn.init.xavier_uniform_(self.decoder_embed.weight)
+            nn.init.zeros_(self.decoder_embed.bias)
+        self.__dict__["_key"] = object()  # this instance's per-thread state (a deepcopy gets its own)
+
+    def state(self) -> dict:
+        table = _LOCAL.__dict__.setdefault("state", {})
+        return table.setdefault(self.__dict__["_key"], {"skips": {}, "ids_restore": None})
+
+    def content_free_start(self, decoder_pos_embed: torch.Tensor, batch: int) -> torch.Tensor:
+        """(B, 1+N, Dd): positions and a cls token only, as resdecay's U-Net MAE starts its decoder."""
+        start = decoder_pos_embed.clone()
+        start[:, :1] = start[:, :1] + self.decoder_cls_token
+        return self.decoder_embed(start).expand(batch, -1, -1)
+
+
+def _keep_skip(layer: nn.Module, args: tuple, out):
+    unet = layer.__dict__[_REF]
+    unet.state()["skips"][layer.__dict__["_resdecay_source"]] = out[0] if isinstance(out, tuple) else out
+
+
+def _keep_ids_restore(decoder: nn.Module, args: tuple, kwargs: dict) -> None:
+    unet = decoder.__dict__[_REF]
+    unet.state()["ids_restore"] = args[1] if len(args) > 1 else kwargs["ids_restore"]
+
+
+def _fuse(layer: nn.Module, args: tuple, kwargs: dict):
+    unet, j = layer.__dict__[_REF], layer.__dict__["_resdecay_fusion"]
+    state = unet.state()
+    x = args[0] if args else kwargs.pop("hidden_states")
+    if j == 0 and unet.decoder_start == "content_free":
+        x = unet.content_free_start(layer.__dict__["_resdecay_pos"]().to(x.dtype), x.shape[0])
+    x = unet.skip_fusions[j](x, state["skips"].pop(unet.sources[j]), state["ids_restore"])
+    return (x, *args[1:]), kwargs
+
+
+def _layers(part: nn.Module, names: tuple[str, ...]) -> nn.ModuleList:
+    for path in names:
+        try:
+            return part.get_submodule(path)
+        except AttributeError:
+            continue
+    raise UserError(f"unet_skips: {type(part).__name__} has none of {', '.join(names)}; it needs a transformers "
+                    "ViTMAEForPreTraining (4.x or 5.x layout)")
+
+
+def unet_skips(model: nn.Module, alpha_min: float | None = None, schedule: str = "linear",
+               skip_sources: list[int] | None = None,
+               decoder_start: Literal["content_free", "encoder"] = "content_free", zero_init: bool = False) -> nn.Module:
+    """Make an HF ``ViTMAEForPreTraining`` the paper's U-Net MAE (in place): long skips, and with
+    ``alpha_min`` the decayed encoder (``decayify(model.vit, alpha_min, schedule)``; the decoder stays
+    plain, as the paper's).
+
+    Args:
+        model: a transformers ``ViTMAEForPreTraining``.
+        alpha_min: decay the encoder to this factor (None: leave the encoder as it is, decayified or not).
+        schedule: the alpha schedule (``resdecay.schedule``).
+        skip_sources: encoder layers feeding the decoder (default: ``choose_skip_sources``).
+        decoder_start: "content_free" (the paper's wiring) or "encoder" (HF's start; exact at alpha 1).
+        zero_init: also zero every encoder / decoder branch's last layer and the pixel head (the paper's
+            init, for a model about to be trained from scratch). The fusions' last Linear is always zero.
+
+    Returns:
+        ``model``, with ``model.resdecay_unet`` holding the new parameters and ``model.config.resdecay``
+        the settings.
+    """
+    if type(model).__name__ != "ViTMAEForPreTraining" or not hasattr(model, "decoder"):
+        raise UserError(f"unet_skips takes a transformers ViTMAEForPreTraining, not {type(model).__name__}")
+    if decoder_start not in ("content_free", "encoder"):
+        raise UserError(f"unet_skips: decoder_start must be 'content_free' or 'encoder', not {decoder_start!r}")
+    if hasattr(model, "resdecay_unet"):
+        raise UserError("unet_skips: this model already has its skips (model.resdecay_unet); build a fresh model")
+    enc_layers = _layers(model.vit, ("layers", "encoder.layer"))
+    dec_layers = model.decoder.decoder_layers
+    sources = choose_skip_sources(len(enc_layers), len(dec_layers), skip_sources)
+    cfg = model.config
+    if alpha_min is not None:
+        decayify(model.vit, alpha_min=alpha_min, schedule=schedule, zero_init=zero_init)
+    if zero_init:
+        decayify(model.decoder, alpha_min=1.0, zero_init=True)
+        nn.init.zeros_(model.decoder.decoder_pred.weight)
+        nn.init.zeros_(model.decoder.decoder_pred.bias)
+    unet = UNetSkips(cfg.hidden_size, cfg.decoder_hidden_size, sources, decoder_start)
+    model.resdecay_unet = unet
+    _install_hooks(model, unet, enc_layers, dec_layers)
+    spec = {"unet": {"skip_sources": sources, "decoder_start": decoder_start}}
+    if getattr(model.vit, "resdecay_spec", None):
+        spec["encoder"] = dict(model.vit.resdecay_spec)
+    cfg.resdecay = spec  # PretrainedConfig writes extra attributes into config.json
+    return model
+
+
+def _install_hooks(model, unet, enc_layers, dec_layers) -> None:
+    for i in unet.sources:
+        layer = enc_layers[i]
+        layer.__dict__[_REF], layer.__dict__["_resdecay_source"] = unet, i
+        layer.register_forward_hook(_keep_skip)
+    model.decoder.__dict__[_REF] = unet
+    model.decoder.register_forward_pre_hook(_keep_ids_restore, with_kwargs=True)
+    decoder = model.decoder
+    for j in range(len(unet.sources)):
+        layer = dec_layers[j]
+        layer.__dict__[_REF], layer.__dict__["_resdecay_fusion"] = unet, j
+        layer.__dict__["_resdecay_pos"] = lambda: decoder.decoder_pos_embed
+        layer.register_forward_pre_hook(_fuse, with_kwargs=True)
+
+
+def restore(model: nn.Module, folder: str | Path) -> nn.Module:
+    """Re-apply the decay and skips recorded in ``model.config.resdecay`` to a ``ViTMAEForPreTraining``
+    that transformers' ``from_pretrained(folder)`` loaded (it drops the ``resdecay_unet.`` weights as
+    unexpected keys), and load those weights from ``folder``'s model.safetensors."""
+    spec = getattr(model.config, "resdecay", None)
+    if not spec:
+        raise UserError(f"{folder}: config.json has no 'resdecay' section; this model was saved without resdecay's "
+                        "skips or decay (nothing to restore)")
+    if "encoder" in spec:
+        decayify(model.vit, **spec["encoder"])
+    if "unet" in spec:
+        unet_skips(model, **spec["unet"])
+        weights = Path(folder) / "model.safetensors"
+        if not weights.is_file():
+            raise CheckpointError(f"{folder}: no model.safetensors beside config.json; the skip weights are in it")
+        from safetensors.torch import load_file
+        state = {k[len(PREFIX):]: v for k, v in load_file(str(weights)).items() if k.startswith(PREFIX)}
+        try:
+            model.resdecay_unet.load_state_dict(state, strict=True)
+        except RuntimeError as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise CheckpointError(f"{weights}: its resdecay_unet weights do not fit config.json's skips ({first})") from None
+    return model
