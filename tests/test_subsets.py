@@ -166,3 +166,13 @@ def test_ablate_reads_the_pixel_cache_of_eval_baseline_pixels(tmp_path, monkeypa
 def test_eval_baseline_pixels_bad_input_is_one_line(capsys, argv, needle):
     code, _, err = run(capsys, "eval", *argv)
     assert_one_line_error(code, err, needle)
+
+
+def test_the_run_header_says_which_statistics_normalise_a_folder(sorted_folder):
+    """data.normalize=dataset on an ImageFolder means ImageNet's mean/std: the run header's line says so."""
+    from resdecay.train import distributed as dist_env
+    from resdecay.train.setup import build_data
+    cfg = load_config("mae-tiny-digits", ["data.name=imagefolder", f"data.path={sorted_folder}", "model.in_chans=3",
+                                          f"model.img_size={SIDE}", "model.patch_size=4", "train.batch_size=4"])
+    data = build_data(cfg, dist_env.setup("cpu"))
+    assert data.normalization.startswith("ImageNet's mean/std for any folder") and "0.485" in data.normalization

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from ..data import (DeviceLoader, ResumableSampler, SeededSamples, build_dataset, check_first_sample, choose_decoder,
                     create_transform)
+from ..data.datasets import normalization_card
 from ..data.dali_images import DaliLoader, folder_samples
 from ..data.badfiles import SkipBadFiles
 from ..errors import ConfigError
@@ -42,6 +43,7 @@ class Data:
     eff_batch: int
     peak_lr: float
     bad_files: Path | None = None  # <run>/bad_files.txt under data.on_bad_file=skip
+    normalization: str = ""  # which mean/std normalise the images, in words (the run header says it)
 
 
 def build_data(cfg: RunConfig, env: dist_env.DistEnv, out: Path | None = None) -> Data:
@@ -74,7 +76,7 @@ def build_data(cfg: RunConfig, env: dist_env.DistEnv, out: Path | None = None) -
     eff_batch = tc.batch_size * tc.accum_steps * env.world_size
     return Data(samples, sampler, loader, steps_per_epoch, tc.epochs * steps_per_epoch,
                 int(round(tc.warmup_epochs * steps_per_epoch)), eff_batch,
-                peak_lr(tc, eff_batch), bad_files)
+                peak_lr(tc, eff_batch), bad_files, normalization_card(cfg.data, info))
 
 
 def settings_warnings(cfg: RunConfig, data: Data) -> list[str]:

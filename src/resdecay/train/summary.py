@@ -26,6 +26,8 @@ def announce(cfg: RunConfig, env, data, trainee, resume: str | None, say) -> Non
         f"| alpha_min {cfg.model.alpha_min} | shortcut {describe_model(cfg.model)} | alpha_eff {effective_decay(trainee.raw.alphas):.3g}")
     say(f"data {cfg.data.name}: {len(data.samples)} images | device {env.device} x {env.world_size} | "
         f"precision {trainee.amp_dtype or torch.float32} | params {sum(p.numel() for p in trainee.raw.parameters()) / 1e6:.2f} M")
+    if data.normalization:
+        say(f"normalised with {data.normalization}")
     say(f"base lr {tc.base_lr:.2e} | effective batch {data.eff_batch} = {tc.batch_size} per device x {tc.accum_steps} accum "
         f"x {env.world_size} devices | lr {data.peak_lr:.2e}{' (set directly)' if tc.lr is not None else ''} | "
         f"{data.steps_per_epoch} steps/epoch x {tc.epochs} epochs = {data.total_steps} steps, {data.warmup_steps} warmup")
