@@ -16,6 +16,10 @@ Formats (``--format``):
               are folded into the branch's last Linear. A state_dict does not say how timm pools:
               ``fc_norm.*`` means ``global_pool='avg'`` (resdecay ``patch_mean``), a head without it
               timm's default ``'token'`` (resdecay ``cls``, the final norm becoming the head's).
+    hf-vitmae a Hugging Face ``ViTMAEForPreTraining`` folder (config.json + model.safetensors or
+              pytorch_model.bin), or its weights file beside its config.json -> the plain MAE; sizes,
+              heads, mask ratio and norm_pix_loss from config.json, alpha 1 unless a resdecay export
+              recorded its decay there (``hf_vitmae.py`` holds the key mapping).
 
 Dimensions (width, depth, patch, image size, MLP ratio, decoder) come from the weights; what the
 file states beside them (alpha, schedule, mask ratio, loss, the number of heads: see
@@ -42,9 +46,10 @@ from ..train.checkpoint import FORMAT, load_model
 from ..train.config import _read_preset, from_dict, parse_overrides
 from .file_meta import Stated, check_against_weights, describe, stated_by_file
 from .files import check_out_file, make_parent, unwritable
+from .hf_vitmae import import_fields
 from .weights import load_strict, read_weights_file, state_dict_of
 
-FORMATS = ("mae", "unet-mae", "timm-vit")
+FORMATS = ("mae", "unet-mae", "timm-vit", "hf-vitmae")
 
 
 class AlphaUnknownWarning(UserWarning):
@@ -220,7 +225,8 @@ def import_weights(src: str | Path, fmt: str, preset: str, out: str | Path, alph
     """Convert a foreign checkpoint into a resdecay checkpoint.
 
     Args:
-        src: the foreign checkpoint (``torch.save`` format; read with ``weights_only=True``).
+        src: the foreign checkpoint (``torch.save`` format; read with ``weights_only=True``), or
+            for ``hf-vitmae`` a transformers folder (or its weights file beside its config.json).
         fmt: one of ``FORMATS``.
         preset: a resdecay MAE preset for what the weights do not say (heads, data, training).
         out: the resdecay checkpoint to write.
@@ -235,11 +241,15 @@ def import_weights(src: str | Path, fmt: str, preset: str, out: str | Path, alph
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r} is unknown; choose one of {', '.join(FORMATS)}")
     source, out = str(src), check_out_file(out)  # an unwritable --out is said before any work
-    blob = read_weights_file(src)
-    state = state_dict_of(blob, source)
-    fields, weights, head = _model_fields(fmt, state, source)
-    decoder = (fields["decoder_embed_dim"], fields["decoder_depth"]) if "decoder_embed_dim" in fields else None
-    stated = stated_by_file(fmt, blob, decoder, source)
+    if fmt == "hf-vitmae":  # a folder: config.json states what the weights do not
+        fields, weights, stated = import_fields(src)
+        head = None
+    else:
+        blob = read_weights_file(src)
+        state = state_dict_of(blob, source)
+        fields, weights, head = _model_fields(fmt, state, source)
+        decoder = (fields["decoder_embed_dim"], fields["decoder_depth"]) if "decoder_embed_dim" in fields else None
+        stated = stated_by_file(fmt, blob, decoder, source)
     check_against_weights(stated, fields, source)
     given = parse_overrides(overrides or [], "mae")
     flag, how = _alpha_flag(alpha_min, given.get("model", {}).get("alpha_min"))
