@@ -64,8 +64,10 @@ def test_round_trip_every_family_equal_features(family, tmp_path):
     model = _randomised(build_model(tiny_config(family)))
     folder = save_pretrained(model, tmp_path / family)
     assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
-    back, config = from_pretrained(folder)
-    assert not back.training and type(back) is type(model)
+    back = from_pretrained(folder)
+    config = back.resdecay_config
+    # the family's own class, with save_pretrained / push_to_hub methods (tests/test_sharing.py)
+    assert not back.training and type(back)._resdecay_base is type(model) and isinstance(back, type(model))
     assert torch.equal(_features(back, family), _features(model, family))
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), model.state_dict().values()))
     assert config["family"] == family and config["resdecay_version"] == resdecay.__version__
@@ -83,7 +85,8 @@ def test_learned_and_edited_alphas(tmp_path):
     cfg.shortcut = "learnable"
     model = _randomised(build_model(cfg))
     save_pretrained(model, tmp_path / "learned")
-    back, config = from_pretrained(tmp_path / "learned")
+    back = from_pretrained(tmp_path / "learned")
+    config = back.resdecay_config
     assert alphas_of(back) == alphas_of(model) and torch.equal(_features(back, "mae"), _features(model, "mae"))
     save_pretrained(_randomised(build_model(tiny_config("mae"))), tmp_path / "m")
     config = json.loads((tmp_path / "m" / "config.json").read_text())
@@ -130,7 +133,7 @@ def test_card_of_a_trained_run_names_every_numbers_protocol(evaluated_run, tmp_p
     assert config["preset"] == "mae-tiny-digits" and config["data"]["name"] == "digits"
     assert config["training"]["steps"] == summary["steps"] and config["evaluation"]["step"] == report["step"]
     assert json.loads((folder / "eval.json").read_text())["results"] == report["results"]
-    back, _ = from_pretrained(folder)
+    back = from_pretrained(folder)
     assert torch.equal(_features(back, "mae"), _features(model, "mae"))
 
 
@@ -161,7 +164,8 @@ def test_export_to_hf_cli_and_back_to_timm(evaluated_run, tmp_path, capsys):
     assert code == 0, err
     assert "resdecay.from_pretrained" in out and (tmp_path / "hf" / "eval.json").is_file()
     model, _ = load_model(ckpt)
-    back, config = from_pretrained(tmp_path / "hf")
+    back = from_pretrained(tmp_path / "hf")
+    config = back.resdecay_config
     assert torch.equal(_features(back, "mae"), _features(model, "mae"))
     assert config["weights"]["step"] == config["training"]["steps"] and config["evaluation"]["matches_weights"] is True
     code, out, err = run(capsys, "export", str(tmp_path / "hf"), "--to", "timm", "--out", str(tmp_path / "v.safetensors"))
@@ -198,14 +202,15 @@ def test_decayified_timm_vit_keeps_alpha(tmp_path):
         save_pretrained(vit, tmp_path / "no-kwargs")
     _one_line(info, "pos_embed", "model_kwargs")
     folder = save_pretrained(vit, tmp_path / "vit", model_kwargs=TIMM_KW)
-    back, config = from_pretrained(folder)
-    assert config["kind"] == "decayified" and config["architecture"] == {"library": "timm", "name": "vit_tiny_patch16_224",
+    back = from_pretrained(folder)
+    config = back.resdecay_config
+    assert config["kind"] == "decayified" and config["resdecay_architecture"] == {"library": "timm", "name": "vit_tiny_patch16_224",
                                                                         "kwargs": TIMM_KW}
     assert back.resdecay_spec == vit.resdecay_spec == config["resdecay_spec"] and alphas_of(back) == alphas_of(vit)
     with torch.no_grad():
         assert torch.equal(back(X32), vit(X32))
     save_pretrained(back, tmp_path / "again")  # the loaded model knows how it was built
-    assert json.loads((tmp_path / "again" / "config.json").read_text())["architecture"]["kwargs"] == TIMM_KW
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["resdecay_architecture"]["kwargs"] == TIMM_KW
     card = (folder / "README.md").read_text()
     assert "timm `vit_tiny_patch16_224`" in card and '"schedule": "cosine"' in card and "| decay_branches | mlp |" in card
     # the bare weights file carries the spec too
@@ -228,7 +233,8 @@ def test_decayified_torchvision_resnet_round_trip(tmp_path):
         save_pretrained(net, tmp_path / "r")
     _one_line(info, "architecture='resnet18'")
     folder = save_pretrained(net, tmp_path / "r", architecture="resnet18", model_kwargs={"num_classes": 10})
-    back, config = from_pretrained(folder)
+    back = from_pretrained(folder)
+    config = back.resdecay_config
     assert alphas_of(back) == alphas_of(net) and config["alpha"]["alpha_min"] == 0.7
     with torch.no_grad():
         assert torch.equal(back(X32), net(X32))
@@ -328,7 +334,7 @@ def test_hub_id_goes_through_snapshot_download_only(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
     from_pretrained(folder)
     assert calls == []
-    back, _ = from_pretrained("someone/rn-tiny", revision="v1")
+    back = from_pretrained("someone/rn-tiny", revision="v1")
     assert calls[0][0] == "someone/rn-tiny" and calls[0][1]["revision"] == "v1"
     assert "model.safetensors" in calls[0][1]["allow_patterns"]
     assert torch.equal(_features(back, "resnet"), _features(model, "resnet"))

@@ -7,10 +7,15 @@
     resdecay.knn_accuracy(train_feats, train_labels, test_feats, test_labels)
     resdecay.linear_probe(train_feats, train_labels, test_feats, test_labels)["top1"]
     resdecay.effective_rank(feats[11])
-    resdecay.save_pretrained(model, "mae-digits", run_dir="runs/x")      # config.json, model.safetensors, README.md card
-    model, config = resdecay.from_pretrained("mae-digits")               # a folder, or a hub id user/name
+    model.save_pretrained("mae-digits", run_dir="runs/x")                # config.json, model.safetensors, README.md card
+    model = resdecay.from_pretrained("mae-digits")                       # a folder, or a hub id user/name
+    model.resdecay_config["alpha"]["alpha_eff"]                          # its config.json
+    model.push_to_hub("me/mae-digits")                                   # huggingface_hub's method names
 
-(``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` live in ``interop/pretrained.py``.)
+(``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` live in ``interop/pretrained.py``; every
+model from ``create_model``, ``load_model`` and ``from_pretrained`` has the first and the last as
+methods, ``interop/hub_model.py``. ``from_pretrained`` returned ``(model, config)`` before: that
+unpacking still works until resdecay 0.2, with a DeprecationWarning.)
 Everything here is a thin, documented front to the same functions the CLI uses, so numbers from a
 notebook equal numbers from ``resdecay eval`` with the same protocol. Features, labels and images may be
 torch tensors or numpy arrays (converted with ``torch.from_numpy``: same dtype, no copy when contiguous).
@@ -34,7 +39,7 @@ from .eval.probe import linear_probe as _linear_probe
 from .eval.rank import effective_rank as _effective_rank
 from .models import build_model
 from .models.common import BlockIndexError, resolve_blocks
-from .train.checkpoint import load_model
+from .train.checkpoint import load_model as _load_model
 from .train.config import RunConfig, load_config
 
 __all__ = ["create_model", "load_model", "extract_features", "knn_accuracy", "linear_probe", "effective_rank"]
@@ -48,12 +53,29 @@ def create_model(preset: str | RunConfig = "mae-tiny-digits", **overrides: Any) 
         **overrides: settings as keyword arguments, ``alpha_min=0.7`` or ``model__depth=6``
             (double underscore for ``section.key``); values as Python objects.
     """
+    from .interop.hub_model import with_hub_methods
+
     if isinstance(preset, RunConfig):
         if overrides:
             raise UserError("create_model: pass overrides with a preset name, not with a resolved RunConfig")
-        return build_model(preset.model)
+        return with_hub_methods(build_model(preset.model))
     pairs = [f"{k.replace('__', '.')}={_yaml(v)}" for k, v in overrides.items()]
-    return build_model(load_config(preset, pairs).model)
+    return with_hub_methods(build_model(load_config(preset, pairs).model))
+
+
+def load_model(path: str, device: str | torch.device = "cpu", ema: bool = False) -> tuple[torch.nn.Module, RunConfig]:
+    """(model in eval mode, its RunConfig) of a resdecay checkpoint; the model has
+    ``save_pretrained`` / ``push_to_hub`` methods (pass ``run_dir=`` for the card's training and eval).
+
+    Args:
+        path: a checkpoint (``<run>/checkpoints/step_*.pt`` or ``import-weights`` output).
+        device: where the model goes.
+        ema: the EMA weights where the run kept them.
+    """
+    from .interop.hub_model import with_hub_methods
+
+    model, cfg = _load_model(path, device=device, ema=ema)
+    return with_hub_methods(model), cfg
 
 
 def _yaml(value: Any) -> str:

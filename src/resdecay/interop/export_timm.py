@@ -34,7 +34,7 @@ from ..nn.decayify import alphas_of, decayify
 from ..train.checkpoint import load_checkpoint, load_model
 from .files import check_out_file, write_bytes_atomically
 from .pretrained import from_pretrained
-from .pretrained_config import family_config
+from .pretrained_config import architecture_dict, family_config
 from .weights import check_spec, load_strict, read_safetensors
 
 FORMAT = "resdecay-timm-export-v1"
@@ -111,9 +111,10 @@ def source_model(checkpoint: str | Path, ema: bool) -> tuple[nn.Module, object]:
     if Path(checkpoint).is_dir():
         if ema:
             raise UserError(f"--ema applies to a checkpoint; {checkpoint} is a save_pretrained folder with one set of weights")
-        model, config = from_pretrained(checkpoint)
+        model = from_pretrained(checkpoint)
+        config = model.resdecay_config
         if config["kind"] != "resdecay":
-            raise UserError(f"{checkpoint} holds a decayified {config['architecture']['library']} model, not a resdecay encoder; "
+            raise UserError(f"{checkpoint} holds a decayified {architecture_dict(config)['library']} model, not a resdecay encoder; "
                             "load it with resdecay.from_pretrained")
         return model, family_config(model)
     state = load_checkpoint(checkpoint)

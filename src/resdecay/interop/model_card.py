@@ -1,7 +1,9 @@
 """The README.md model card of a ``save_pretrained`` folder, written from its config.json and eval.json.
 
-huggingface_hub's layout: YAML front matter (``library_name: resdecay``, tags, a pipeline tag and
-the license where given), then the body. Every number on the card says how it was obtained: the
+huggingface_hub's layout: YAML front matter (``library_name: resdecay``, tags with the paper's
+``arxiv:2404.10947``, a pipeline tag, ``license`` -- ``unknown`` where none was given --, the
+training ``datasets`` and a ``model-index`` of eval.json's results, which the hub shows as
+evaluation results), then the body. Every number on the card says how it was obtained: the
 decay's ``alpha_eff`` its definition, the training figures where they come from, and each
 evaluation number the protocol ``resdecay eval`` printed beside it (``eval.reports.protocol_text``:
 data, split sizes, the metric's registered protocol card), so a number read off a hub page can be
@@ -17,9 +19,15 @@ import yaml
 from ..eval.metrics import get_metric
 from ..eval.reports import protocol_text, values_text
 from ..models import is_diffusion
+from .pretrained_config import architecture_dict
 
 PIPELINE = {"mae": "image-feature-extraction", "classifier": "image-classification", "resnet": "image-classification"}
-PAPER = "x_{l+1} = α_l · x_l + f_l(x_l) (Zhang et al., CVPR 2026)"
+PAPER = "x_{l+1} = α_l · x_l + f_l(x_l) (Zhang et al., CVPR 2026, [arXiv:2404.10947](https://arxiv.org/abs/2404.10947))"
+ARXIV = "2404.10947"
+# model-index task of each eval metric: kNN and the linear probe classify frozen features
+TASKS = {"knn": ("image-classification", "kNN classification of frozen features"),
+         "linear_probe": ("image-classification", "linear probe on frozen features"),
+         "probe": ("image-classification", "linear probe on frozen features")}
 ALPHA_EFF = ("the product of every shortcut factor of the encoder / backbone (paper §3): how much of the input reaches "
              "the last block through the identity path")
 
@@ -34,26 +42,49 @@ def _table(header: tuple[str, ...], rows: list[tuple]) -> list[str]:
             *("| " + " | ".join(_cell(c) for c in row) + " |" for row in rows)]
 
 
-def front_matter(config: dict, license: str | None) -> str:
+def front_matter(config: dict, license: str | None, report: dict | None = None, name: str = "model") -> str:
     """The card's YAML metadata block."""
     family = config.get("family")
-    arch = config.get("architecture") or {}
+    arch = architecture_dict(config) or {}
     data = (config.get("data") or {}).get("name")
-    tags = ["resdecay", "decayed-identity-shortcuts", *(t for t in (family, arch.get("library"), arch.get("name"), data) if t)]
-    meta: dict = {"library_name": "resdecay", "tags": list(dict.fromkeys(tags))}
+    tags = ["resdecay", "decayed-identity-shortcuts", f"arxiv:{ARXIV}",
+            *(t for t in (family, arch.get("library"), arch.get("name"), data) if t)]
+    meta: dict = {"library_name": "resdecay", "license": license or "unknown", "tags": list(dict.fromkeys(tags))}
     if family in PIPELINE:
         meta["pipeline_tag"] = PIPELINE[family]
     elif family is None and arch.get("library") == "timm":
         meta["pipeline_tag"] = "image-feature-extraction"
-    if license:
-        meta["license"] = license
-    return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
+    if data:
+        meta["datasets"] = [data]
+    if report is not None and report.get("results"):
+        meta["model-index"] = model_index(name, report)
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
+
+
+def model_index(name: str, report: dict) -> list[dict]:
+    """huggingface_hub's ``model-index``: one result per eval.json row, each shown value a metric,
+    the row's test data as the dataset and its layer / feature in the metric's name."""
+    results = []
+    for row in report["results"]:
+        test = (row.get("protocol") or {}).get("test") or {}
+        data = str(test.get("data") or "unknown")
+        task, task_name = TASKS.get(row["metric"], ("image-feature-extraction", f"{row['metric']} of frozen features"))
+        m = get_metric(row["metric"])
+        keys = m.shown_values() if m is not None else list(row["values"])
+        metrics = [{"type": f"{row['metric']}_{k}", "value": float(row["values"][k]),
+                    "name": f"{row['metric']} {k} (block {row.get('layer')}, {row.get('feature')} features)"}
+                   for k in keys if isinstance(row["values"].get(k), (int, float)) and not isinstance(row["values"][k], bool)]
+        if metrics:
+            results.append({"task": {"type": task, "name": task_name},
+                            "dataset": {"name": data, "type": data, "split": str(test.get("split") or "test")},
+                            "metrics": metrics, "source": {"name": "resdecay eval", "url": f"https://arxiv.org/abs/{ARXIV}"}})
+    return [{"name": name, "results": results}]
 
 
 def _what(config: dict) -> str:
     if config["kind"] == "resdecay":
         return f"A resdecay `{config['family']}` model with decayed identity shortcuts"
-    arch = config["architecture"]
+    arch = architecture_dict(config)
     return f"A {arch['library']} `{arch['name']}` whose identity shortcuts `resdecay.decayify` decayed"
 
 
@@ -140,15 +171,19 @@ def evaluation_lines(config: dict, report: dict | None) -> list[str]:
 
 
 def usage_lines(config: dict, name: str) -> list[str]:
-    code = ["import resdecay", "", f"model, config = resdecay.from_pretrained({name!r})  # a folder, or a hub id user/name"]
+    code = ["import resdecay", "", f"model = resdecay.from_pretrained({name!r})  # a folder, or a hub id user/name",
+            "config = model.resdecay_config  # this folder's config.json"]
     if config["kind"] == "resdecay" and not is_diffusion(config["family"]):
         code.append("features = resdecay.extract_features(model, images, layer=-1)  # {block: (N, D)}, mean of all tokens")
     elif config["kind"] == "decayified":
-        code.append(f"out = model(images)  # the {config['architecture']['library']} model, its decay re-applied")
+        code.append(f"out = model(images)  # the {architecture_dict(config)['library']} model, its decay re-applied")
     return ["## Use", "", "```python", *code, "```", "",
             "`from_pretrained` rebuilds the model, re-applies the decay and refuses weights whose factors differ from "
             "the ones above. Files: `config.json` (model, α spec, run settings), `model.safetensors` (weights; its "
-            "metadata repeats the config), this card" + (", `eval.json`." if config.get("evaluation") else "."), ""]
+            "metadata repeats the config), this card" + (", `eval.json`." if config.get("evaluation") else ".")
+            + " `model.save_pretrained(folder)` / `model.push_to_hub('user/name')` share it again. timm's "
+            "`create_model('hf-hub:...')` refuses the folder (`Unknown model (resdecay:...)`): as a plain timm model "
+            "it would run without its decay.", ""]
 
 
 def model_card(config: dict, report: dict | None, name: str, license: str | None = None) -> str:
@@ -164,4 +199,4 @@ def model_card(config: dict, report: dict | None, name: str, license: str | None
              f"{config.get('resdecay_version')}.")
     body = [f"# {name}", "", intro, "", *decay_lines(config), *training_lines(config), *evaluation_lines(config, report),
             *usage_lines(config, name)]
-    return front_matter(config, license) + "\n" + "\n".join(body)
+    return front_matter(config, license, report, name) + "\n" + "\n".join(body)

@@ -10,10 +10,12 @@
                          evaluation number with its protocol
     eval.json            the evaluation it was given (``resdecay eval``'s report), when one was
 
-``from_pretrained(folder_or_hub_id)`` rebuilds the model, re-applies the decay, loads the weights
-strictly and checks the factors against config.json. A folder is read offline; only a hub id
-(``user/name`` that is not a folder here) goes through ``huggingface_hub.snapshot_download``.
-``push_to_hub(folder, repo_id)`` uploads a folder; nothing else here opens a connection.
+``from_pretrained(folder_or_hub_id)`` returns the model, config.json as ``model.resdecay_config``:
+it rebuilds it, re-applies the decay, loads the weights strictly and checks the factors against
+config.json. A folder is read offline; only a hub id (``user/name`` that is not a folder here)
+goes through ``huggingface_hub.snapshot_download``. ``push_to_hub(folder, repo_id)`` uploads a
+folder; nothing else here opens a connection. Models from resdecay also have these as methods,
+``model.save_pretrained(folder)`` and ``model.push_to_hub(repo_id)`` (``hub_model.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch.nn as nn
 
@@ -31,6 +32,7 @@ from ..io import file_sha256, run_dir_of
 from ..train.checkpoint import list_checkpoints, load_checkpoint, load_model
 from ..train.config import RunConfig, from_dict
 from .files import check_out_file, write_bytes_atomically
+from .hub_model import with_hub_methods
 from .model_card import model_card
 from .pretrained_config import (FORMAT, build_from_config, check_config, check_factors, check_weights_metadata,
                                 describe_decayified, describe_resdecay, family_config)
@@ -250,8 +252,9 @@ def read_folder(folder: Path) -> tuple[dict, dict, dict]:
 
 def from_pretrained(name_or_path: str | Path, *, device: str = "cpu", revision: str | None = None,
                     cache_dir: str | Path | None = None, local_files_only: bool = False,
-                    token: str | bool | None = None) -> tuple[nn.Module, dict[str, Any]]:
-    """The model a save_pretrained folder (or hub repository) holds, in eval mode, decay re-applied.
+                    token: str | bool | None = None) -> nn.Module:
+    """The model a save_pretrained folder (or hub repository) holds, in eval mode, decay re-applied,
+    as transformers' and timm's ``from_pretrained`` return it: the model alone.
 
     Args:
         name_or_path: a folder written by ``save_pretrained`` / ``resdecay export --to hf``, or a
@@ -261,9 +264,12 @@ def from_pretrained(name_or_path: str | Path, *, device: str = "cpu", revision: 
             for a hub id.
 
     Returns:
-        (model, config): config is config.json as a dict: ``alpha`` (settings, alpha_eff, factors),
-        ``family`` / ``model`` or ``architecture`` / ``resdecay_spec``, and where known ``preset``,
-        ``data``, ``training`` and ``evaluation``.
+        The model, with ``model.resdecay_config`` (config.json as a dict: ``alpha`` with settings,
+        alpha_eff and factors, ``family`` / ``model`` or ``resdecay_architecture`` / ``resdecay_spec``,
+        and where known ``preset``, ``data``, ``training`` and ``evaluation``) and the methods
+        ``model.save_pretrained(folder)`` / ``model.push_to_hub("user/name")`` (``hub_model.py``).
+        Until resdecay 0.2 it also unpacks as the former ``(model, config)`` tuple, with a
+        DeprecationWarning.
     """
     folder = resolve_folder(name_or_path, revision, cache_dir, local_files_only, token)
     config, state, meta = read_folder(folder)
@@ -273,7 +279,7 @@ def from_pretrained(name_or_path: str | Path, *, device: str = "cpu", revision: 
     check_weights_metadata(config, meta, str(folder), CONFIG_NAME, WEIGHTS_NAME)
     load_strict(model, state, source)
     check_factors(model, config, str(folder))
-    return model.to(device).eval(), config
+    return with_hub_methods(model.to(device).eval(), config, unpackable=True)
 
 
 def push_to_hub(folder: str | Path, repo_id: str, *, private: bool | None = None, token: str | bool | None = None,

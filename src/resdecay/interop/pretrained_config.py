@@ -6,7 +6,7 @@ Two kinds of model are shared:
                   field of its config, alpha_min, schedule, shortcut, decay_branches, skips ...
                   included) rebuild it with ``build_model``; the run's ``preset`` / ``data`` /
                   ``train`` sections ride along when known
-    decayified    a timm or torchvision model ``resdecay.decayify`` was applied to: ``architecture``
+    decayified    a timm or torchvision model ``resdecay.decayify`` was applied to: ``resdecay_architecture``
                   (library, registered name, the keyword arguments it was created with) rebuilds
                   it and ``resdecay_spec`` re-applies the decay
 
@@ -14,6 +14,12 @@ Both carry ``alpha``: the decay settings, ``alpha_eff`` and every block's factor
 model used them. ``from_pretrained`` compares the factors of the model it rebuilt with these, so a
 folder whose alphas cannot be reproduced (an edited config, a schedule that changed between
 versions) is refused in one line instead of loading as a different function.
+
+``architecture`` holds a string that names no timm model (``timm_guard``): timm's own hub loaders
+(``timm.create_model("local-dir:FOLDER")`` / ``"hf-hub:user/name"``) read that key as a timm model
+name, and refuse such a folder in their own words, ``Unknown model (resdecay:mae ...: load it with
+resdecay.from_pretrained)``. Loading it as a timm model would drop the decay without a word.
+Folders saved before keep their architecture dict under ``architecture`` and still load.
 """
 
 from __future__ import annotations
@@ -53,7 +59,9 @@ def family_config(model: nn.Module) -> ModelConfig | None:
     """
     found = [c for c in vars(model).values() if isinstance(c, ModelConfig) and dataclasses.is_dataclass(c)
              and getattr(c, "family", None) in FAMILIES and type(c) is FAMILIES[c.family].config]
-    exact = [c for c in found if FAMILIES[c.family].build is type(model)]
+    # the class itself: a model with hub methods (hub_model.py) is an instance of a generated subclass
+    cls = getattr(type(model), "_resdecay_base", type(model))
+    exact = [c for c in found if FAMILIES[c.family].build is cls]
     return (exact or found or [None])[0]
 
 
@@ -85,7 +93,7 @@ def describe_resdecay(model: nn.Module, cfg: ModelConfig, run: RunConfig | None)
         diff = next(k for k, v in dataclasses.asdict(cfg).items() if dataclasses.asdict(run.model).get(k) != v)
         raise UserError(f"the run's config describes another model (model.{diff}: run {getattr(run.model, diff, None)!r} vs "
                         f"model {getattr(cfg, diff)!r}); pass the run_dir / config the model came from")
-    out = {**_header("resdecay"), "family": cfg.family, "model": dataclasses.asdict(cfg)}
+    out = {**_header("resdecay", cfg.family), "family": cfg.family, "model": dataclasses.asdict(cfg)}
     spec = getattr(model, "resdecay_spec", None)  # decayify applied on top of the family's own decay
     if spec is not None:
         spec = check_spec(spec, "model.resdecay_spec")
@@ -106,11 +114,25 @@ def describe_decayified(model: nn.Module, architecture: str | None, model_kwargs
     arch = architecture_of(model, architecture, model_kwargs)
     settings = {"alpha_min": spec["alpha_min"], "schedule": spec["schedule"], "shortcut": spec.get("shortcut", "decay"),
                 "decay_branches": spec["branches"]}
-    return {**_header("decayified"), "architecture": arch, "resdecay_spec": spec, "alpha": alpha_section(model, settings)}
+    return {**_header("decayified", f"{arch['library']}/{arch['name']}"), "resdecay_architecture": arch, "resdecay_spec": spec,
+            "alpha": alpha_section(model, settings)}
 
 
-def _header(kind: str) -> dict:
-    return {"format": FORMAT, "library_name": "resdecay", "resdecay_version": __version__, "kind": kind}
+def timm_guard(what: str) -> str:
+    """config.json's ``architecture``: no timm model name, so timm's loaders refuse the folder readably."""
+    return f"resdecay:{what} (a resdecay model, not a timm one: load it with resdecay.from_pretrained)"
+
+
+def _header(kind: str, what: str) -> dict:
+    return {"format": FORMAT, "library_name": "resdecay", "resdecay_version": __version__, "kind": kind,
+            "architecture": timm_guard(what)}
+
+
+def architecture_dict(config: dict) -> dict | None:
+    """The (library, name, kwargs) that rebuild a decayified model: ``resdecay_architecture``, or the
+    ``architecture`` dict of a folder saved before it moved there."""
+    arch = config.get("resdecay_architecture", config.get("architecture"))
+    return arch if isinstance(arch, dict) else None
 
 
 def architecture_of(model: nn.Module, name: str | None, kwargs: dict | None) -> dict:
@@ -193,7 +215,7 @@ def check_config(config: Any, source: str) -> dict:
     if not isinstance(alpha, dict) or not isinstance(alpha.get("factors"), list):
         raise CheckpointError(f"{source} carries no alpha section, so the model's shortcut factors are unknown; {SAVE_FIX}")
     if config["kind"] == "decayified" and "resdecay_spec" not in config:
-        raise CheckpointError(f"{source} carries no resdecay_spec, so the decay of its {config.get('architecture', {}).get('name', 'model')} "
+        raise CheckpointError(f"{source} carries no resdecay_spec, so the decay of its {(architecture_dict(config) or {}).get('name', 'model')} "
                               f"is unknown; {SAVE_FIX}")
     return config
 
@@ -224,8 +246,8 @@ def build_from_config(config: dict, source: str) -> tuple[nn.Module, RunConfig |
             decayify(model, **check_spec(config["resdecay_spec"], source))
         return model, run
     spec = check_spec(config["resdecay_spec"], source)
-    arch = config.get("architecture")
-    if not isinstance(arch, dict):
+    arch = architecture_dict(config)
+    if arch is None:
         raise CheckpointError(f"{source} carries no architecture (library, name, kwargs), so the model cannot be rebuilt; {SAVE_FIX}")
     model = build_architecture(arch, source)
     decayify(model, **spec)
@@ -249,7 +271,7 @@ def check_factors(model: nn.Module, config: dict, source: str) -> None:
 
 # ----------------------------------------------------------------------------- config.json against the weights
 # what builds the model and its factors: a difference in any of these loads a different function
-MODEL_KEYS = ("kind", "family", "model", "architecture", "resdecay_spec", "alpha")
+MODEL_KEYS = ("kind", "family", "model", "architecture", "resdecay_architecture", "resdecay_spec", "alpha")
 
 
 def _first_difference(a: Any, b: Any, path: str) -> tuple[str, Any, Any] | None:
