@@ -43,6 +43,7 @@ class ClassifierConfig(ModelConfig):
     cutmix: float = 0.0  # cutmix alpha; 0 = off
     label_smoothing: float = 0.0
     pretrained: str | None = None  # the MAE checkpoint the encoder started from
+    grad_checkpointing: bool = False  # recompute block activations in the backward pass (memory; same gradients)
 
     # ModelConfig members (what the trainer and the data pipeline read from any model config),
     # answered from the pretrained encoder's config: the classifier has its input, decay and depth

@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from ..diffusion.objectives import diffusion_loss, objective_for
 from ..errors import ConfigError, check_fields
-from ..nn.blocks import PatchEmbed
+from ..nn.blocks import PatchEmbed, set_grad_checkpointing
 from ..nn.conditioning import LabelEmbedder, TimestepEmbedder
 from ..schedule import check_alpha_min
 from .registry import ExampleBatch, image_batch
@@ -112,3 +112,11 @@ def count_parameters(cfg, build, big: int = 32) -> int | None:
         return total
     except (ValueError, TypeError, IndexError):  # a config the small stand-in cannot mirror
         return None
+
+
+class GradCheckpointing:
+    """timm's model method for activation checkpointing (``model.grad_checkpointing=true`` in a config)."""
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute every transformer block's activations in the backward pass (``nn.blocks.set_grad_checkpointing``)."""
+        set_grad_checkpointing(self, enable)

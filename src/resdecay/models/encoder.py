@@ -11,10 +11,10 @@ import torch.nn as nn
 from ..nn.blocks import Block, PatchEmbed, block_flops
 from ..nn.residual import shortcut_plan
 from ..schedule import effective_decay
-from .common import resolve_blocks
+from .common import GradCheckpointing, resolve_blocks
 
 
-class ViTEncoder(nn.Module):
+class ViTEncoder(GradCheckpointing, nn.Module):
     """Patch embedding, learned cls token, fixed 2-D sin-cos positions and ``depth`` pre-LN blocks
     whose residual adds follow the shortcut formula ``cfg.shortcut`` (``resdecay.nn.residual``; the
     default ``decay`` is ``alpha_schedule(depth, alpha_min, schedule)``) on ``cfg.decay_branches``.

@@ -52,6 +52,7 @@ class MAEConfig(ModelConfig):
     encoder_norm: bool = False  # final LayerNorm on the encoder (standard MAE has one)
     mask_ratio: float = 0.75
     norm_pix_loss: bool = True  # per-patch normalised pixel targets (MAE's best setting)
+    grad_checkpointing: bool = False  # recompute block activations in the backward pass (memory; same gradients)
 
     def validate(self) -> None:
         check_fields(self, "model", positive=("depth", "decoder_depth", "embed_dim", "decoder_embed_dim", "patch_size", "img_size"))

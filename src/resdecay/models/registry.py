@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError
+from ..nn.blocks import set_grad_checkpointing
 from .contract import ModelConfig, missing_members
 
 # (model, images, labels) -> scalar loss; called on the wrapped (DDP / compiled) model, so it must
@@ -132,6 +133,8 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     """Build the model a model config describes (``cfg.family`` picks the constructor); a model that
     lacks a member of the contract is refused here, in one line, not by the trainer later."""
     model = get_family(cfg.family).build(cfg)
+    if getattr(cfg, "grad_checkpointing", False):  # a family that has the switch (the transformer families)
+        set_grad_checkpointing(model, True)
     missing = missing_members(model)
     if missing:
         raise ConfigError(f"model family {cfg.family!r}: {type(model).__name__} lacks {', '.join(missing)}; add them, "

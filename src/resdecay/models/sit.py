@@ -28,7 +28,7 @@ from ..nn.blocks import block_flops, init_linear_xavier, init_patch_embed, sinco
 from ..nn.conditioning import AdaLNBlock, FinalLayer, embed_labels
 from ..nn.residual import check_shortcut, shortcut_plan
 from ..schedule import Branches, Schedule
-from .common import check_diffusion_config, diffusion_stem, resolve_blocks
+from .common import GradCheckpointing, check_diffusion_config, diffusion_stem, resolve_blocks
 from .common import diffusion_batch, diffusion_objective
 from .contract import ModelConfig
 from .registry import register_family
@@ -57,6 +57,7 @@ class SiTConfig(ModelConfig):
     gelu: Literal["tanh", "exact"] = "tanh"  # MLP activation: tanh approximation as DiT / SiT / the authors
     objective: Objective = "interp-v"  # stored for the loss/sampler module: ddpm-eps | interp-v (SiT's)
     noise_schedule: NoiseSchedule = "linear"  # stored only: linear | cosine (DDPM betas / interpolant path)
+    grad_checkpointing: bool = False  # recompute block activations in the backward pass (memory; same gradients)
 
     def validate(self) -> None:
         check_diffusion_config(self, "sit")
@@ -71,7 +72,7 @@ class SiTConfig(ModelConfig):
 @register_family("sit", config=SiTConfig, objective=diffusion_objective, diffusion=True, example_batch=diffusion_batch,
                  tiny=dict(img_size=8, in_chans=4, patch_size=2, embed_dim=32, depth=4, num_heads=2, num_classes=10,
                            alpha_min=0.8))
-class SiT(nn.Module):
+class SiT(GradCheckpointing, nn.Module):
     def __init__(self, cfg: SiTConfig):
         super().__init__()
         diffusion_stem(self, cfg)  # cfg, patch_embed, t_embedder, y_embedder

@@ -30,7 +30,7 @@ from ..nn.blocks import Block, block_flops, init_linear_xavier, init_patch_embed
 from ..nn.conditioning import embed_labels
 from ..nn.residual import check_shortcut, shortcut_plan
 from ..schedule import Branches, Schedule
-from .common import check_diffusion_config, diffusion_stem, resolve_blocks
+from .common import GradCheckpointing, check_diffusion_config, diffusion_stem, resolve_blocks
 from .common import diffusion_batch, diffusion_objective
 from .contract import ModelConfig
 from .registry import register_family
@@ -57,6 +57,7 @@ class UViTConfig(ModelConfig):
     zero_init: bool = True  # zero each block's branch output layer (attn proj, MLP fc2)
     objective: Objective = "ddpm-eps"  # stored for the loss/sampler module: ddpm-eps (U-ViT's) | interp-v
     noise_schedule: NoiseSchedule = "linear"  # stored only: linear | cosine
+    grad_checkpointing: bool = False  # recompute block activations in the backward pass (memory; same gradients)
 
     def validate(self) -> None:
         check_diffusion_config(self, "uvit")
@@ -68,7 +69,7 @@ class UViTConfig(ModelConfig):
 
 @register_family("uvit", config=UViTConfig, objective=diffusion_objective, diffusion=True, example_batch=diffusion_batch,
                  tiny=dict(img_size=8, patch_size=2, embed_dim=32, depth=5, num_heads=2, num_classes=10, alpha_min=0.7))
-class UViT(nn.Module):
+class UViT(GradCheckpointing, nn.Module):
     def __init__(self, cfg: UViTConfig):
         super().__init__()
         # Time enters as a token (U-ViT), from DiT's sinusoid -> MLP embedder (U-ViT's

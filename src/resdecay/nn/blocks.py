@@ -17,7 +17,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
+from ..errors import ConfigError
 from .residual import decayed_add as decayed_add  # re-exported: the add's name before issue 21
 from .residual import factors_of, factors_repr, residual_add, set_block_factors
 
@@ -117,10 +119,17 @@ class Block(nn.Module):
         if zero_init:
             self.zero_init_branches()
 
+    grad_checkpointing = False  # set_grad_checkpointing: recompute this block's activations in the backward pass
+
     def forward(self, x: torch.Tensor, stats: dict | None = None) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
         """``stats``: a dict that receives this call's norm statistics (see ``block_statistics``)."""
         if stats is not None:  # the per-layer profile's side channel, recorded by hooks
             return self._forward_recording(x, stats)
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint(self._residual_adds, x, use_reentrant=False)
+        return self._residual_adds(x)
+
+    def _residual_adds(self, x: torch.Tensor) -> torch.Tensor:
         x = residual_add(x, self.drop_path(self.attn(self.norm1(x))), self.alpha_attn, self.beta_attn)
         return residual_add(x, self.drop_path(self.mlp(self.norm2(x))), self.alpha_mlp, self.beta_mlp)
 
@@ -142,6 +151,22 @@ class Block(nn.Module):
 
     def extra_repr(self) -> str:
         return factors_repr(self)
+
+
+def set_grad_checkpointing(model: nn.Module, enable: bool = True) -> int:
+    """Activation checkpointing (timm's ``set_grad_checkpointing``) on every ``Block`` / ``AdaLNBlock`` of
+    ``model``: a block keeps only its input and recomputes its activations in the backward pass (about
+    one more forward of compute for a block's activation memory). The recomputation replays the same
+    dropout / drop-path draws (the RNG state is saved), so gradients equal those without it. Returns
+    the number of blocks set; a model without such blocks is refused (the flag would do nothing)."""
+    from .conditioning import AdaLNBlock  # conditioning imports this module
+    blocks = [m for m in model.modules() if isinstance(m, (Block, AdaLNBlock))]
+    if not blocks:
+        raise ConfigError(f"set_grad_checkpointing: {type(model).__name__} has no resdecay transformer blocks to "
+                          "checkpoint; drop model.grad_checkpointing")
+    for block in blocks:
+        block.grad_checkpointing = bool(enable)
+    return len(blocks)
 
 
 class PatchEmbed(nn.Module):

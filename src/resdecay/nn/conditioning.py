@@ -11,6 +11,7 @@ import math
 
 import torch
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
 
 from .blocks import Attention, Mlp
 from .residual import factors_repr, residual_add, set_block_factors
@@ -98,7 +99,14 @@ class AdaLNBlock(nn.Module):
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
         set_block_factors(self, alpha_attn, alpha_mlp, beta_attn, beta_mlp, learnable_alpha)
 
+    grad_checkpointing = False  # nn.blocks.set_grad_checkpointing
+
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:  # (B, T, D), (B, D) -> (B, T, D)
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint(self._residual_adds, x, c, use_reentrant=False)
+        return self._residual_adds(x, c)
+
+    def _residual_adds(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=1)
         x = residual_add(x, gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa)),
                          self.alpha_attn, self.beta_attn)

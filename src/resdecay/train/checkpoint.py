@@ -199,13 +199,17 @@ def load_resume(resume: str | None, ckpt_dir: Path, say=print) -> tuple[Path | N
                           "start over with --overwrite, or pass --resume <a good step_*.pt>")
 
 
+# model settings that change how a step is computed, not the function: a run may resume with them changed
+SAME_FUNCTION = {"grad_checkpointing"}
+
+
 def model_differences(saved: dict, current: dict) -> list[str]:
     """Model settings that differ between a checkpoint's config and this run's. A setting the
     checkpoint predates (a field added to the family since) counts as its default, the value the
     older code built with, as ``load_model`` rebuilds it."""
     defaults = field_defaults(model_config_class(current["family"])) if "family" in current else {}
     saved = {**{k: v for k, v in defaults.items() if k in current}, **saved}
-    keys = sorted(set(saved) | set(current))
+    keys = sorted((set(saved) | set(current)) - SAME_FUNCTION)
     return [f"model.{k}: checkpoint {saved.get(k)!r} vs run {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
 
 
