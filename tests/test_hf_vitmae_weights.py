@@ -201,3 +201,15 @@ def test_bad_folders_are_refused_in_one_line(capsys, tmp_path):
                           "stores alpha_min 1", "drop --alpha-min")
     with pytest.raises(CheckpointError, match="weights have"):  # the function itself, as another caller uses it
         vitmae_to_mae_state(load_file(tmp_path / "deep" / "model.safetensors"), {**config, "patch_size": 4})
+
+
+def test_resuming_an_imported_file_is_one_line_pointing_to_eval_and_finetune(capsys, tmp_path):
+    """An import holds weights only: --resume of it was a KeyError('optimizer') from deep in the trainer."""
+    tiny_vitmae().save_pretrained(tmp_path / "hf")
+    code, _, err = run(capsys, "import-weights", str(tmp_path / "hf"), "--format", "hf-vitmae", *PRESET,
+                       "--out", str(tmp_path / "i.pt"))
+    assert code == 0, err
+    code, _, err = run(capsys, "pretrain", *PRESET, "--resume", str(tmp_path / "i.pt"), f"train.out_dir={tmp_path / 'run'}",
+                       "model.embed_dim=32", "model.depth=3", "model.num_heads=2", "model.decoder_embed_dim=32",
+                       "model.decoder_depth=2", "model.decoder_num_heads=4", "model.patch_size=2")
+    assert_one_line_error(code, err, "holds model weights only", "resdecay finetune")

@@ -329,6 +329,10 @@ def restore_training(cfg: RunConfig, env, path: Path, raw, optimizer, scaler, sa
 def check_resumable(cfg: RunConfig, env, path: Path, state: dict, say, images: int | None, allow_changes: bool) -> None:
     """Refuse a checkpoint of another model or, unless allowed, of inexact settings; note harmless
     changes (device, workers, logging, ...) and a training set that changed size."""
+    if not all(k in state for k in ("optimizer", "scaler", "train_state", "rng")):
+        raise CheckpointError(f"{path} holds model weights only (written by import-weights or export), not a training "
+                              f"run's checkpoint, so there is no optimizer state to resume; evaluate it (resdecay eval "
+                              f"{path}) or fine-tune from it (resdecay finetune {path})")
     saved_images = state["train_state"].get("images")
     if images is not None and saved_images is not None and saved_images != images:
         say(f"note: the training set has {images} images now but had {saved_images} when {path.name} was written; "
