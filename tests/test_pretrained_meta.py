@@ -31,7 +31,8 @@ def _saved(tmp_path, name: str, alpha_min: float):
 
 def test_a_config_json_from_another_save_is_refused_naming_the_setting(tmp_path, capsys):
     folder, other = _saved(tmp_path, "a", 0.6), _saved(tmp_path, "b", 0.9)
-    model, config = from_pretrained(folder)  # as saved: loads
+    model = from_pretrained(folder)  # as saved: loads
+    config = model.resdecay_config
     assert config["model"]["alpha_min"] == 0.6 and float(model.alphas[-1, -1]) == pytest.approx(0.6)
     shutil.copy(other / "config.json", folder / "config.json")  # self-consistent, but not these weights' config
     with pytest.raises(CheckpointError) as info:
@@ -59,5 +60,6 @@ def test_weights_without_resdecay_metadata_are_checked_by_their_factors_only(tmp
     folder = _saved(tmp_path, "a", 0.6)
     weights = folder / "model.safetensors"
     save_file(load_file(str(weights)), str(weights))  # the same tensors, no metadata (e.g. re-saved by another tool)
-    model, config = from_pretrained(folder)
+    model = from_pretrained(folder)
+    config = model.resdecay_config
     assert config["model"]["alpha_min"] == 0.6 and float(model.alphas[-1, -1]) == pytest.approx(0.6)
