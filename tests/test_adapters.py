@@ -202,16 +202,18 @@ def test_transformers_4x_layout_is_found_by_role():
 
 
 def test_docs_examples_run(capsys):
-    """docs/plug-and-play.md's two Python blocks, executed as written (the user adapter and the ViTMAE)."""
+    """docs/plug-and-play.md's Python blocks, executed as written (the ViTMAE, the U-Net MAE in transformers,
+    the user adapter)."""
     import re
     from pathlib import Path
     text = (Path(__file__).parent.parent / "docs" / "plug-and-play.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) == 2
+    assert len(blocks) >= 3
     for code in blocks:
         exec(compile(code, "plug-and-play.md", "exec"), {"__name__": "docs"})
     out = capsys.readouterr().out
     assert "('decoder.decoder_layers.0', (0.64" in out and "[('0', (1.0, 0.8333" in out
+    assert "{'unet': {'skip_sources': [3, 1], 'decoder_start': 'content_free'}" in out
     from resdecay.nn.adapters import registry
     registry._ADAPTERS[:] = [a for a in registry._ADAPTERS if a.name != "my MyBlock"]
 
