@@ -163,3 +163,69 @@ def test_protocol_refuses_bad_settings():
         S.SegProtocol(k=1).validate()
     card = S.SegProtocol(solver="kmeans").card()
     assert "intra" not in card and card["n_init"] == 10
+
+
+# ----------------------------------------------------------------------------- the metric in `resdecay eval`
+@pytest.fixture(scope="module")
+def fmnistm_checkpoint(tmp_path_factory):
+    """A one-step U-Net MAE on Fashion-MNIST-M built from fake garments (seconds), shared by this module."""
+    from conftest import TINY, write_idx
+    from resdecay.train import train
+    from resdecay.train.config import load_config
+
+    tmp_path = tmp_path_factory.mktemp("seg")
+    fake_fmnist = tmp_path / "fmnist"
+    fake_fmnist.mkdir()
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 96), ("t10k", 32)):  # conftest's fake_fmnist, at module scope
+        write_idx(fake_fmnist / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
+        write_idx(fake_fmnist / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+    cfg = load_config("mae-tiny-fmnistm", [*TINY, "train.epochs=1", "train.batch_size=48",
+                                           f"train.out_dir={tmp_path / 'run'}", f"data.path={fake_fmnist}"])
+    return train(cfg, progress=False)["checkpoint"]
+
+
+def test_eval_reports_segmentation_with_protocol_card_and_baselines(fmnistm_checkpoint, tmp_path, capsys):
+    import json
+
+    from resdecay.cli import main
+
+    out = tmp_path / "ev"
+    rc = main(["eval", str(fmnistm_checkpoint), "--evals", "segmentation", "--seg-images", "12", "--seg-solver",
+               "kmeans", "--no-progress", "--out", str(out)])
+    assert rc in (0, None)
+    printed = capsys.readouterr().out
+    assert "segmentation" in printed and "kmeans solver, K=11 over 11 classes, 8x8 tokens" in printed
+    report = json.loads(next(out.rglob("eval.json")).read_text())
+    (row,) = report["results"]
+    assert row["metric"] == "segmentation" and row["layer"] == 3 and row["feature"] == "tokens"
+    card = row["protocol"]
+    assert card["segmentation"]["solver"] == "kmeans" and card["segmentation"]["n_init"] == 10
+    assert card["k"] == 11 and card["classes"] == 11 and card["token_grid"] == [8, 8] and card["tokens"] == 12 * 64
+    assert card["test"]["images"] == 12 and card["test"]["resize"].startswith("none")
+    assert 0 <= row["values"]["miou"] <= 1 and 0 <= row["values"]["pixel_acc"] <= 1
+    assert {r["source"] for r in report["baselines"]} == {"pixels", "random-init"}
+    pixels = next(r for r in report["baselines"] if r["source"] == "pixels")
+    assert pixels["protocol"]["tokens"] == 12 * 64  # the same protocol on 4x4x3 pixel patches
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--seg-solver", "eigen"], "--seg-solver 'eigen' is unknown; choose one of exact, learned, kmeans"),
+    (["--seg-k", "5000", "--seg-images", "4"], "--seg-k 5000 is more clusters than the 256 tokens of 4 images"),
+    (["--seg-k", "3"], "--seg-k 3 is fewer clusters than fashion-mnist-m's 11 classes"),
+    (["--seg-data", "voc"], "--seg-data voc reads a folder: pass --seg-path DIR"),
+    (["--layer", "all"], "segmentation measures one block"),
+])
+def test_eval_refuses_bad_segmentation_settings_before_extracting(fmnistm_checkpoint, tmp_path, capsys, monkeypatch,
+                                                                  args, message):
+    from resdecay.cli import main
+    from resdecay.eval import segmentation_eval
+
+    def no_extraction(*a, **k):
+        raise AssertionError("tokens were extracted before the settings were checked")
+
+    monkeypatch.setattr(segmentation_eval, "patch_tokens", no_extraction)
+    rc = main(["eval", str(fmnistm_checkpoint), "--evals", "segmentation", "--no-progress", "--out", str(tmp_path / "e"),
+               *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and message in err[0]

@@ -23,7 +23,9 @@ from ..commands.report import run_figures, run_plot
 from ..commands.supervised import run_supervised
 from ..data import DataConfig
 from ..errors import TrainingDiverged, UserError, one_line
+from ..data.seg_masks import SEG_DATA
 from ..eval.metrics import FEATURES, metric_names
+from ..eval.segmentation import SOLVERS, SegProtocol
 from ..eval.protocol import KNN_K, KNN_TEMPERATURE
 from ..eval.suite import EvalSettings
 from ..io import first_sentence
@@ -118,7 +120,10 @@ def cmd_eval(args) -> None:
                             probe_epochs=args.probe_epochs, probe_norm=args.probe_norm, rank_exp=args.rank_exp, data=data, max_train=args.max_train,
                             max_test=args.max_test, batch_size=args.batch_size, num_workers=args.num_workers,
                             device=args.device, cache_dir=args.cache_dir, progress=not args.no_progress,
-                            baselines=not args.no_baselines, data_path=None if args.data else args.data_path)
+                            baselines=not args.no_baselines, data_path=None if args.data else args.data_path,
+                            segmentation=SegProtocol(solver=args.seg_solver, k=args.seg_k, images=args.seg_images,
+                                                     seed=args.seg_seed),
+                            seg_data=args.seg_data, seg_path=args.seg_path)
     if args.baseline:  # raw pixels alone: no checkpoint
         if args.checkpoints:
             raise UserError(f"--baseline pixels measures no checkpoint: drop {args.checkpoints[0]}, or drop --baseline "
@@ -200,6 +205,15 @@ def add_measurement_commands(sub) -> None:
     e.add_argument("--cache-dir", default=None, help="feature cache (default <run>/eval/cache; --baseline pixels: "
                                                       "~/.cache/resdecay/baselines)")
     e.add_argument("--out", default=None, help="output folder (default <run>/eval)")
+    seg = SegProtocol()
+    e.add_argument("--seg-solver", default=seg.solver, help=f"--evals segmentation: {' | '.join(SOLVERS)} (default "
+                   f"{seg.solver}: eigenvectors of the kNN graph; learned: the authors' SGD embedding; kmeans: on the tokens)")
+    e.add_argument("--seg-k", type=int, default=None, help="segmentation clusters (default: the number of classes)")
+    e.add_argument("--seg-images", type=int, default=seg.images, help=f"segmentation images (default {seg.images})")
+    e.add_argument("--seg-seed", type=int, default=seg.seed, help=f"segmentation K-Means / solver seed (default {seg.seed})")
+    e.add_argument("--seg-data", default=None, choices=SEG_DATA,
+                   help="label maps from (default: the evaluation's data set, which must be fashion-mnist-m)")
+    e.add_argument("--seg-path", default=None, help="the cocostuff27 / voc folder (STEGO's curated layout / VOC's)")
     e.add_argument("--no-baselines", action="store_true",
                    help="skip the raw-pixel and random-init-encoder rows (measured by default with the same protocol)")
     e.set_defaults(func=cmd_eval)

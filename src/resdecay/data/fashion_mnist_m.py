@@ -34,6 +34,7 @@ import torch.nn.functional as F
 NUISANCES = ("background", "colour", "scale", "position")
 SPLIT_IDS = {"train": 0, "test": 1}
 MIN_CANVAS, MAX_CANVAS = 16, 128
+MASK_OPACITY = 0.5  # a pixel is the garment's where the garment covers at least half of it
 _CROP_FRACTIONS = (1 / 2, 1 / 3, 1 / 4, 1 / 5, 1 / 6, 1 / 8)  # background crop side / photograph's short side
 
 
@@ -73,7 +74,7 @@ def _draw(rng: np.random.Generator, canvas: int, on: frozenset) -> dict:
 
 
 def composite(garments: torch.Tensor, split: str, canvas: int = 32, nuisances=NUISANCES, seed: int = 0,
-              offset: int = 0, indices=None) -> torch.Tensor:
+              offset: int = 0, indices=None, labels: torch.Tensor | None = None):
     """Composite garments (N, 1, 28, 28) uint8 into (N, 3, canvas, canvas) uint8 images.
 
     Args:
@@ -85,6 +86,9 @@ def composite(garments: torch.Tensor, split: str, canvas: int = 32, nuisances=NU
         offset: index of ``garments[0]`` in its split (so a slice gives the same images as the whole).
         indices: instead of ``offset``, the index in its split of every garment (a subset such as
             ``data.train_subset``'s gives the same images as the whole).
+        labels: the garments' classes; given, also return (N, canvas, canvas) uint8 label maps:
+            0 background, class + 1 where the garment was pasted with opacity >= ``MASK_OPACITY``
+            (the segmentation evaluation's ground truth, 11 classes).
     """
     on = frozenset(nuisances)
     pyramid = _photo_pyramid(canvas) if "background" in on else None
@@ -93,6 +97,7 @@ def composite(garments: torch.Tensor, split: str, canvas: int = 32, nuisances=NU
     where = range(offset, offset + n) if indices is None else [int(i) for i in indices]
     draws = [_draw(np.random.default_rng([seed, SPLIT_IDS[split], i]), canvas, on) for i in where]
     alpha = garments.float().div(255.0)
+    masks = torch.zeros(n, canvas, canvas, dtype=torch.uint8) if labels is not None else None
     for i, d in enumerate(draws):
         if pyramid is not None:
             img = pyramid[d["photo"]][d["level"]]
@@ -115,7 +120,10 @@ def composite(garments: torch.Tensor, split: str, canvas: int = 32, nuisances=NU
             colour = torch.as_tensor(d["colour"], dtype=torch.float32).view(3, 1, 1)
             region = out[i, :, y:y + s, x:x + s]
             out[i, :, y:y + s, x:x + s] = region * (1 - a[j]) + colour * a[j]
-    return out.round_().clamp_(0, 255).to(torch.uint8)
+            if masks is not None:  # the generator knows where it pasted the garment: that is the label map
+                masks[i, y:y + s, x:x + s][a[j, 0] >= MASK_OPACITY] = int(labels[i]) + 1
+    images = out.round_().clamp_(0, 255).to(torch.uint8)
+    return images if masks is None else (images, masks)
 
 
 def validate_knobs(canvas: int, nuisances) -> str | None:

@@ -3,7 +3,8 @@
 Registration order is column order: kNN, linear probe and effective rank (``features``: eval, profile,
 baselines, online tracking, ablate's table), the profile's token norm and shortcut-to-branch ratio
 (``blocks``), and the diffusion families' proxy FID and probe-grid best cell (``samples`` and
-``diffusion``: online tracking). The linear probe is one metric with two recipes (``protocol.py``):
+``diffusion``: online tracking), then unsupervised segmentation (``segmentation``: eval and its
+baselines, opt-in with ``--evals segmentation``). The linear probe is one metric with two recipes (``protocol.py``):
 the IN-100 recipe for one layer, the fast recipe for profiles, online tracking and the diffusion grid.
 """
 
@@ -13,8 +14,8 @@ from ..errors import UserError
 from .diffusion_probe import probe_grid
 from .fid import compute_fid, extractor_card
 from .knn import knn_topk
-from .metrics import (BLOCKS, DIFFUSION, SAMPLES, BlockStats, DiffusionSet, FeatureSet, Metric, Result,
-                      SampleSet, TableSpec, register_metric)
+from .metrics import (BLOCKS, DIFFUSION, SAMPLES, SEGMENTATION, BlockStats, DiffusionSet, FeatureSet, Metric,
+                      Result, SampleSet, SegmentationSet, TableSpec, register_metric)
 from .probe import linear_probe
 from .protocol import (FAST_RECIPE, KNN_K, KNN_TEMPERATURE, KNN_VOTE, RANK_FORMS, STATS_CARD, MetricSettings)
 from .rank import effective_rank
@@ -117,3 +118,32 @@ DIFFUSION_PROBE = register_metric(Metric(
     describe=lambda p: f"fast probe, best of blocks x noise levels {p['levels']}", applies_to=DIFFUSION,
     where=frozenset({"online"}), protocol=lambda s: {"probe": FAST_RECIPE.card()},
     titles={"probe_best_top1": "best probe cell top-1 (block x noise level)"}))
+
+
+# ----------------------------------------------------------------------------- unsupervised segmentation
+def _segmentation(x: SegmentationSet, s: MetricSettings) -> list[Result]:
+    from .segmentation import segment  # scipy.sparse and scikit-learn load only when segmentation runs
+
+    out = segment(x.tokens, x.grid, x.labels, x.classes, x.protocol, progress=s.progress)
+    if x.keep is not None:  # the figures reuse the cluster maps and the embedding
+        x.keep.update(out)
+    card = {"split": "test", "segmentation": x.protocol.card(), "k": out["k"], "classes": x.classes,
+            "token_grid": list(x.grid), "tokens": int(x.tokens.shape[0] * x.tokens.shape[1]),
+            "matching": "hungarian (one-to-one, pixel counts; headline) and majority vote",
+            "miou": "one dataset-wide confusion matrix, 255 ignored, mean over all classes (empty union = 0)"}
+    return [Result("tokens", out["values"], card=card)]
+
+
+def _segmentation_text(p: dict) -> str:
+    g = p["segmentation"]
+    graph = "" if g["solver"] == "kmeans" else f", kNN {g['intra']}+{g['inter']} in {g['batch_images']}-image batches"
+    return (f"{g['solver']} solver{graph}, K={p['k']} over {p['classes']} classes, {p['token_grid'][0]}x"
+            f"{p['token_grid'][1]} tokens, Hungarian (majority beside), seed {g['seed']}")
+
+
+SEGMENTATION_METRIC = register_metric(Metric(
+    name="segmentation", label="segmentation mIoU", compute=_segmentation, describe=_segmentation_text,
+    headline="miou", table_feature="tokens", applies_to=SEGMENTATION, where=frozenset({"eval", "baselines"}),
+    protocol=lambda s: {}, report_values=("miou", "pixel_acc", "miou_majority"),
+    titles={"segmentation_miou": "unsupervised segmentation mIoU (Hungarian)"},
+    table=TableSpec("seg mIoU", "d seg", None, (8, 7))))

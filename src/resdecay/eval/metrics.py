@@ -13,7 +13,9 @@ A metric applies to one kind of input, and each evaluator hands it that input:
   labelled train and test split;
 * ``blocks`` (token norm, shortcut ratio): a ``BlockStats``, one encoder block's norm statistics;
 * ``samples`` (FID): a ``SampleSet``, generated images, reference statistics and an extractor;
-* ``diffusion`` (the diffusion probe grid): a ``DiffusionSet``, a diffusion model and labelled images.
+* ``diffusion`` (the diffusion probe grid): a ``DiffusionSet``, a diffusion model and labelled images;
+* ``segmentation`` (unsupervised segmentation): a ``SegmentationSet``, patch tokens and label maps
+  (opt-in: ``--evals segmentation``, since only data sets with label maps can be scored).
 
 ``where`` says which evaluators run it: ``eval`` (one layer), ``profile`` (every layer),
 ``baselines`` (raw pixels, random init) and ``online`` (during training).
@@ -31,8 +33,8 @@ import torch
 from ..errors import UserError
 from .protocol import MetricSettings
 
-FEATURES, BLOCKS, SAMPLES, DIFFUSION = "features", "blocks", "samples", "diffusion"
-KINDS = (FEATURES, BLOCKS, SAMPLES, DIFFUSION)
+FEATURES, BLOCKS, SAMPLES, DIFFUSION, SEGMENTATION = "features", "blocks", "samples", "diffusion", "segmentation"
+KINDS = (FEATURES, BLOCKS, SAMPLES, DIFFUSION, SEGMENTATION)
 WHERE = ("eval", "profile", "baselines", "online")
 
 
@@ -82,6 +84,25 @@ class DiffusionSet:
     train_set: Any
     test_set: Any
     levels: tuple[float, ...]
+
+
+@dataclass
+class SegmentationSet:
+    """What a ``segmentation`` metric reads: patch tokens (cls dropped) of N images and their label maps.
+
+    Args:
+        tokens: (N, T, D), T = grid[0] * grid[1] in raster order; grid: the token grid;
+        labels: (N, H, W) class indices, 255 ignored; classes: the number of classes;
+        protocol: the segmentation protocol (``eval.segmentation.SegProtocol``);
+        keep: where the metric leaves its cluster maps and embedding for figures (None: not kept).
+    """
+
+    tokens: torch.Tensor
+    grid: tuple[int, int]
+    labels: torch.Tensor
+    classes: int
+    protocol: Any
+    keep: dict | None = None
 
 
 @dataclass

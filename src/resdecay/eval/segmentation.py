@@ -28,14 +28,17 @@ from the description in ``shared/segmentation-protocol.md`` (no code of theirs w
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
 from ..io import progress_bar
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 IGNORE = 255  # COCO-Stuff's "unlabelled" and VOC's boundary label: never counted
 SOLVERS = ("exact", "learned", "kmeans")
@@ -95,6 +98,8 @@ def batch_graph(x: torch.Tensor, p: SegProtocol) -> sp.csr_matrix:
     Args:
         x: (B, T, D) tokens of B images; p: the protocol (neighbour counts, weight floor).
     """
+    import scipy.sparse as sp  # loaded when a graph is built, not with the command line
+
     b, t, _ = x.shape
     z = F.normalize(x.reshape(b * t, -1).float(), dim=1)
     sim = z @ z.T
@@ -127,6 +132,8 @@ def batchings(n: int, p: SegProtocol, rounds: int, seed: int):
 def dataset_graph(x: torch.Tensor, p: SegProtocol) -> sp.csr_matrix:
     """One graph over all tokens of all images (node i*T + t): the union (elementwise max) of the
     batch graphs of ``p.graph_rounds`` seeded batchings, so batches are linked to each other."""
+    import scipy.sparse as sp  # loaded when a graph is built, not with the command line
+
     n, t, _ = x.shape
     total = None
     for split in batchings(n, p, p.graph_rounds if n > p.batch_images else 1, p.seed):
@@ -140,6 +147,8 @@ def dataset_graph(x: torch.Tensor, p: SegProtocol) -> sp.csr_matrix:
 
 def random_walk(w: sp.csr_matrix) -> sp.csr_matrix:
     """P = D^-1 W, the epsilon inside the reciprocal (an isolated node gives a zero row, not inf)."""
+    import scipy.sparse as sp  # loaded when a graph is built, not with the command line
+
     deg = np.asarray(w.sum(1)).ravel()
     return (sp.diags(1.0 / (deg + 1e-12)) @ w).tocsr()
 
@@ -159,6 +168,8 @@ def exact_eigenvectors(w: sp.csr_matrix, dims: int, dense_below: int = 300) -> t
         w: symmetric non-negative affinity; dims: how many; dense_below: graphs with fewer nodes use
             ``numpy.linalg.eigh`` (eigsh needs dims < n and is slower there).
     """
+    import scipy.sparse as sp  # loaded when a graph is built, not with the command line
+
     n = w.shape[0]
     dims = min(dims, n - 1)
     d = np.asarray(w.sum(1)).ravel()

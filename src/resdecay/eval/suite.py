@@ -34,7 +34,10 @@ from .feature_cache import FeatureCache
 from .features import POOLINGS, extract_block_features
 from .inputs import (bad_files_list, check_data_path, check_encoder_family, check_writable, eval_split,
                      replaced_count, replaced_list, restore_replaced, split_card)
-from .metrics import BLOCKS, FEATURES, BlockStats, FeatureSet, Metric, measure, metric_names, registered, row_columns
+from .metrics import (BLOCKS, FEATURES, SEGMENTATION, BlockStats, FeatureSet, Metric, measure, metric_names, registered,
+                      row_columns)
+from . import segmentation_eval as seg_eval
+from .segmentation import SegProtocol
 from .protocol import FAST_RECIPE, IN100_RECIPE, KNN_K, KNN_TEMPERATURE, STATS_IMAGES, MetricSettings
 
 FEATURE_FORMAT = 1  # bump when extraction changes, so old caches are not reused
@@ -63,9 +66,12 @@ class EvalSettings:
     data_path: str | None = None  # with data=None: the checkpoint's data set, read from this folder
     pixel_cache: str | None = None  # a folder of cached raw-pixel baseline rows (ablate: baselines.default_baseline_cache())
     trackers: bool = True  # also log one layer's numbers to the training run's trackers (train.loggers: TensorBoard, W&B, MLflow)
+    segmentation: SegProtocol = field(default_factory=SegProtocol)  # --evals segmentation: its protocol
+    seg_data: str | None = None  # label maps from: fashion-mnist-m | cocostuff27 | voc (default: the evaluation's data)
+    seg_path: str | None = None  # the cocostuff27 / voc folder
 
     def validate(self) -> None:
-        names = metric_names(FEATURES)
+        names = metric_names(FEATURES) + metric_names(SEGMENTATION)  # segmentation is opt-in, never a default
         bad = [e for e in self.evals if e not in names]
         if bad or not self.evals:
             raise UserError(f"unknown evaluation {bad[0] if bad else '(none)'!r}; choose from {', '.join(names)}")
@@ -214,6 +220,9 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str
     device = resolve_device(s.device, "--device")
     model, cfg = load_model(checkpoint, device, state=state)
     layers = _layers(model, s.layer)
+    seg = seg_eval.prepare(model, data, s, layers)  # label maps read and settings checked before any extraction
+    if not s.metrics():
+        return _segmentation_only(checkpoint, state, cfg, model, seg, s, layers, device)
     bad_files = _bad_files_folder(data, Path(report_dir) if report_dir else run_dir_of(checkpoint) / "eval")
     sha = file_sha256(checkpoint)
     cache = FeatureCache.open(Path(s.cache_dir) if s.cache_dir else run_dir_of(checkpoint) / "eval" / "cache")
@@ -246,6 +255,8 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str
                                **{split: str(bad_files_list(bad_files, split)) for split in ("train", "test")}}
     if s.baselines:
         report["baselines"] = baseline_rows(cfg, data, s, layers, untrained, base, device, bad_files)
+    if seg is not None:
+        _add_segmentation(report, seg, cfg, model, s, layers, device)
     if s.layer == "all":
         block_metrics = registered(BLOCKS, "profile")
         for row, norms in zip(profile, block_norms(model, eval_split(data, "test", img, bad_files), STATS_IMAGES, device)):
@@ -255,6 +266,29 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str
         report["profile_protocol"] = {**base, "feature": s.feature, **cards}
     elif s.trackers:
         log_to_trackers(report, state, checkpoint)
+    return report
+
+
+def _add_segmentation(report: dict, seg, cfg, model, s: EvalSettings, layers: list[int], device) -> None:
+    """The segmentation rows (and their pixel / random-init baselines) appended to a report."""
+    untrained = bl.random_init_model(cfg) if s.baselines else None
+    rows, base = seg_eval.measure_segmentation(seg, model, layers[0], s, s.metric_settings(device),
+                                               report["checkpoint_sha256"], device, untrained, cfg.train.seed)
+    report["results"] += rows
+    if s.baselines:
+        report.setdefault("baselines", []).extend(base)
+
+
+def _segmentation_only(checkpoint: Path, state: dict, cfg, model, seg, s: EvalSettings, layers: list[int], device):
+    """``--evals segmentation`` alone: no pooled features are extracted (rank 0 measures under torchrun)."""
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return None
+    report = {"resdecay_eval": 1, "checkpoint": str(checkpoint), "checkpoint_sha256": file_sha256(checkpoint),
+              "alphas": {name: list(a) for name, a in alphas_of(model)}, "step": state["train_state"]["step"],
+              "preset": cfg.preset, "label": _label(cfg), "model": dataclasses.asdict(cfg.model), "results": [],
+              "cache": {"dir": "(none: segmentation reads no cached features)", "train_hit": False, "test_hit": False,
+                        "written": False}}
+    _add_segmentation(report, seg, cfg, model, s, layers, device)
     return report
 
 
