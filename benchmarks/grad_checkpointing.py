@@ -50,7 +50,8 @@ class Variant:
         return loss.detach()
 
     def measure(self, warmup: int, steps: int) -> None:
-        timed_steps(self.step, warmup, 0, self.device)  # optimizer state exists before the peak is measured
+        if warmup:  # the first round: AdamW's state exists before the peak is measured
+            timed_steps(self.step, warmup, 0, self.device)
         method, base = mem_start(self.device)
         times, _ = timed_steps(self.step, 0, steps, self.device)
         sync(self.device)
@@ -64,14 +65,14 @@ def main() -> int:
     ap.add_argument("--presets", default="mae-b16,sit-b2", help="comma-separated transformer presets")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps per variant first (at least 1)")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per variant per round")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args()
-    if min(args.batch_size, args.steps, args.rounds) < 1 or args.warmup < 0:
-        bad_input("--batch-size, --steps and --rounds must be at least 1, --warmup at least 0")
+    if min(args.batch_size, args.steps, args.rounds, args.warmup) < 1:
+        bad_input("--batch-size, --steps, --rounds and --warmup must be at least 1 (the warm-up creates AdamW's state)")
     if args.device == "cuda" and not torch.cuda.is_available():
         bad_input("--device cuda: no CUDA device visible")
     if args.threads:
@@ -84,7 +85,7 @@ def main() -> int:
     variants = [Variant(p, c, args.batch_size, device) for p in args.presets.split(",") for c in (False, True)]
     for r in range(args.rounds):
         for v in variants if r % 2 == 0 else variants[::-1]:  # alternate the order: load hits both alike
-            v.measure(args.warmup if r == 0 else 0, args.steps)
+            v.measure(max(args.warmup, 1) if r == 0 else 0, args.steps)
     rows = []
     head = f"{'preset':<12}{'checkpointing':>15}{'s/step':>10}{MEM_LABEL[variants[0].method]:>28}{'time x':>9}{'memory x':>10}"
     print(head)
