@@ -229,3 +229,35 @@ def test_eval_refuses_bad_segmentation_settings_before_extracting(fmnistm_checkp
                *args])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and message in err[0]
+
+
+# ----------------------------------------------------------------------------- figures
+def test_spectral_rgb_is_normalised_globally_and_skips_the_constant_eigenvector():
+    from resdecay.viz.segmentation_figures import spectral_rgb
+
+    x, _ = _tokens(n=12, grid=3)
+    _, u = S.exact_eigenvectors(S.dataset_graph(x, S.SegProtocol(intra=4, inter=8)), 5)
+    rgb = spectral_rgb(u, "exact", 12, (3, 3))
+    assert rgb.shape == (12, 3, 3, 3)
+    flat = rgb.reshape(-1, 3)
+    assert np.allclose(flat.min(0), 0) and np.allclose(flat.max(0), 1)  # over all images at once
+    per_image = rgb.reshape(12, -1, 3)
+    assert (per_image.max(1) < 1 - 1e-9).any()  # ... so some image does not reach 1: no per-image stretch
+    assert np.allclose(flat, (u[:, 1:4] - u[:, 1:4].min(0)) / np.ptp(u[:, 1:4], 0))  # eigenvectors 1..3
+
+
+def test_figures_segmentation_draws_both_pngs(fmnistm_checkpoint, tmp_path, capsys):
+    import json
+
+    from resdecay.cli import main
+
+    out = tmp_path / "fig"
+    rc = main(["figures", str(fmnistm_checkpoint), "--segmentation", "--seg-solver", "kmeans", "--seg-images", "12",
+               "--images", "4", "--out", str(out)])
+    assert rc in (0, None)
+    assert "segmentation mIoU" in capsys.readouterr().out
+    for name in ("spectral_rgb.png", "segmentation.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    card = json.loads((out / "figures.json").read_text())["segmentation"]
+    assert card["protocol"]["solver"] == "kmeans" and card["drawn"] == 4 and card["layer"] == 3
+    assert card["data"]["images"] == 12 and len(card["values"]) == 1

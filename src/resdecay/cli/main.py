@@ -20,6 +20,7 @@ from ..commands.evaluate import run_compare, run_eval, run_pixel_baseline
 from ..commands.finetune import run_finetune
 from ..commands.pretrain import run_pretrain
 from ..commands.report import run_figures, run_plot
+from ..commands.segment_figures import run_segmentation_figures
 from ..commands.supervised import run_supervised
 from ..data import DataConfig
 from ..errors import TrainingDiverged, UserError, one_line
@@ -121,8 +122,7 @@ def cmd_eval(args) -> None:
                             max_test=args.max_test, batch_size=args.batch_size, num_workers=args.num_workers,
                             device=args.device, cache_dir=args.cache_dir, progress=not args.no_progress,
                             baselines=not args.no_baselines, data_path=None if args.data else args.data_path,
-                            segmentation=SegProtocol(solver=args.seg_solver, k=args.seg_k, images=args.seg_images,
-                                                     seed=args.seg_seed),
+                            segmentation=_seg_protocol(args),
                             seg_data=args.seg_data, seg_path=args.seg_path)
     if args.baseline:  # raw pixels alone: no checkpoint
         if args.checkpoints:
@@ -147,6 +147,10 @@ def cmd_plot(args) -> None:
 
 def cmd_figures(args) -> None:
     data = DataConfig(name=args.data, path=args.data_path) if args.data else None
+    if args.segmentation:
+        run_segmentation_figures(args.checkpoints, args.out, _seg_protocol(args), data, args.seg_data, args.seg_path,
+                                 images=args.images, layer=_int_arg(args.layer, "--layer"))
+        return
     run_figures(args.checkpoints, args.out, data, per_class=args.per_class, images=args.images,
                 layer=_int_arg(args.layer, "--layer"), seed=args.seed, data_path=None if args.data else args.data_path)
 
@@ -182,6 +186,23 @@ def add_ablate_command(sub) -> None:
     ab.set_defaults(func=cmd_ablate)
 
 
+def add_segmentation_options(p) -> None:
+    """The segmentation protocol's options (``eval --evals segmentation`` and ``figures --segmentation``)."""
+    seg = SegProtocol()
+    p.add_argument("--seg-solver", default=seg.solver, help=f"segmentation: {' | '.join(SOLVERS)} (default "
+                   f"{seg.solver}: eigenvectors of the kNN graph; learned: the authors' SGD embedding; kmeans: on the tokens)")
+    p.add_argument("--seg-k", type=int, default=None, help="segmentation clusters (default: the number of classes)")
+    p.add_argument("--seg-images", type=int, default=seg.images, help=f"segmentation images (default {seg.images})")
+    p.add_argument("--seg-seed", type=int, default=seg.seed, help=f"segmentation K-Means / solver seed (default {seg.seed})")
+    p.add_argument("--seg-data", default=None, choices=SEG_DATA,
+                   help="label maps from (default: the evaluation's data set, which must be fashion-mnist-m)")
+    p.add_argument("--seg-path", default=None, help="the cocostuff27 / voc folder (STEGO's curated layout / VOC's)")
+
+
+def _seg_protocol(args) -> SegProtocol:
+    return SegProtocol(solver=args.seg_solver, k=args.seg_k, images=args.seg_images, seed=args.seg_seed)
+
+
 def add_measurement_commands(sub) -> None:
     """eval, compare, plot, figures: the commands that measure and draw trained runs."""
     e = sub.add_parser("eval", parents=[data_options("dataset (default: the checkpoint's training data)"), device_option(), progress_option()], help="kNN, linear probe and effective rank of checkpoints (features cached)")
@@ -205,15 +226,7 @@ def add_measurement_commands(sub) -> None:
     e.add_argument("--cache-dir", default=None, help="feature cache (default <run>/eval/cache; --baseline pixels: "
                                                       "~/.cache/resdecay/baselines)")
     e.add_argument("--out", default=None, help="output folder (default <run>/eval)")
-    seg = SegProtocol()
-    e.add_argument("--seg-solver", default=seg.solver, help=f"--evals segmentation: {' | '.join(SOLVERS)} (default "
-                   f"{seg.solver}: eigenvectors of the kNN graph; learned: the authors' SGD embedding; kmeans: on the tokens)")
-    e.add_argument("--seg-k", type=int, default=None, help="segmentation clusters (default: the number of classes)")
-    e.add_argument("--seg-images", type=int, default=seg.images, help=f"segmentation images (default {seg.images})")
-    e.add_argument("--seg-seed", type=int, default=seg.seed, help=f"segmentation K-Means / solver seed (default {seg.seed})")
-    e.add_argument("--seg-data", default=None, choices=SEG_DATA,
-                   help="label maps from (default: the evaluation's data set, which must be fashion-mnist-m)")
-    e.add_argument("--seg-path", default=None, help="the cocostuff27 / voc folder (STEGO's curated layout / VOC's)")
+    add_segmentation_options(e)
     e.add_argument("--no-baselines", action="store_true",
                    help="skip the raw-pixel and random-init-encoder rows (measured by default with the same protocol)")
     e.set_defaults(func=cmd_eval)
@@ -238,6 +251,9 @@ def add_measurement_commands(sub) -> None:
     fg.add_argument("--images", type=int, default=8, help="images in the PCA and reconstruction grids")
     fg.add_argument("--seed", type=int, default=0)
     fg.add_argument("--out", default="runs/figures", help="output folder (default runs/figures)")
+    fg.add_argument("--segmentation", action="store_true",
+                    help="instead: the segmentation figures (spectral_rgb.png, segmentation.png) with the --seg-* protocol")
+    add_segmentation_options(fg)
     fg.set_defaults(func=cmd_figures)
 
 
