@@ -21,6 +21,7 @@ from ..commands.finetune import run_finetune
 from ..commands.pretrain import run_pretrain
 from ..commands.report import run_figures, run_plot
 from ..commands.segment_figures import run_segmentation_figures
+from ..commands.shard import add_shard_command
 from ..commands.supervised import run_supervised
 from ..data import DataConfig
 from ..errors import TrainingDiverged, UserError, one_line
@@ -316,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     cd.add_argument("--workers", type=int, default=None, help="decoding threads (default 2 x CPU cores, at most 64)")
     cd.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. data.path=/data/imagenet")
     cd.set_defaults(func=cmd_check_data)
+
+    add_shard_command(sub)  # commands/shard.py: an ImageFolder as tar shards (data.name=wds)
 
     add_interop_commands(sub)
 

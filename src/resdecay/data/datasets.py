@@ -7,6 +7,10 @@ Supported (``data.name``):
                    RGB, ``data.canvas`` pixels, nuisances chosen by ``data.nuisances``
     cifar10/100    torchvision's on-disk format (``cifar-10-batches-py`` / ``cifar-100-python``)
     imagefolder    ImageNet / ImageNet-100 layout: ``path/train/<class>/*`` and ``path/val/<class>/*``
+    wds            WebDataset tar shards (``<key>.jpg`` + ``<key>.cls``), ``data.path`` / ``data.val_path``
+                   brace patterns or a shard folder (shards.py); decoded and transformed as an ImageFolder
+    hf             a Hugging Face ``datasets`` folder (``save_to_disk``) or parquet files, columns
+                   ``data.image_column`` / ``data.label_column`` (hf_datasets.py); likewise
     synthetic      random images (benchmarks); size from the model
     latents        VAE latents cached by ``resdecay latents`` (latent diffusion), in ``data.path``
 
@@ -35,12 +39,14 @@ from .fast_images import BadImage, bad_image_reason, decode_uint8
 from .subsets import SUBSET_SEED, balanced_indices, balanced_subset
 from .transforms import RECIPES, Augment, choose_decoder, create_transform
 
-DatasetName = Literal["digits", "fashion-mnist", "fashion-mnist-m", "cifar10", "cifar100", "imagefolder", "synthetic", "latents"]
+DatasetName = Literal["digits", "fashion-mnist", "fashion-mnist-m", "cifar10", "cifar100", "imagefolder", "wds", "hf",
+                      "synthetic", "latents"]
 Normalize = Literal["dataset", "symmetric"]
 Decoder = Literal["tensor", "pil", "dali"]
 DATASETS, NORMALIZE = get_args(DatasetName), get_args(Normalize)
 FASHION_MNIST_DEBIAN = "/usr/share/datasets/fashion-mnist"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+SHARDED = ("wds", "hf")  # image files in shards / a datasets folder, read like an ImageFolder's
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
@@ -61,6 +67,9 @@ class DataConfig:
     decoder: Decoder = "tensor"  # imagefolder: tensor (uint8 decode + transforms.v2, fast_images.py) | pil (PIL + v1 transforms)
     #                              | dali (training crops decoded on the GPU by NVIDIA DALI, dali_images.py; optional package);
     #                              read only by transforms.choose_decoder
+    val_path: str | None = None  # wds / hf: the test split's shards / data set, when data.path holds the training split only
+    image_column: str = "image"  # hf: the column of encoded images
+    label_column: str = "label"  # hf: the column of class indices
 
     def validate(self) -> None:
         check_fields(self, "data")
@@ -280,7 +289,7 @@ def normalization_card(cfg: DataConfig, info: DataInfo) -> str:
     stats = f"mean {tuple(round(m, 4) for m in info.mean)} std {tuple(round(v, 4) for v in info.std)}"
     if cfg.normalize == "symmetric":
         return f"symmetric: pixels to [-1, 1] ({stats})"
-    if cfg.name == "imagefolder":
+    if cfg.name in ("imagefolder", *SHARDED):
         return f"ImageNet's mean/std for any folder (data.normalize=dataset on an imagefolder): {stats}"
     return f"{cfg.name}'s own mean/std: {stats}"
 
@@ -306,6 +315,11 @@ def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | No
         raise ValueError(f"uint8_out applies to ImageFolder data on the uint8 path, not to {cfg.name} on the {pipeline} path")
     if pipeline == "latents":
         return latent_dataset(cfg, split)
+    if cfg.name in SHARDED:  # files decoded as an ImageFolder's (shards.py, hf_datasets.py)
+        from .hf_datasets import hf_dataset
+        from .shards import wds_dataset
+
+        return (wds_dataset if cfg.name == "wds" else hf_dataset)(cfg, train, img_size, aug)
     if pipeline != "memory":
         return _folder_dataset(cfg, train, img_size, aug, pipeline, uint8_out)
     images, labels, info = _memory_split(cfg, train, img_size)
