@@ -3,6 +3,7 @@ unreadable file at once (also ``resdecay pretrain --check-data`` before training
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import replace
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from ..data import DataConfig, build_dataset
 from ..data.badfiles import image_files, scan_images
+from ..data.datasets import SHARDED
 from ..errors import DataError
 
 
@@ -28,6 +30,8 @@ def check_data(data: DataConfig, img_size: int | None = None, workers: int | Non
     Returns:
         The unreadable files as (path, reason), in folder order.
     """
+    if data.name in SHARDED:
+        return _check_sharded(data, workers, progress, stop)
     files = image_files(data)
     if not files:  # held in memory: building the splits reads (and checks) every image
         # no model to fit (issue 23.13): read at the native size; img_size only shapes transforms, not applied here
@@ -52,6 +56,12 @@ def check_data(data: DataConfig, img_size: int | None = None, workers: int | Non
             print(file=sys.stderr)
         bad += found
         print(f"check-data: {split}: {len(paths)} images, {len(found)} unreadable")
+    _report(bad, total, t0, data.path, stop)
+    return bad
+
+
+def _report(bad: list[tuple[str, str]], total: int, t0: float, where, stop: bool) -> None:
+    """The closing lines: the time, the table of unreadable files, and the one-line refusal under ``stop``."""
     print(f"check-data: {total} images decoded in {time.perf_counter() - t0:.1f}s (full decode to RGB, as training does)")
     if bad:
         width = min(100, max(len(p) for p, _ in bad))
@@ -59,6 +69,28 @@ def check_data(data: DataConfig, img_size: int | None = None, workers: int | Non
         for path, reason in bad:
             print(f"{path:<{width}}  {reason}")
         if stop:
-            raise DataError(f"{len(bad)} of {total} images in {data.path} are unreadable (listed above); remove or replace "
+            raise DataError(f"{len(bad)} of {total} images in {where} are unreadable (listed above); remove or replace "
                             "them, or train with data.on_bad_file=skip")
+
+
+def _check_sharded(data: DataConfig, workers: int | None, progress: bool, stop: bool) -> list[tuple[str, str]]:
+    """check-data of tar shards / a datasets folder: every member decoded from its bytes (data/shards.py);
+    the test split too where there is one."""
+    from ..data.shards import NoSplit, scan_members
+
+    cfg, t0, bad, total = replace(data, train_subset=None), time.perf_counter(), [], 0
+    for split in ("train", "test"):
+        try:
+            ds, _ = build_dataset(cfg, split, 32, augment=False)  # reads the index; the scan decodes the bytes
+        except NoSplit:
+            continue  # no val shards / a single split: the training split is checked alone
+        def show(done, split=split, n=len(ds)):
+            if progress:
+                print(f"\rcheck-data: {split}: {done}/{n} decoded", end="", file=sys.stderr, flush=True)
+        found = scan_members(ds, workers or min(64, 2 * (os.cpu_count() or 1)), show)
+        if progress:
+            print(file=sys.stderr)
+        bad, total = bad + found, total + len(ds)
+        print(f"check-data: {split}: {len(ds)} images, {len(found)} unreadable")
+    _report(bad, total, t0, data.val_path and f"{data.path} and {data.val_path}" or data.path, stop)
     return bad

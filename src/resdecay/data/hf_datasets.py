@@ -21,7 +21,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from ..errors import DataError
-from .shards import decode_bytes, expand_braces, view_pipeline
+from .shards import NoSplit, decode_bytes, expand_braces, view_pipeline
 from .subsets import balanced_subset
 
 EXTRA = "pip install 'resdecay[shards]'"
@@ -52,7 +52,7 @@ def _parquet_files(path: str, split: str | None) -> list[str] | None:
         if not any(Path(f).name.startswith(("train", *TEST_SPLITS)) for f in files) and split == "train":
             return files  # no split names: one split, the training one
         if not chosen:
-            raise DataError(f"{path} holds no {prefixes[0]}-*.parquet files; "
+            raise (DataError if split == "train" else NoSplit)(f"{path} holds no {prefixes[0]}-*.parquet files; "
                             f"pass data.{'path' if split == 'train' else 'val_path'}=<parquet files of that split>")
         return chosen
     names = [n for pat in expand_braces(str(root)) for n in (sorted(glob.glob(pat)) if glob.has_magic(pat) else [pat])]
@@ -86,13 +86,13 @@ def _load(cfg, train: bool):
     if not isinstance(found, datasets.DatasetDict):
         if train or key == "data.val_path":
             return found
-        raise DataError(f"data.path={path} holds a single split; pass data.val_path=<folder or parquet files of the "
+        raise NoSplit(f"data.path={path} holds a single split; pass data.val_path=<folder or parquet files of the "
                         "test split> for evaluation")
     # data.val_path's DatasetDict: its test split, else its first
     names = (("train",) if train else TEST_SPLITS) if key == "data.path" else (*TEST_SPLITS, *found)
     split = next((n for n in names if n in found), None)
     if split is None:
-        raise DataError(f"{key}={path} has splits {', '.join(found)} but no {' / '.join(names)} split"
+        raise (DataError if train else NoSplit)(f"{key}={path} has splits {', '.join(found)} but no {' / '.join(names)} split"
                         f"{'' if train else '; pass data.val_path=<folder or parquet files of the test split>'}")
     return found[split]
 
@@ -128,6 +128,10 @@ class HFImages(Dataset):
     def __len__(self) -> int:
         return len(self.targets)
 
+    def member(self, i: int) -> str:
+        """How errors and bad-file lists name row ``i``."""
+        return f"{self.where}[{i}]"
+
     def raw(self, i: int) -> bytes:
         value = self.ds[i][self.column]
         if isinstance(value, dict):  # the Image feature undecoded: bytes, or a path beside the data
@@ -138,7 +142,7 @@ class HFImages(Dataset):
         return value
 
     def __getitem__(self, i: int):
-        img = decode_bytes(self.raw(i), f"{self.where}[{i}]", self.pipeline)
+        img = decode_bytes(self.raw(i), self.member(i), self.pipeline)
         return (self.transform(img) if self.transform is not None else img), self.targets[i]
 
 

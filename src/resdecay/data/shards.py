@@ -39,6 +39,11 @@ from .subsets import balanced_subset
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp", "pgm", "tif", "tiff")
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+class NoSplit(DataError):
+    """The split asked for is not there (no val shards, a single-split data set): ``check-data``
+    then checks the splits that are."""
+
+
 HINT = "write shards with `resdecay shard --data-path FOLDER --out DIR`"
 
 
@@ -66,7 +71,7 @@ def _folder_shards(root: Path, train: bool) -> list[Path]:
         found = sorted(root.glob(f"{prefix}-*.tar"))
         if found:
             return found
-    raise DataError(f"{root} holds no {' or '.join(p + '-*.tar' for p in prefixes)} shards; pass "
+    raise (DataError if train else NoSplit)(f"{root} holds no {' or '.join(p + '-*.tar' for p in prefixes)} shards; pass "
                     f"data.{'path' if train else 'val_path'}=<brace pattern of .tar shards>, or {HINT}")
 
 
@@ -268,5 +273,27 @@ def _val_from(path: str | None) -> str | None:
     """The test split when only ``data.path`` is given: the same folder's val shards (a pattern has none)."""
     if path and Path(path).expanduser().is_dir():
         return path
-    raise DataError("data.val_path is required for the test split of data.name=wds when data.path is a pattern: "
+    raise NoSplit("data.val_path is required for the test split of data.name=wds when data.path is a pattern: "
                     "pass data.val_path=/data/shards/val-{000000..000009}.tar (or give data.path as the shard folder)")
+
+
+def _scan_one(item) -> tuple[str, str] | None:
+    ds, i = item
+    try:
+        decode_bytes(ds.raw(i), ds.member(i), "pil")  # a full decode to RGB, as check-data does for folders
+    except BadImage as e:
+        return e.path, e.reason
+    return None
+
+
+def scan_members(ds, workers: int, progress=None) -> list[tuple[str, str]]:
+    """Every undecodable sample of ``ds`` (``ShardImages`` or ``HFImages``) as (member, reason), in
+    order; decoded in a thread pool (PIL releases the GIL). ``progress``: called with the count done."""
+    bad = []
+    with ThreadPool(workers) as pool:
+        for done, result in enumerate(pool.imap(_scan_one, ((ds, i) for i in range(len(ds))), chunksize=32), 1):
+            if result is not None:
+                bad.append(result)
+            if progress is not None and done % 256 == 0:
+                progress(done)
+    return bad
