@@ -82,7 +82,8 @@ def run_shard(data_path: str | None, out: str | None, shard_size: int = 1000, pr
         key = "data.path" if prefix == "train" else "data.val_path"
         print(f"shard: {prefix}: {len(ds.samples)} images in {len(written[prefix])} shard(s): {key}={pattern_of(written[prefix])}")
     atomic_write_text(dest / "classes.txt", "".join(f"{c}\n" for c in classes))
-    print(f"shard: train with data.name=wds data.path={dest} (the folder: train-*.tar and val-*.tar)")
+    held = " and ".join(f"{prefix}-*.tar" for prefix in written)
+    print(f"shard: train with data.name=wds data.path={dest} (the folder: its {held})")
     return written
 
 
