@@ -137,3 +137,17 @@ def test_a_copy_is_independent_and_bad_input_is_one_line():
         unet_skips(model)
     with pytest.raises(UserError, match="decoder_start must be"):
         unet_skips(hf_model(), decoder_start="middle")
+
+
+def test_zero_position_tables_of_a_config_built_model_are_filled_as_transformers_lays_them_out():
+    """transformers 5.x builds ViTMAEForPreTraining(config) with zero sin-cos tables; the content-free decoder
+    start is made of them, so unet_skips fills them (in transformers' own layout) and says so."""
+    model = hf_model()
+    with torch.no_grad():  # as transformers 5.24 leaves them (another release may fill them: zero them here)
+        model.decoder.decoder_pos_embed.zero_()
+        model.vit.embeddings.position_embeddings.zero_()
+    with pytest.warns(UserWarning, match="position tables were all zero"):
+        unet_skips(model)
+    mine = model.decoder.decoder_pos_embed.detach().clone()
+    model.decoder.initialize_weights(model.vit.embeddings.patch_embeddings.num_patches)  # transformers' own table
+    assert torch.equal(model.decoder.decoder_pos_embed, mine) and bool(model.vit.embeddings.position_embeddings.any())

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 ALPHA_MIN = 0.6  # the factor of the encoder's last residual add (the decoder stays plain, as the paper's)
@@ -64,26 +65,6 @@ def digits(size: int = 16):
     return (x - x.mean()) / x.std(), torch.tensor(d.target)
 
 
-def sincos_positions(model) -> None:
-    """Fill ViTMAE's frozen sin-cos position embeddings (encoder and decoder). A ViTMAEForPreTraining built
-    from a config in transformers 5.x leaves both at zero (its ``_init_weights`` zeroes the decoder's and
-    skips the encoder's), so an untrained model cannot tell patches apart and its loss stays at the pixel
-    variance; the layout is transformers' own (the h/w halves swapped, as pretrained checkpoints have it)."""
-    import torch
-
-    params = (model.vit.embeddings.position_embeddings, model.decoder.decoder_pos_embed)
-    if all(bool(p.any()) for p in params):  # a transformers release that fills them: nothing to do
-        return
-    from transformers.models.vit_mae.modeling_vit_mae import build_2d_sinusoidal_position_embedding
-
-    grid = int(model.vit.embeddings.patch_embeddings.num_patches ** 0.5)
-    for param in params:
-        pos = build_2d_sinusoidal_position_embedding(grid, grid, embed_dim=param.shape[-1], cls_token=True)
-        half = pos.shape[-1] // 2
-        with torch.no_grad():
-            param.copy_(torch.cat([pos[..., half:], pos[..., :half]], dim=-1).unsqueeze(0))
-
-
 def build_model(seed: int, alpha_min: float = ALPHA_MIN):
     """The smallest ViTMAEForPreTraining for 16x16 images, made the paper's U-Net MAE by one resdecay call:
     ``unet_skips`` decays the encoder (``decayify(model.vit, alpha_min)``; the decoder stays plain, as the
@@ -100,8 +81,9 @@ def build_model(seed: int, alpha_min: float = ALPHA_MIN):
                           decoder_num_hidden_layers=2, decoder_num_attention_heads=2, decoder_intermediate_size=64,
                           mask_ratio=0.75, layer_norm_eps=1e-6)
     model = ViTMAEForPreTraining(config)
-    sincos_positions(model)
-    return unet_skips(model, alpha_min=alpha_min)
+    with warnings.catch_warnings():  # transformers 5.x builds it with zero position tables: unet_skips fills them
+        warnings.simplefilter("ignore")
+        return unet_skips(model, alpha_min=alpha_min)
 
 
 def reload(folder: str | Path):

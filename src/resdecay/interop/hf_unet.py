@@ -26,6 +26,7 @@ re-applies decay and skips to a model that transformers' own ``from_pretrained``
 from __future__ import annotations
 
 import threading
+import warnings
 from pathlib import Path
 from typing import Literal
 
@@ -103,6 +104,27 @@ def _layers(part: nn.Module, names: tuple[str, ...]) -> nn.ModuleList:
                     "ViTMAEForPreTraining (4.x or 5.x layout)")
 
 
+def fill_zero_positions(model: nn.Module) -> bool:
+    """Fill a ViTMAE's frozen sin-cos position tables when they are all zero, in transformers' own layout
+    (its ``build_2d_sinusoidal_position_embedding`` with the h/w halves swapped, as pretrained checkpoints
+    hold them). transformers 5.x leaves both tables of a model built from a config at zero (its
+    ``_init_weights`` zeroes the decoder's and skips the encoder's): such a model cannot tell patches apart,
+    and a content-free decoder start, built from the positions alone, would be the same for every token.
+    Returns whether anything was filled; loaded checkpoints have their tables and are left alone."""
+    params = (model.vit.embeddings.position_embeddings, model.decoder.decoder_pos_embed)
+    if all(bool(p.any()) for p in params):
+        return False
+    from transformers.models.vit_mae.modeling_vit_mae import build_2d_sinusoidal_position_embedding
+
+    grid = int(model.vit.embeddings.patch_embeddings.num_patches ** 0.5)
+    for param in params:
+        pos = build_2d_sinusoidal_position_embedding(grid, grid, embed_dim=param.shape[-1], cls_token=True)
+        half = pos.shape[-1] // 2
+        with torch.no_grad():
+            param.copy_(torch.cat([pos[..., half:], pos[..., :half]], dim=-1).unsqueeze(0))
+    return True
+
+
 def unet_skips(model: nn.Module, alpha_min: float | None = None, schedule: str = "linear",
                skip_sources: list[int] | None = None,
                decoder_start: Literal["content_free", "encoder"] = "content_free", zero_init: bool = False) -> nn.Module:
@@ -133,6 +155,10 @@ def unet_skips(model: nn.Module, alpha_min: float | None = None, schedule: str =
     dec_layers = model.decoder.decoder_layers
     sources = choose_skip_sources(len(enc_layers), len(dec_layers), skip_sources)
     cfg = model.config
+    # a content-free start is built from the positions alone; "encoder" promises the original model, untouched
+    if decoder_start == "content_free" and fill_zero_positions(model):
+        warnings.warn("unet_skips: this ViTMAE's sin-cos position tables were all zero (transformers 5.x leaves a model "
+                      "built from a config so); filled with transformers' own 2-D sin-cos tables", stacklevel=2)
     if alpha_min is not None:
         decayify(model.vit, alpha_min=alpha_min, schedule=schedule, zero_init=zero_init)
     if zero_init:

@@ -1,6 +1,6 @@
 """diffusers' ``BasicTransformerBlock`` (DiT: ada_norm_zero, PixArt: ada_norm_single, plain layer_norm / ada_norm).
 
-Its adds are inline with the adaLN-Zero gate (``gate * attn + x``, the gate 0 at init), so no hook on a
+Its adds are inline with the adaLN-Zero gate (``gate * attn + x``; DiT's recipe starts the gate at 0), so no hook on a
 branch module can reach them: the forward is replaced by ``basic_block_forward``, the library's forward
 (diffusers 0.3x-0.4x) with ``residual_add`` in the self-attention and feed-forward adds. At alpha = 1
 ``residual_add`` is ``x + branch``, the library's ``branch + x`` in the same float order: outputs are
