@@ -273,3 +273,16 @@ def test_a_corrupt_member_stops_in_one_line_or_is_skipped_and_listed(tmp_path, c
     code, text, err = run(capsys, "check-data", "--data", "wds", "--data-path", str(shard), "--no-progress")
     assert_one_line_error(code, err, "1 of 16 images", "are unreadable")
     assert "check-data: train: 16 images, 1 unreadable" in text and f"{shard}:0003.png" in text
+
+
+def test_shard_benchmark_smoke_run():
+    """benchmarks/shard_throughput.py on its smallest setting: one row per source, rates > 0 (not its timings)."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "shard_throughput.py"), "--images", "8", "--batch", "4",
+                           "--rounds", "1", "--img-size", "32", "--shard-size", "3"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(root / "src")}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {line[:20].strip(): line.split() for line in proc.stdout.splitlines() if line.startswith(("folder", "wds", "hf"))}
+    assert set(rows) == {"folder tree", "wds shards", "hf datasets folder"}
+    assert all(float(r[-4]) > 0 for r in rows.values()), proc.stdout
+    assert "3 shard(s)" in proc.stdout
