@@ -73,22 +73,20 @@ def hf_vitmae(dropout=0.0):
     return build
 
 
-def hf_vit():
-    from transformers import ViTConfig, ViTModel
-    torch.manual_seed(0)
-    model = ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                               image_size=32, patch_size=8)).eval()
-    x = _img()
-    return model, lambda m: m(pixel_values=x).last_hidden_state
+def hf_encoder(model_name, config_name, **sizes):
+    """A transformers ViT-family encoder at the smallest size: (model, call returning last_hidden_state)."""
+    def build():
+        import transformers
+        torch.manual_seed(0)
+        config = getattr(transformers, config_name)(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                   image_size=32, patch_size=8, **sizes)
+        model, x = getattr(transformers, model_name)(config).eval(), _img()
+        return model, lambda m: m(pixel_values=x).last_hidden_state
+    return build
 
 
-def hf_dinov2():
-    from transformers import Dinov2Config, Dinov2Model
-    torch.manual_seed(0)
-    model = Dinov2Model(Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2,
-                                     image_size=32, patch_size=8)).eval()
-    x = _img()
-    return model, lambda m: m(pixel_values=x).last_hidden_state
+hf_vit = hf_encoder("ViTModel", "ViTConfig", intermediate_size=64)
+hf_dinov2 = hf_encoder("Dinov2Model", "Dinov2Config", mlp_ratio=2)
 
 
 def diffusers_dit():

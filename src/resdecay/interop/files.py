@@ -4,10 +4,11 @@ other resdecay output (atomically, with the umask's mode)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import CheckpointError, UserError
 from ..io import temp_path
 
 
@@ -80,3 +81,14 @@ def write_bytes_atomically(data: bytes, out: Path) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def read_json_object(path: Path, what: str, fix: str) -> dict:
+    """A JSON object from ``path``, or one CheckpointError line naming the file, what it should be, and ``fix``."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{path} is not a readable {what} ({' '.join(str(e).split())[:100]}); {fix}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} is not a {what} (a JSON object); {fix}")
+    return data

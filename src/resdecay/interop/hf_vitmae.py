@@ -38,6 +38,7 @@ import torch
 
 from ..errors import CheckpointError, UserError
 from .file_meta import Stated
+from .files import read_json_object
 from .weights import read_weights_file, state_dict_of
 
 RESDECAY_EPS = 1e-6
@@ -288,12 +289,7 @@ def read_vitmae(src: str | Path) -> tuple[dict, dict, dict]:
     if not config_path.is_file():
         raise CheckpointError(f"{folder} has no config.json beside {src.name}; --format hf-vitmae reads the sizes, mask ratio "
                               "and loss from it: pass the whole save_pretrained folder")
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{config_path} is not readable JSON ({' '.join(str(e).split())[:100]})") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{config_path} is not a JSON object; pass a ViTMAE config.json")
+    config = read_json_object(config_path, "JSON config", "pass a ViTMAE config.json")
     return state_dict_of(read_weights_file(src), str(src)), config, str(folder)
 
 

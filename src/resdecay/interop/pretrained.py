@@ -31,7 +31,7 @@ from ..errors import CheckpointError, UserError
 from ..io import file_sha256, run_dir_of
 from ..train.checkpoint import list_checkpoints, load_checkpoint, load_model
 from ..train.config import RunConfig, from_dict
-from .files import check_out_file, write_bytes_atomically
+from .files import check_out_file, read_json_object, write_bytes_atomically
 from .hub_model import with_hub_methods
 from .model_card import model_card
 from .pretrained_config import (FORMAT, build_from_config, check_config, check_factors, check_weights_metadata,
@@ -54,16 +54,6 @@ class RunRecord:
     eval_path: Path | None = None
 
 
-def _read_json(path: Path, what: str, fix: str) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{path} is not a readable {what} ({' '.join(str(e).split())[:100]}); {fix}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} is not a {what} (a JSON object); {fix}")
-    return data
-
-
 def read_run(run_dir: str | Path | None, eval_json: str | Path | None, config: RunConfig | None) -> RunRecord:
     """The run record of ``save_pretrained``'s ``run_dir`` / ``eval_json`` / ``config`` arguments.
 
@@ -76,7 +66,7 @@ def read_run(run_dir: str | Path | None, eval_json: str | Path | None, config: R
         if not run_dir.is_dir():
             raise UserError(f"run_dir {run_dir} is not a folder; pass the run folder (train.out_dir) the model came from")
         if (run_dir / "summary.json").is_file():
-            record.summary = _read_json(run_dir / "summary.json", "summary.json", "pass a run folder resdecay train wrote")
+            record.summary = read_json_object(run_dir / "summary.json", "summary.json", "pass a run folder resdecay train wrote")
         if eval_json is None and (run_dir / "eval" / "eval.json").is_file():
             eval_json = run_dir / "eval" / "eval.json"
         if config is None:
@@ -84,7 +74,7 @@ def read_run(run_dir: str | Path | None, eval_json: str | Path | None, config: R
             if ckpts:
                 record.config = from_dict(load_checkpoint(ckpts[-1])["config"])
     if eval_json is not None:
-        report = _read_json(Path(eval_json), "eval.json", "pass a report written by resdecay eval")
+        report = read_json_object(Path(eval_json), "eval.json", "pass a report written by resdecay eval")
         if not isinstance(report.get("results"), list):
             raise UserError(f"{eval_json} holds no results; pass an eval.json written by resdecay eval (not a profile.json)")
         record.evaluation, record.eval_path = report, Path(eval_json)
@@ -245,7 +235,7 @@ def read_folder(folder: Path) -> tuple[dict, dict, dict]:
         if not path.is_file():
             raise CheckpointError(f"{folder} holds no {path.name} ({what}); pass a folder written by resdecay.save_pretrained "
                                   "or resdecay export --to hf (a download may have been cut short: fetch it again)")
-    config = check_config(_read_json(config_path, CONFIG_NAME, "save the model again"), str(config_path))
+    config = check_config(read_json_object(config_path, CONFIG_NAME, "save the model again"), str(config_path))
     blob = read_safetensors(weights_path)
     return config, blob["model"], blob["metadata"]
 
