@@ -54,7 +54,7 @@ def residual_add(x: torch.Tensor, branch: torch.Tensor, alpha: float | torch.Ten
     For a fixed alpha, ``torch.add(branch, x, alpha=alpha)`` is one fused multiply-add kernel in
     the forward pass, the same cost as a plain ``x + branch``; the backward pass adds one
     elementwise scale of the identity gradient (within noise on CPU; +2.7-2.9% of an eager bf16
-    ViT-B block on an H100, which torch.compile can fuse away; benchmarks/block_overhead.py).
+    ViT-B block on an H100, +2.0-4.1% on an H200; compiled, within 0.4%: benchmarks/block_overhead.py).
     A tensor alpha (a learnable formula) takes the autograd path. beta != 1 scales the branch
     first (the Table 3b variants).
     """
