@@ -89,7 +89,14 @@ def check_demo_args(out_dir: str, seed: int) -> None:
     ``train.seed`` / ``train.out_dir``, which the demo's user never typed (issue 30.9)."""
     if not 0 <= seed < 2**32:  # as ablate --seeds: numpy's and torch's seed range
         raise UserError(f"--seed must be an integer in [0, 2**32), got {seed}; e.g. --seed 0")
-    check_writable(Path(out_dir), "pass --out DIR in a folder you can write")
+    out = Path(out_dir)
+    missing = [p for p in (out, *out.parents) if not p.exists()]  # deepest first
+    check_writable(out, "pass --out DIR in a folder you can write")
+    for folder in missing:  # the probe made them: a refused argument checked later leaves no run folder behind
+        try:
+            folder.rmdir()
+        except OSError:
+            break
 
 
 def run_demo(data: str = "auto", out_dir: str = "runs/demo", epochs: int | None = None, alpha_min: float | None = None,
