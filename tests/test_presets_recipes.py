@@ -131,6 +131,7 @@ FINETUNE_MAE = Recipe(values={
     "train.beta2": (0.999, f"{FINETUNE} torch.optim.AdamW default betas"),
     "train.optimizer": ("adamw", f"{FINETUNE} torch.optim.AdamW"),
     "train.grad_clip": (None, f"{FINETUNE} --clip_grad None"),
+    "train.online_eval_every": (1, f"{FINETUNE}: evaluate(data_loader_val) after every epoch"),
 }, cites=("FINETUNE.md", "main_finetune.py", "8 GPUs x 128"), gpus=8, batch=1024)
 
 LINPROBE = f"{MAE} main_linprobe.py"
@@ -153,6 +154,7 @@ LINPROBE_MAE = Recipe(values={
     "train.lr_schedule": ("cosine", f"{MAE} util/lr_sched.py"),
     "train.weight_decay": (0.0, "FINETUNE.md --weight_decay 0.0"),
     "train.optimizer": ("lars", f"{LINPROBE} LARS(model.head.parameters())"),
+    "train.online_eval_every": (1, f"{LINPROBE}: evaluate(data_loader_val) after every epoch"),
 }, cites=("main_linprobe.py", "0.08-1", "8 GPUs x 2048"), gpus=8, batch=16384)
 
 NO_SCRIPT = "the paper states no recipe (appendix B.2); the preset's own comment"

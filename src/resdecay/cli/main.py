@@ -17,7 +17,8 @@ from ..commands.check_data import check_data
 from ..commands.demo import check_demo_args, run_demo
 from ..commands.demo_diffusion import run_diffusion_demo
 from ..commands.evaluate import run_compare, run_eval, run_pixel_baseline
-from ..commands.finetune import run_finetune
+from ..commands.eval_classifier import add_eval_classifier_command
+from ..commands.finetune import SOURCE_FORMATS, finetune_source, run_finetune
 from ..commands.pretrain import run_pretrain
 from ..commands.report import run_figures, run_plot
 from ..commands.segment_figures import run_segmentation_figures
@@ -66,8 +67,10 @@ def cmd_check_data(args) -> None:
 
 
 def cmd_finetune(args) -> None:
-    run_finetune(args.checkpoint, args.preset, run_overrides(args), resume=args.resume, progress=not args.no_progress,
-                 overwrite=args.overwrite, allow_changes=args.allow_changes)
+    source, overrides = finetune_source(args.checkpoint, args.source, run_overrides(args))
+    run_finetune(source, args.preset, overrides, resume=args.resume, progress=not args.no_progress,
+                 overwrite=args.overwrite, allow_changes=args.allow_changes, fmt=args.format,
+                 import_preset=args.import_preset, alpha_min=args.alpha_min, import_overrides=args.import_override)
 
 
 def cmd_supervised(args) -> None:
@@ -296,7 +299,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser("finetune", parents=[progress_option(), run_folder_options("auto or a checkpoint path of this fine-tuning run")],
                        help="MAE fine-tuning or linear probing (LARS) of a pretrained checkpoint")
-    f.add_argument("checkpoint", help="MAE pretraining checkpoint")
+    f.add_argument("checkpoint", nargs="?", default=None, help="the pretrained model (the same as --from)")
+    f.add_argument("--from", dest="source", default=None, metavar="FILE",
+                   help="the pretrained model: a resdecay MAE checkpoint or run folder, an official facebookresearch/mae or "
+                        "U-Net MAE .pth, a timm ViT, or a Hugging Face ViTMAE folder (imported in this step)")
+    f.add_argument("--format", default=None, choices=SOURCE_FORMATS, help="the source's format (default: detected)")
+    f.add_argument("--import-preset", default=None, help="for an imported model: the MAE preset for what its weights do not "
+                                                         "say (heads, data), as import-weights --preset; e.g. mae-b16-plain")
+    f.add_argument("--alpha-min", type=float, default=None, help="for an imported unet-mae file without args: its alpha_min")
+    f.add_argument("--import-override", action="append", default=[], metavar="key=value",
+                   help="for an imported model: import-weights' key=value (repeatable), e.g. model.num_heads=12")
     f.add_argument("--preset", default="finetune-mae", help="finetune-mae (default) or linprobe-mae")
     f.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.epochs=10 drop_path=0.2")
     f.set_defaults(func=cmd_finetune)
@@ -310,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_ablate_command(sub)
 
     add_measurement_commands(sub)
+    add_eval_classifier_command(sub, [data_options("dataset (default: the checkpoint's)"), device_option(), progress_option()])
 
     cd = sub.add_parser("check-data", parents=[data_options("dataset (default imagefolder with --data-path)"), progress_option()],
                         help="decode every image of a data set in parallel and list every unreadable file at once")

@@ -1,48 +1,147 @@
-"""``resdecay finetune CHECKPOINT --preset finetune-mae|linprobe-mae``: MAE's supervised
+"""``resdecay finetune --from SOURCE --preset finetune-mae|linprobe-mae``: MAE's supervised
 protocols on a pretrained (decayed) encoder, through the one training loop.
 
-The classifier is rebuilt from the checkpoint's own config (alpha_min and schedule included),
-its encoder weights are loaded on a fresh start, and the run trains, checkpoints and resumes like
-any other. At the end the final weights are measured on the test split (no augmentation) and
-written as ``eval.json`` with the protocol card, so ``resdecay compare`` can put runs side by side.
+SOURCE is a resdecay MAE checkpoint or run folder, or, imported in memory in the same step with
+``import-weights``' own conversion (``interop.import_weights.convert_weights``), an official
+facebookresearch/mae checkpoint, the authors' U-Net MAE, a timm ViT or a Hugging Face ViTMAE
+folder; the format is detected (or given with ``--format``), and what was imported from where
+(path, format, sha256) goes into summary.json and eval.json.
+
+The classifier is rebuilt from the pretrained config (alpha_min and schedule included), its
+encoder weights are loaded on a fresh start, and the run trains, checkpoints and resumes like any
+other. As MAE's main_finetune.py, the test split is measured every ``train.online_eval_every``
+epochs and at the last (split across torchrun ranks; ``eval_classifier.EpochEval``), the best
+epoch's weights kept as ``checkpoints/best.pt``; the final numbers are written as ``eval.json``
+with the protocol card, so ``resdecay compare`` can put runs side by side.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
-from ..io import progress_bar
 
-from ..train.checkpoint import load_checkpoint, load_model
-from ..train.config import _read_preset, from_dict, parse_overrides
 from ..data import build_dataset
-from ..train.distributed import resolve_device
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, UserError, one_line
+from ..interop.files import read_json_object
+from ..interop.hf_vitmae import WEIGHT_FILES
+from ..interop.import_weights import FORMATS, convert_weights, imported_state
+from ..interop.weights import read_weights_file
 from ..eval.knn import topk_accuracy
-from ..io import file_sha256, run_dir_of
+from ..io import atomic_write_text, file_sha256, progress_bar, run_dir_of
+from ..train import train
+from ..train.checkpoint import FORMAT, foreign_format, list_checkpoints, load_checkpoint, load_model
+from ..train.config import _read_preset, from_dict, parse_overrides
 from ..train.distributed import is_main_process
-from .pretrain import train_with_online_eval
+from ..train.summary import write_summary
+from .eval_classifier import BEST, EpochEval, best_in_log, evaluate_checkpoint
+
+SOURCE_FORMATS = ("resdecay", *FORMATS)
+DESCRIBED = {"mae": "facebookresearch/mae", "unet-mae": "U-Net MAE (the authors' layout)", "timm-vit": "timm ViT",
+             "hf-vitmae": "Hugging Face ViTMAE"}
 
 
-def build_config(checkpoint: Path, preset: str, overrides: list[str]):
-    """The classifier run config: the recipe preset, the checkpoint's encoder and data, overrides."""
-    state = load_checkpoint(checkpoint)
+@dataclass
+class Pretrained:
+    """The pretrained model a fine-tuning run starts from: a resdecay checkpoint's state (imported
+    in memory for the foreign formats) and where it came from."""
+    path: Path  # the file or folder the user named (for a resdecay run folder: its newest checkpoint)
+    format: str  # one of SOURCE_FORMATS
+    state: dict  # a resdecay checkpoint's contents
+    weights_file: Path  # the file whose sha256 is recorded
+
+    def record(self) -> dict:
+        """What summary.json and eval.json say about it (sha256: one read of the file)."""
+        out = {"path": str(self.path), "format": self.format, "sha256": file_sha256(self.weights_file),
+               "sha256_of": self.weights_file.name}
+        if "imported_from" in self.state:
+            out["stated_by_file"] = self.state["imported_from"].get("stated_by_file", {})
+        return out
+
+
+def detect_format(path: Path) -> str:
+    """The format of ``path`` (a file or folder), or one line saying it cannot be told."""
+    if path.is_dir():
+        if list_checkpoints(path / "checkpoints") or list_checkpoints(path):
+            return "resdecay"
+        if (path / "config.json").is_file():
+            config = read_json_object(path / "config.json", "JSON config", "pass a ViTMAE save_pretrained folder")
+            if config.get("model_type") == "vit_mae":
+                return "hf-vitmae"
+            load_checkpoint(path)  # a resdecay save_pretrained folder: its own one-line advice
+        raise CheckpointError(f"{path} holds no step_*.pt checkpoint and no ViTMAE config.json; pass a resdecay run folder or "
+                              "checkpoint, an MAE / U-Net MAE .pth, or a Hugging Face ViTMAE folder")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if path.name in WEIGHT_FILES and (path.parent / "config.json").is_file():
+        return detect_format(path.parent)
+    blob = read_weights_file(path)
+    if isinstance(blob, dict) and blob.get("format") == FORMAT:
+        return "resdecay"
+    found = foreign_format(blob)
+    if found is None:
+        raise CheckpointError(f"cannot tell the format of {path} (not a resdecay checkpoint, no ViT blocks.0.* weights); "
+                              f"give --format, one of {', '.join(SOURCE_FORMATS)}")
+    return found[0]
+
+
+def load_pretrained(source: str | Path, fmt: str | None = None, import_preset: str | None = None,
+                    alpha_min: float | None = None, import_overrides: list[str] | None = None) -> Pretrained:
+    """The pretrained model ``source`` holds, in ``fmt`` (default: detected), imported in memory
+    when it is not a resdecay checkpoint (``import_preset``, ``alpha_min`` and ``import_overrides``
+    as ``resdecay import-weights``' ``--preset``, ``--alpha-min`` and key=value)."""
+    path = Path(source)
+    if fmt is not None and fmt not in SOURCE_FORMATS:
+        raise UserError(f"--format {fmt!r} is unknown; choose one of {', '.join(SOURCE_FORMATS)}")
+    fmt = fmt or detect_format(path)
+    if fmt == "resdecay":
+        given = [f for f, v in (("--import-preset", import_preset), ("--alpha-min", alpha_min),
+                                ("--import-override", import_overrides)) if v]
+        if given:
+            raise UserError(f"{given[0]} applies to imports; {path} is a resdecay checkpoint, whose config says it all")
+        ckpt = path
+        if path.is_dir():
+            ckpt = (list_checkpoints(path / "checkpoints") or list_checkpoints(path))[-1]
+        return Pretrained(ckpt, fmt, load_checkpoint(ckpt), ckpt)
+    if import_preset is None:
+        raise UserError(f"{path} is a {DESCRIBED[fmt]} checkpoint: name the MAE preset for what its weights do not say (heads, data), "
+                        "e.g. --import-preset mae-b16-plain for an ImageNet ViT-B/16")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg, model, imported = convert_weights(path, fmt, import_preset, alpha_min, import_overrides)
+    for w in caught:  # import-weights' warnings, one line each, as that command prints them
+        if is_main_process():
+            print(f"warning: {one_line(w.message)}")
+    weights_file = path
+    if path.is_dir():
+        weights_file = next(path / name for name in WEIGHT_FILES if (path / name).is_file())
+    return Pretrained(path, fmt, imported_state(cfg, model, imported), weights_file)
+
+
+def build_config(checkpoint: str | Path | Pretrained, preset: str, overrides: list[str]):
+    """The classifier run config: the recipe preset, the pretrained encoder and data, overrides.
+    Returns (RunConfig, the pretrained checkpoint's state)."""
+    pretrained = checkpoint if isinstance(checkpoint, Pretrained) else load_pretrained(checkpoint, "resdecay")
+    state, path = pretrained.state, pretrained.path
     pre = from_dict(state["config"])
     if pre.model.family != "mae":
-        raise CheckpointError(f"{checkpoint} holds a {pre.model.family!r} model; finetune needs an MAE pretraining checkpoint")
+        raise CheckpointError(f"{path} holds a {pre.model.family!r} model; finetune needs an MAE pretraining checkpoint")
     raw = _read_preset(preset)
     if (raw.get("model") or {}).get("family") != "classifier":
         raise ConfigError(f"preset {preset!r} is not a fine-tuning recipe; use finetune-mae or linprobe-mae")
     data = {**dataclasses.asdict(pre.data), "train_subset": None, **(raw.get("data") or {})}
     _, info = build_dataset(pre.data, "test", pre.model.img_size, augment=False)
     raw["model"] = {**raw["model"], "encoder": dataclasses.asdict(pre.model), "num_classes": info.num_classes,
-                    "pretrained": str(checkpoint)}
+                    "pretrained": str(path)}
     raw["data"] = data
-    raw.setdefault("train", {})["out_dir"] = str(run_dir_of(checkpoint) / preset)
+    # beside the pretrained model: a checkpoint's run folder (or a weights file's folder), or inside a source folder
+    home = path if path.is_dir() else run_dir_of(path)
+    raw.setdefault("train", {})["out_dir"] = str(home / preset)
     for section, values in parse_overrides(overrides, "classifier").items():
         raw.setdefault(section, {}).update(values)
     return from_dict(raw, preset=preset), state
@@ -63,6 +162,7 @@ def encoder_loader(state: dict):
 
 @torch.no_grad()
 def test_accuracy(checkpoint: Path, device: torch.device, batch_size: int = 256, progress: bool = True) -> tuple[dict, int]:
+    """(top-1 / top-5, test images) of any classifier checkpoint (train-supervised's ResNets too)."""
     model, cfg = load_model(checkpoint, device)
     dataset, _ = build_dataset(cfg.data, "test", cfg.model.img_size, augment=False)
     scores, labels = [], []
@@ -74,31 +174,76 @@ def test_accuracy(checkpoint: Path, device: torch.device, batch_size: int = 256,
 
 
 def run_finetune(checkpoint: str, preset: str = "finetune-mae", overrides: list[str] | None = None,
-                 resume: str | None = None, progress: bool = True, overwrite: bool = False, allow_changes: bool = False) -> dict:
-    checkpoint = Path(checkpoint)
-    cfg, state = build_config(checkpoint, preset, overrides or [])
-    summary = train_with_online_eval(cfg, resume=resume, progress=progress, init=encoder_loader(state), overwrite=overwrite,
-                    allow_changes=allow_changes)
-    if not is_main_process():  # other torchrun ranks only helped train
+                 resume: str | None = None, progress: bool = True, overwrite: bool = False, allow_changes: bool = False,
+                 fmt: str | None = None, import_preset: str | None = None, alpha_min: float | None = None,
+                 import_overrides: list[str] | None = None) -> dict:
+    pretrained = load_pretrained(checkpoint, fmt, import_preset, alpha_min, import_overrides)
+    cfg, state = build_config(pretrained, preset, overrides or [])
+    hooks: list[EpochEval] = []
+
+    def evaluator(run_cfg, device):  # the loop builds it when train.online_eval_every > 0
+        hooks.append(EpochEval(run_cfg, device))
+        return hooks[-1]
+
+    summary = train(cfg, resume=resume, progress=progress, init=encoder_loader(state), online_eval=evaluator,
+                    overwrite=overwrite, allow_changes=allow_changes)
+    if not is_main_process():  # other torchrun ranks only helped train and evaluate
         return summary
-    device = resolve_device(cfg.train.device)
-    values, n_test = test_accuracy(Path(summary["checkpoint"]), device, progress=progress)
-    m, t = cfg.model, cfg.train
-    card = {"recipe": preset, "pretrained": str(checkpoint), "pretrained_sha256": file_sha256(checkpoint),
-            "pretrained_step": state["train_state"]["step"], "data": cfg.data.name, "train_images": summary.get("images"),
-            "test_images": n_test, "test_augmentation": "none", "train_augmentation": cfg.data.augment,
-            "head": m.head, "pool": m.pool, "freeze_encoder": m.freeze_encoder, "drop_path": m.drop_path,
-            "layer_decay": m.layer_decay, "mixup": m.mixup, "cutmix": m.cutmix, "label_smoothing": m.label_smoothing,
-            "optimizer": t.optimizer, "epochs": t.epochs, "warmup_epochs": t.warmup_epochs, "effective_batch": summary.get("effective_batch"),
-            "base_lr": t.base_lr, "lr": summary.get("lr"), "weight_decay": t.weight_decay, "seed": t.seed}
+    out = Path(summary["out_dir"])
+    last = hooks[0].last if hooks else None
+    if last is None or last["step"] != summary["steps"]:  # no evaluation at the last step: measure the final weights
+        report = evaluate_checkpoint(summary["checkpoint"], "test", device=cfg.train.device, progress=progress)
+        last = {**report["values"], "images": report["protocol"]["images"], "protocol": report["protocol"]}
+    values = {"top1": last["top1"], "top5": last["top5"]}
+    best = best_in_log(out)
+    record = pretrained.record()
+    if not summary.get("already_finished"):  # a finished run's summary is left as it was
+        summary = {**summary, "pretrained": record, "final_top1": values["top1"], "final_top5": values["top5"],
+                   "eval_protocol": last["protocol"]}
+        if best is not None:
+            summary.update(best_top1=best["top1"], best_top5=best["top5"], best_epoch=best["epoch"], best_step=best["step"],
+                           best_checkpoint=str(out / "checkpoints" / BEST))
+        write_summary(out, summary)
+    write_report(cfg, preset, pretrained, record, summary, values, last, best)
+    return {**summary, **values}
+
+
+def write_report(cfg, preset: str, pretrained: Pretrained, record: dict, summary: dict, values: dict, last: dict,
+                 best: dict | None) -> None:
+    """``<run>/eval.json`` (the protocol card ``resdecay compare`` reads) and the closing line."""
+    m, t, n_test = cfg.model, cfg.train, last["images"]
+    card = {"recipe": preset, "pretrained": record["path"], "pretrained_format": record["format"],
+            "pretrained_sha256": record["sha256"], "pretrained_step": pretrained.state["train_state"]["step"],
+            "data": cfg.data.name, "train_images": summary.get("images"), "test_images": n_test, "test_augmentation": "none",
+            "train_augmentation": cfg.data.augment, "head": m.head, "pool": m.pool, "freeze_encoder": m.freeze_encoder,
+            "drop_path": m.drop_path, "layer_decay": m.layer_decay, "mixup": m.mixup, "cutmix": m.cutmix,
+            "label_smoothing": m.label_smoothing, "optimizer": t.optimizer, "epochs": t.epochs,
+            "warmup_epochs": t.warmup_epochs, "effective_batch": summary.get("effective_batch"), "base_lr": t.base_lr,
+            "lr": summary.get("lr"), "weight_decay": t.weight_decay, "seed": t.seed, "eval": last["protocol"]}
     metric = "linprobe" if m.freeze_encoder else "finetune"
     report = {"resdecay_eval": 1, "checkpoint": summary["checkpoint"], "checkpoint_sha256": file_sha256(Path(summary["checkpoint"])),
               "step": summary["steps"], "preset": preset,
-              "label": f"{metric} of {Path(run_dir_of(checkpoint)).name} (alpha_min {m.alpha_min:g})",
+              "label": f"{metric} of {pretrained.path.name if pretrained.format != 'resdecay' else run_dir_of(pretrained.path).name} "
+                       f"(alpha_min {m.alpha_min:g})",
               "model": dataclasses.asdict(m), "results": [{"metric": metric, "layer": m.depth - 1, "feature": m.pool,
                                                            "values": values, "protocol": card}]}
+    if best is not None:
+        report["best"] = {**best, "checkpoint": str(Path(summary["out_dir"]) / "checkpoints" / BEST)}
     out = Path(summary["out_dir"])
-    (out / "eval.json").write_text(json.dumps(report, indent=2))
+    atomic_write_text(out / "eval.json", json.dumps(report, indent=2))
+    best_text = f"; best top-1 {best['top1']:.4f} at epoch {best['epoch']} (checkpoints/{BEST})" if best else ""
     print(f"{metric}: test top-1 {values['top1']:.4f}, top-5 {values['top5']:.4f} on {n_test} {cfg.data.name} test images "
-          f"({preset}, {t.epochs} epochs); wrote {out / 'eval.json'}")
-    return {**summary, **values}
+          f"({preset}, {t.epochs} epochs){best_text}; wrote {out / 'eval.json'}")
+
+
+def finetune_source(positional: str | None, option: str | None, overrides: list[str]) -> tuple[str, list[str]]:
+    """The pretrained model named as ``finetune FILE`` or ``finetune --from FILE``, and the overrides.
+    argparse hands ``finetune --from X epochs=3`` its first key=value as the positional: an override."""
+    if positional is not None and option is not None:
+        if "=" in positional and not Path(positional).exists():
+            return option, [positional, *overrides]
+        raise UserError(f"give the pretrained model once: --from {option} or {positional}, not both")
+    if positional is None and option is None:
+        raise UserError("finetune needs the pretrained model: resdecay finetune --from FILE (a checkpoint, run folder or "
+                        "ViTMAE folder) [--preset finetune-mae|linprobe-mae]")
+    return option or positional, overrides

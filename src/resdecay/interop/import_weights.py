@@ -167,7 +167,7 @@ def _alpha_settings(fmt: str, alpha_min: float | None, stated: Stated, source: s
     if alpha_min is None:  # a timm ViT: plain, unless it was decayified and saved without its spec
         warnings.warn(f"{source} states no alpha (no resdecay_spec), so it was imported as a plain alpha 1 model; if it was "
                       "decayified, import it again with --alpha-min A (and model.schedule=... as it was trained); "
-                      "--alpha-min 1 says it is plain and silences this", AlphaUnknownWarning, stacklevel=3)
+                      "--alpha-min 1 says it is plain and silences this", AlphaUnknownWarning, stacklevel=4)
         return {"alpha_min": 1.0}
     return {"alpha_min": float(alpha_min)}
 
@@ -237,10 +237,37 @@ def import_weights(src: str | Path, fmt: str, preset: str, out: str | Path, alph
     Returns:
         The path written; ``resdecay.checkpoint.load_model(out)`` rebuilds the model.
     """
+    _check_format(fmt)
+    out = check_out_file(out)  # an unwritable --out is said before any work
+    cfg, model, imported = convert_weights(src, fmt, preset, alpha_min, overrides)
+    make_parent(out)
+    try:
+        atomic_save(imported_state(cfg, model, imported), out)
+    except OSError as e:
+        if isinstance(e, UserError):  # a full disk, already said in one line by resdecay.io
+            raise
+        raise unwritable(out, e) from None
+    load_model(out)  # the written file must rebuild; fail here, not in a later eval
+    return out
 
+
+def _check_format(fmt: str) -> None:
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r} is unknown; choose one of {', '.join(FORMATS)}")
-    source, out = str(src), check_out_file(out)  # an unwritable --out is said before any work
+
+
+def imported_state(cfg, model: torch.nn.Module, imported: dict) -> dict:
+    """The resdecay checkpoint (weights only, step 0) that ``import_weights`` writes."""
+    return {"format": FORMAT, "model": model.state_dict(), "config": cfg.to_dict(),
+            "train_state": {"step": 0, "epoch": 0, "step_in_epoch": 0}, "imported_from": imported}
+
+
+def convert_weights(src: str | Path, fmt: str, preset: str, alpha_min: float | None = None,
+                    overrides: list[str] | None = None):
+    """``import_weights`` without writing a file (``resdecay finetune --from`` imports in memory):
+    (RunConfig, the model with the imported weights, ``imported_from`` record: path, format, ...)."""
+    _check_format(fmt)
+    source = str(src)
     if fmt == "hf-vitmae":  # a folder: config.json states what the weights do not
         fields, weights, stated = import_fields(src)
         head = None
@@ -276,16 +303,7 @@ def import_weights(src: str | Path, fmt: str, preset: str, out: str | Path, alph
         weights = {**{k: v for k, v in own.items() if not k.startswith(_ENCODER)}, **weights}
     load_strict(model, weights, source)
     imported = {"path": source, "format": fmt, "decoder": "new" if fresh_decoder else "imported", "stated_by_file": describe(stated)}
-    make_parent(out)
-    try:
-        atomic_save({"format": FORMAT, "model": model.state_dict(), "config": cfg.to_dict(),
-                     "train_state": {"step": 0, "epoch": 0, "step_in_epoch": 0}, "imported_from": imported}, out)
-    except OSError as e:
-        if isinstance(e, UserError):  # a full disk, already said in one line by resdecay.io
-            raise
-        raise unwritable(out, e) from None
-    load_model(out)  # the written file must rebuild; fail here, not in a later eval
-    return out
+    return cfg, model, imported
 
 
 _ENCODER = ("cls_token", "pos_embed", "patch_embed.", "blocks.", "norm.")
