@@ -12,7 +12,8 @@ import torch
 from resdecay.errors import ConfigError
 from resdecay.models import build_model, tiny_config
 from resdecay.models.registry import get_family
-from resdecay.nn.blocks import Block, set_grad_checkpointing
+from resdecay.nn.blocks import Block
+from resdecay.nn.checkpointing import set_grad_checkpointing
 from resdecay.nn.conditioning import AdaLNBlock
 from resdecay.train.checkpoint import model_differences
 

@@ -22,7 +22,7 @@ from PIL import Image
 from resdecay.commands.shard import run_shard
 from resdecay.data import DataConfig, build_dataset
 from resdecay.data.datasets import _load_digits
-from resdecay.data.hf_datasets import save_hf_dataset
+from resdecay.data.hf_export import save_hf_dataset
 from resdecay.data.shards import expand_braces
 from resdecay.train import train
 from resdecay.train.config import load_config

@@ -41,6 +41,7 @@ from .models import build_model
 from .models.common import BlockIndexError, resolve_blocks
 from .train.checkpoint import load_model as _load_model
 from .train.config import RunConfig, load_config
+from .interop.pretrained import attach_hub_methods
 
 __all__ = ["create_model", "load_model", "extract_features", "knn_accuracy", "linear_probe", "effective_rank"]
 
@@ -53,14 +54,13 @@ def create_model(preset: str | RunConfig = "mae-tiny-digits", **overrides: Any) 
         **overrides: settings as keyword arguments, ``alpha_min=0.7`` or ``model__depth=6``
             (double underscore for ``section.key``); values as Python objects.
     """
-    from .interop.hub_model import with_hub_methods
 
     if isinstance(preset, RunConfig):
         if overrides:
             raise UserError("create_model: pass overrides with a preset name, not with a resolved RunConfig")
-        return with_hub_methods(build_model(preset.model))
+        return attach_hub_methods(build_model(preset.model))
     pairs = [f"{k.replace('__', '.')}={_yaml(v)}" for k, v in overrides.items()]
-    return with_hub_methods(build_model(load_config(preset, pairs).model))
+    return attach_hub_methods(build_model(load_config(preset, pairs).model))
 
 
 def load_model(path: str, device: str | torch.device = "cpu", ema: bool = False) -> tuple[torch.nn.Module, RunConfig]:
@@ -72,10 +72,9 @@ def load_model(path: str, device: str | torch.device = "cpu", ema: bool = False)
         device: where the model goes.
         ema: the EMA weights where the run kept them.
     """
-    from .interop.hub_model import with_hub_methods
 
     model, cfg = _load_model(path, device=device, ema=ema)
-    return with_hub_methods(model), cfg
+    return attach_hub_methods(model), cfg
 
 
 def _yaml(value: Any) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..data import DataConfig, build_dataset
 from ..data.badfiles import image_files, scan_images
 from ..data.datasets import SHARDED
+from ..data.shards import NoSplit, scan_members
 from ..errors import DataError
 
 
@@ -76,8 +77,6 @@ def _report(bad: list[tuple[str, str]], total: int, t0: float, where, stop: bool
 def _check_sharded(data: DataConfig, workers: int | None, progress: bool, stop: bool) -> list[tuple[str, str]]:
     """check-data of tar shards / a datasets folder: every member decoded from its bytes (data/shards.py);
     the test split too where there is one."""
-    from ..data.shards import NoSplit, scan_members
-
     cfg, t0, bad, total = replace(data, train_subset=None), time.perf_counter(), [], 0
     for split in ("train", "test"):
         try:

@@ -37,6 +37,9 @@ from ..safe_pickle import load_data_pickle
 from .fashion_mnist_m import NUISANCES, composite, validate_knobs
 from .fast_images import BadImage, bad_image_reason, decode_uint8
 from .subsets import SUBSET_SEED, balanced_indices, balanced_subset
+from .hf_datasets import hf_dataset
+from .info import IMAGENET_MEAN, IMAGENET_STD, DataInfo, folder_stats  # noqa: F401  (re-exported)
+from .shards import wds_dataset
 from .transforms import RECIPES, Augment, choose_decoder, create_transform
 
 DatasetName = Literal["digits", "fashion-mnist", "fashion-mnist-m", "cifar10", "cifar100", "imagefolder", "wds", "hf",
@@ -45,7 +48,6 @@ Normalize = Literal["dataset", "symmetric"]
 Decoder = Literal["tensor", "pil", "dali"]
 DATASETS, NORMALIZE = get_args(DatasetName), get_args(Normalize)
 FASHION_MNIST_DEBIAN = "/usr/share/datasets/fashion-mnist"
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SHARDED = ("wds", "hf")  # image files in shards / a datasets folder, read like an ImageFolder's
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -81,16 +83,6 @@ class DataConfig:
         if self.train_subset is not None and self.train_subset < 1:
             raise ConfigError(f"data.train_subset must be a positive number of images, got {self.train_subset}")
         choose_decoder(self, "none")  # refuses impossible name x augment x decoder combinations; every config has an eval view
-
-
-@dataclass
-class DataInfo:
-    name: str
-    num_classes: int
-    in_chans: int
-    native_size: int | None  # side of fixed-size datasets; None for ImageFolder
-    mean: tuple
-    std: tuple
 
 
 def fashion_mnist_available(path: str | None = None) -> bool:
@@ -254,11 +246,6 @@ def _image_folder(root: Path, transform, loader=_checked_pil_loader):
                         f"expected {root}/<class>/<image>{IMG_EXTENSIONS[0]}") from None
 
 
-def folder_stats(cfg: DataConfig) -> tuple[tuple, tuple]:
-    """The (mean, std) an ImageFolder is normalised with: ImageNet's for ``normalize=dataset``."""
-    return ((0.5,) * 3, (0.5,) * 3) if cfg.normalize == "symmetric" else (IMAGENET_MEAN, IMAGENET_STD)
-
-
 def _folder_dataset(cfg: DataConfig, train: bool, img_size: int, aug: str, pipeline: str, uint8_out: bool):
     """An ImageFolder split, constructed with its view's transform (``transforms.create_transform``)."""
     root = _need_dir(cfg.path, "imagefolder", "ImageNet layout: <path>/train/<class>/*.JPEG and <path>/val/...")
@@ -316,8 +303,6 @@ def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | No
     if pipeline == "latents":
         return latent_dataset(cfg, split)
     if cfg.name in SHARDED:  # files decoded as an ImageFolder's (shards.py, hf_datasets.py)
-        from .hf_datasets import hf_dataset
-        from .shards import wds_dataset
 
         return (wds_dataset if cfg.name == "wds" else hf_dataset)(cfg, train, img_size, aug)
     if pipeline != "memory":

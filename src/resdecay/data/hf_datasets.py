@@ -21,8 +21,10 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from ..errors import DataError
+from .info import DataInfo, folder_stats
 from .shards import NoSplit, decode_bytes, expand_braces, view_pipeline
 from .subsets import balanced_subset
+from .transforms import create_transform
 
 EXTRA = "pip install 'resdecay[shards]'"
 TEST_SPLITS = ("test", "validation", "val")
@@ -148,9 +150,6 @@ class HFImages(Dataset):
 
 def hf_dataset(cfg, train: bool, img_size: int, aug: str):
     """(HFImages, DataInfo) of one split of ``data.name=hf`` (``datasets.build_dataset``)."""
-    from .datasets import DataInfo, folder_stats
-    from .transforms import create_transform
-
     where = f"{cfg.path if train or not cfg.val_path else cfg.val_path} ({'train' if train else 'test'})"
     ds, labels, classes = _columns(_load(cfg, train), cfg, where)
     pipeline = view_pipeline(cfg, aug)
@@ -161,42 +160,3 @@ def hf_dataset(cfg, train: bool, img_size: int, aug: str):
     if cfg.train_subset and train:
         out = balanced_subset(out, cfg.train_subset, cfg.subset_seed)
     return out, info
-
-
-def save_hf_dataset(name: str, out: str | Path, limit: int | None = None, path: str | None = None) -> Path:
-    """A built-in data set (``digits`` or ``fashion-mnist``) saved as a ``datasets`` folder
-    (``save_to_disk``): a DatasetDict of ``train`` and ``test``, PNG images in an ``image`` column,
-    a ClassLabel ``label`` column. For tests and examples.
-
-    Args:
-        name: "digits" or "fashion-mnist".
-        out: the folder to write.
-        limit: keep the first N images of each split (None: all).
-        path: the Fashion-MNIST IDX folder (default: Debian's).
-    """
-    import io
-
-    from PIL import Image
-
-    from .datasets import _load_digits, _load_fashion_mnist
-
-    datasets = require_datasets()
-    splits = {}
-    for split in ("train", "test"):
-        images, labels = _load_digits(split == "train") if name == "digits" else _load_fashion_mnist(path, split == "train")
-        images, labels = images[:limit], labels[:limit]
-        encoded = []
-        for img in images:
-            buf = io.BytesIO()
-            Image.fromarray(img[0].numpy()).save(buf, format="PNG")
-            encoded.append({"bytes": buf.getvalue(), "path": None})
-        features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)})
-        splits[split] = datasets.Dataset.from_dict({"image": encoded, "label": labels.tolist()}, features=features)
-    shown = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()  # a test fixture, not a long job: no bars on stderr
-    try:
-        datasets.DatasetDict(splits).save_to_disk(str(out))
-    finally:
-        if shown:
-            datasets.enable_progress_bars()
-    return Path(out)

@@ -28,6 +28,10 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DataError
+from .datasets import _fashion_mnist_m_stats, _load_fashion_mnist
+from .fashion_mnist_m import composite
+from .info import IMAGENET_MEAN, IMAGENET_STD
+from .subsets import balanced_indices
 
 IGNORE = 255
 SEG_DATA = ("fashion-mnist-m", "cocostuff27", "voc")
@@ -111,8 +115,6 @@ def _read(path: Path, convert) -> np.ndarray:
 
 
 def _folder(name: str, root: Path, side: int, limit: int) -> MaskedImages:
-    from .datasets import IMAGENET_MEAN, IMAGENET_STD
-
     pairs, chosen = _pairs(name, root)
     pairs = pairs[:limit]  # the first N of the list, as the authors' loader (which returns 100)
     classes = NUM_CLASSES[name]
@@ -139,10 +141,6 @@ def _folder(name: str, root: Path, side: int, limit: int) -> MaskedImages:
 
 
 def _fashion_mnist_m(cfg, side: int, limit: int) -> MaskedImages:
-    from .datasets import _fashion_mnist_m_stats, _load_fashion_mnist
-    from .fashion_mnist_m import composite
-    from .subsets import balanced_indices
-
     garments, classes = _load_fashion_mnist(cfg.path, False)
     chosen = balanced_indices(classes, limit, cfg.subset_seed) if limit < len(classes) else np.arange(len(classes))
     images, masks = composite(garments[chosen], "test", cfg.canvas, cfg.nuisances, cfg.dataset_seed, indices=chosen,

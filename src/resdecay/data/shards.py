@@ -35,7 +35,9 @@ from torch.utils.data import Dataset
 
 from ..errors import DataError
 from .fast_images import _JPEG, BadImage, _is_8bit_png, _pil_rgb, _torchcodec_decoder, bad_image_reason
+from .info import DataInfo, folder_stats
 from .subsets import balanced_subset
+from .transforms import choose_decoder, create_transform
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp", "pgm", "tif", "tiff")
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
@@ -236,16 +238,11 @@ class ShardImages(Dataset):
 def view_pipeline(cfg, aug: str) -> str:
     """The decode path of a sharded view, chosen by the ImageFolder rules (uint8 unless
     ``data.decoder=pil`` or RandAugment): the same pixels and crops as the folder the shards hold."""
-    from .transforms import choose_decoder
-
     return choose_decoder(replace(cfg, name="imagefolder"), aug)
 
 
 def wds_dataset(cfg, train: bool, img_size: int, aug: str):
     """(ShardImages, DataInfo) of one split of ``data.name=wds`` (``datasets.build_dataset``)."""
-    from .datasets import DataInfo, folder_stats
-    from .transforms import create_transform
-
     paths = shard_paths(cfg.path if train else (cfg.val_path or _val_from(cfg.path)), train)
     pipeline = view_pipeline(cfg, aug)
     mean, std = folder_stats(cfg)

@@ -19,6 +19,7 @@ from .metrics import (BLOCKS, DIFFUSION, SAMPLES, SEGMENTATION, BlockStats, Diff
 from .probe import linear_probe
 from .protocol import (FAST_RECIPE, KNN_K, KNN_TEMPERATURE, KNN_VOTE, RANK_FORMS, STATS_CARD, MetricSettings)
 from .rank import effective_rank
+from .segmentation import segment
 
 POOL_WORDS = {"mean": "mean-pooled tokens", "cls": "cls tokens", "patch_mean": "mean-pooled patch tokens",
               "pixels": "raw pixels"}  # every pooling of features.POOLINGS, and the raw-pixel baseline
@@ -122,8 +123,6 @@ DIFFUSION_PROBE = register_metric(Metric(
 
 # ----------------------------------------------------------------------------- unsupervised segmentation
 def _segmentation(x: SegmentationSet, s: MetricSettings) -> list[Result]:
-    from .segmentation import segment  # scipy.sparse and scikit-learn load only when segmentation runs
-
     out = segment(x.tokens, x.grid, x.labels, x.classes, x.protocol, progress=s.progress)
     if x.keep is not None:  # the figures reuse the cluster maps and the embedding
         x.keep.update(out)

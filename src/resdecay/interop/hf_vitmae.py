@@ -38,7 +38,8 @@ import torch
 
 from ..errors import CheckpointError, UserError
 from .file_meta import Stated
-from .files import read_json_object
+from .export_timm import source_model
+from .files import check_out_file, read_json_object, write_bytes_atomically
 from .weights import read_weights_file, state_dict_of
 
 RESDECAY_EPS = 1e-6
@@ -319,9 +320,6 @@ def export_to_vitmae(checkpoint: str | Path, out: str | Path, ema: bool = False)
         ema: export the EMA weights; refused when the run kept none.
     """
     from safetensors.torch import save
-
-    from .export_timm import source_model
-    from .files import check_out_file, write_bytes_atomically
 
     out = Path(out)
     if out.exists() and not out.is_dir():

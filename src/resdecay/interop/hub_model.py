@@ -16,41 +16,14 @@ from __future__ import annotations
 
 import copy
 import copyreg
-import tempfile
 import warnings
-from pathlib import Path
+from typing import Callable
 
 import torch.nn as nn
 
 UNPACK_DEPRECATION = ("resdecay.from_pretrained returns the model now; its config.json is model.resdecay_config. "
                       "Unpacking `model, config = from_pretrained(...)` works until resdecay 0.2: write "
                       "`model = from_pretrained(...)` and `config = model.resdecay_config`")
-
-
-def _save_pretrained(self, save_directory, *, push_to_hub: bool = False, repo_id: str | None = None, **kwargs):
-    """Write this model as a shareable folder (``resdecay.save_pretrained``'s keyword arguments:
-    run_dir, eval_json, config, architecture, model_kwargs, license, provenance); with
-    ``push_to_hub=True`` upload it too (to ``repo_id``, default the folder's name) and return the URL."""
-    from .pretrained import push_to_hub as push_folder
-    from .pretrained import save_pretrained
-
-    push_kwargs = {k: kwargs.pop(k) for k in ("private", "token", "commit_message", "revision") if k in kwargs}
-    folder = save_pretrained(self, save_directory, **kwargs)
-    if push_to_hub:
-        return push_folder(folder, repo_id or Path(folder).name, **push_kwargs)
-    return folder
-
-
-def _push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | bool | None = None,
-                 commit_message: str = "Upload resdecay model", revision: str | None = None, **save_kwargs) -> str:
-    """Save this model into a temporary folder (``save_kwargs`` as ``save_pretrained``'s) and
-    upload it to the hub repository ``repo_id``; returns its URL."""
-    from .pretrained import push_to_hub as push_folder
-    from .pretrained import save_pretrained
-
-    with tempfile.TemporaryDirectory(prefix="resdecay-push-") as tmp:
-        folder = save_pretrained(self, Path(tmp) / repo_id.split("/")[-1], **save_kwargs)
-        return push_folder(folder, repo_id, private=private, token=token, commit_message=commit_message, revision=revision)
 
 
 def _unpack(self):
@@ -87,11 +60,12 @@ def _deepcopy(self, memo):
 _CLASSES: dict[tuple[type, bool], type] = {}
 
 
-def hub_class(base: type, unpackable: bool) -> type:
-    """``base`` with save_pretrained / push_to_hub (and the deprecated tuple unpacking)."""
+def hub_class(base: type, unpackable: bool, save: Callable, push: Callable) -> type:
+    """``base`` with the methods ``save_pretrained`` = ``save`` and ``push_to_hub`` = ``push`` (and the
+    deprecated tuple unpacking); the methods come from ``interop.pretrained``, which imports this module."""
     key = (base, unpackable)
     if key not in _CLASSES:
-        attrs = {"save_pretrained": _save_pretrained, "push_to_hub": _push_to_hub, "__reduce_ex__": _reduce_ex, "__deepcopy__": _deepcopy,
+        attrs = {"save_pretrained": save, "push_to_hub": push, "__reduce_ex__": _reduce_ex, "__deepcopy__": _deepcopy,
                  "_resdecay_base": base, "__module__": base.__module__, "__qualname__": base.__qualname__,
                  "__doc__": base.__doc__}
         if unpackable:
@@ -100,7 +74,8 @@ def hub_class(base: type, unpackable: bool) -> type:
     return _CLASSES[key]
 
 
-def with_hub_methods(model: nn.Module, config: dict | None = None, unpackable: bool = False) -> nn.Module:
+def with_hub_methods(model: nn.Module, save: Callable, push: Callable, config: dict | None = None,
+                     unpackable: bool = False) -> nn.Module:
     """``model`` (in place) with ``save_pretrained`` / ``push_to_hub`` methods and, given,
     ``model.resdecay_config``. A container module that iterates already (``nn.Sequential``) keeps
     its own iteration, so it never unpacks as a tuple.
@@ -109,11 +84,12 @@ def with_hub_methods(model: nn.Module, config: dict | None = None, unpackable: b
         model: a model resdecay built or loaded.
         config: its config.json (``from_pretrained``).
         unpackable: the deprecated ``model, config = from_pretrained(...)`` form keeps working.
+        save, push: the methods (``interop.pretrained``'s).
     """
     base = getattr(type(model), "_resdecay_base", type(model))
     if any("save_pretrained" in vars(m) for m in base.__mro__):
         return model  # the class has its own hub methods: never shadow them
-    model.__class__ = hub_class(base, unpackable and not hasattr(base, "__iter__"))
+    model.__class__ = hub_class(base, unpackable and not hasattr(base, "__iter__"), save, push)
     if config is not None:
         model.resdecay_config = config
     return model

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -269,7 +270,7 @@ def from_pretrained(name_or_path: str | Path, *, device: str = "cpu", revision: 
     check_weights_metadata(config, meta, str(folder), CONFIG_NAME, WEIGHTS_NAME)
     load_strict(model, state, source)
     check_factors(model, config, str(folder))
-    return with_hub_methods(model.to(device).eval(), config, unpackable=True)
+    return attach_hub_methods(model.to(device).eval(), config, unpackable=True)
 
 
 def push_to_hub(folder: str | Path, repo_id: str, *, private: bool | None = None, token: str | bool | None = None,
@@ -301,3 +302,30 @@ def push_to_hub(folder: str | Path, repo_id: str, *, private: bool | None = None
         raise UserError(f"cannot push {folder} to {repo_id} ({type(e).__name__}: {' '.join(str(e).split())[:140]}); "
                         "log in with `hf auth login` (or pass token=) and check the repository id") from None
     return str(url)
+
+
+# ----------------------------------------------------------------------------- the model methods
+_push_folder = push_to_hub  # the methods' ``push_to_hub`` argument (huggingface_hub's signature) shadows the name
+def _save_pretrained(self, save_directory, *, push_to_hub: bool = False, repo_id: str | None = None, **kwargs):
+    """Write this model as a shareable folder (``resdecay.save_pretrained``'s keyword arguments:
+    run_dir, eval_json, config, architecture, model_kwargs, license, provenance); with
+    ``push_to_hub=True`` upload it too (to ``repo_id``, default the folder's name) and return the URL."""
+    push_kwargs = {k: kwargs.pop(k) for k in ("private", "token", "commit_message", "revision") if k in kwargs}
+    folder = save_pretrained(self, save_directory, **kwargs)
+    if push_to_hub:
+        return _push_folder(folder, repo_id or Path(folder).name, **push_kwargs)
+    return folder
+
+
+def _push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | bool | None = None,
+                 commit_message: str = "Upload resdecay model", revision: str | None = None, **save_kwargs) -> str:
+    """Save this model into a temporary folder (``save_kwargs`` as ``save_pretrained``'s) and
+    upload it to the hub repository ``repo_id``; returns its URL."""
+    with tempfile.TemporaryDirectory(prefix="resdecay-push-") as tmp:
+        folder = save_pretrained(self, Path(tmp) / repo_id.split("/")[-1], **save_kwargs)
+        return push_to_hub(folder, repo_id, private=private, token=token, commit_message=commit_message, revision=revision)
+
+
+def attach_hub_methods(model: nn.Module, config: dict | None = None, unpackable: bool = False) -> nn.Module:
+    """``model`` with ``save_pretrained`` / ``push_to_hub`` methods (``hub_model.with_hub_methods``)."""
+    return with_hub_methods(model, _save_pretrained, _push_to_hub, config, unpackable)

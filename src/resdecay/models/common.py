@@ -14,7 +14,8 @@ import torch.nn as nn
 
 from ..diffusion.objectives import diffusion_loss, objective_for
 from ..errors import ConfigError, check_fields
-from ..nn.blocks import PatchEmbed, set_grad_checkpointing
+from ..nn.blocks import PatchEmbed
+from ..nn.checkpointing import set_grad_checkpointing
 from ..nn.conditioning import LabelEmbedder, TimestepEmbedder
 from ..schedule import check_alpha_min
 from .registry import ExampleBatch, image_batch

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError
-from ..nn.blocks import set_grad_checkpointing
+from ..nn.checkpointing import set_grad_checkpointing
 from .contract import ModelConfig, missing_members
 
 # (model, images, labels) -> scalar loss; called on the wrapped (DDP / compiled) model, so it must

@@ -19,7 +19,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..errors import ConfigError
 from .residual import decayed_add as decayed_add  # re-exported: the add's name before issue 21
 from .residual import factors_of, factors_repr, residual_add, set_block_factors
 
@@ -151,22 +150,6 @@ class Block(nn.Module):
 
     def extra_repr(self) -> str:
         return factors_repr(self)
-
-
-def set_grad_checkpointing(model: nn.Module, enable: bool = True) -> int:
-    """Activation checkpointing (timm's ``set_grad_checkpointing``) on every ``Block`` / ``AdaLNBlock`` of
-    ``model``: a block keeps only its input and recomputes its activations in the backward pass (about
-    one more forward of compute for a block's activation memory). The recomputation replays the same
-    dropout / drop-path draws (the RNG state is saved), so gradients equal those without it. Returns
-    the number of blocks set; a model without such blocks is refused (the flag would do nothing)."""
-    from .conditioning import AdaLNBlock  # conditioning imports this module
-    blocks = [m for m in model.modules() if isinstance(m, (Block, AdaLNBlock))]
-    if not blocks:
-        raise ConfigError(f"set_grad_checkpointing: {type(model).__name__} has no resdecay transformer blocks to "
-                          "checkpoint; drop model.grad_checkpointing")
-    for block in blocks:
-        block.grad_checkpointing = bool(enable)
-    return len(blocks)
 
 
 class PatchEmbed(nn.Module):

@@ -35,7 +35,7 @@ import torch.nn as nn
 
 from .adapters import adapter_for, adapters, nearest_supported
 from .adapters.hooks import remove as _remove_hooks
-from .residual import ShortcutScale, check_shortcut, shortcut_plan  # noqa: F401  (ShortcutScale: public here before)
+from .residual import ShortcutScale, check_shortcut, factors_of, shortcut_plan  # noqa: F401  (ShortcutScale: public here before)
 
 
 def supported() -> list[str]:
@@ -173,8 +173,7 @@ def block_factors(block: nn.Module) -> tuple[tuple[float, ...], tuple[float, ...
     attributes). Transformer blocks give ``(attn, mlp)`` pairs, ResNet blocks one factor each."""
     adapter = adapter_for(block)
     if adapter is None:
-        from .residual import factors_of  # AdaLNBlock and other blocks built on residual_add
-        return factors_of(block)
+        return factors_of(block)  # AdaLNBlock and other blocks built on residual_add
     return adapter.factors(block)
 
 
