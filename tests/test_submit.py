@@ -161,7 +161,10 @@ def test_each_command_is_queued_into_its_own_run_folder(capsys, tmp_path, fake_s
              "ablate": (["ablate", "--grid", "figure7-toy", "--out", str(tmp_path / "abl")], tmp_path / "abl", False),
              # --out names the run folder as train.out_dir does (resolved at submission, relaunched unchanged)
              "pretrain --out": (["pretrain", "--preset", "mae-tiny-digits", "--out", str(tmp_path / "p")], tmp_path / "p", True),
-             "finetune --out": (["finetune", str(pre), "--out", str(tmp_path / "ft")], tmp_path / "ft", True)}
+             "finetune --out": (["finetune", str(pre), "--out", str(tmp_path / "ft")], tmp_path / "ft", True),
+             # finetune --from FILE (a foreign file or folder, imported inside the job) places its run as finetune does
+             "finetune --from": (["finetune", "--from", str(pre), "--preset", "linprobe-mae"], tmp_path / "pre" / "linprobe-mae",
+                                 True)}
     for name, (argv, run_dir, resume) in cases.items():
         code, _, err = run(capsys, "submit", "--timeout-min", "60", *argv)
         assert code == 0, err

@@ -260,11 +260,13 @@ def run_folder(command: str, args) -> Path:
     if command in ("pretrain", "train-supervised"):
         return load_config(args.preset, args.overrides).out_dir
     if command == "finetune":
-        checkpoint = Path(args.checkpoint)
-        if not checkpoint.is_file():
-            raise UserError(f"checkpoint {checkpoint} does not exist; give the pretraining checkpoint to fine-tune")
+        source = args.source or args.checkpoint  # finetune --from FILE, or the positional checkpoint
+        if source is None or not Path(source).exists():
+            raise UserError(f"checkpoint {source} does not exist; give the pretraining checkpoint (or --from FILE) to fine-tune")
+        source = Path(source)
         out = parse_overrides(args.overrides, "classifier").get("train", {}).get("out_dir")
-        return Path(out) if out else run_dir_of(checkpoint) / args.preset  # as finetune.build_config places it
+        home = source if source.is_dir() else run_dir_of(source)  # as finetune.build_config places it
+        return Path(out) if out else home / args.preset
     if args.list or not args.grid:
         raise UserError("submit ablate needs --grid (a shipped grid name or a YAML file); --list shows the shipped ones")
     return plan_grid(args.grid, args.out, args.only.split(",") if args.only else None, args.overrides).out_dir
