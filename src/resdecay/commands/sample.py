@@ -101,5 +101,8 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
                   "checkpoint": str(checkpoint), "alpha_min": m.alpha_min, "skips": m.skips,
                   "decoded_with_vae": vae if latent else None, "npz": str(npz), "png": str(png)}
         (out_dir / f"samples_{tag}.json").write_text(json.dumps(result, indent=2))
+    # every rank ends the group together: a peer that tore its gloo connections down while rank 0 was still
+    # writing made rank 0 abort at exit now and then ("terminate called without an active exception")
+    dist_env.barrier(env)
     dist_env.cleanup(env)
     return result
