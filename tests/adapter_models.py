@@ -114,6 +114,21 @@ def diffusers_pixart():
     return model, lambda m: m(x, encoder_hidden_states=text, timestep=t, added_cond_kwargs=cond).sample
 
 
+def diffusers_uvit2d():
+    from diffusers import UVit2DModel
+    torch.manual_seed(0)
+    model = UVit2DModel(hidden_size=32, micro_cond_encode_dim=8, micro_cond_embed_dim=40, in_channels=16,
+                        block_out_channels=16, num_res_blocks=1, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, codebook_size=32, vocab_size=33, encoder_hidden_size=16,
+                        cond_embed_dim=16).eval()
+    for p in model.parameters():
+        p.data.add_(0.05 * torch.randn(p.shape, generator=G))
+    g = torch.Generator().manual_seed(3)
+    ids, text = torch.randint(0, 33, (2, 8, 8), generator=g), torch.randn(2, 5, 16, generator=g)
+    pooled, micro = torch.randn(2, 16, generator=g), torch.rand(2, 5, generator=g)
+    return model, lambda m: m(ids, text, pooled, micro)
+
+
 # ----------------------------------------------------------------------------- hand-written blocks
 def _timm_vit(b, x, a1, a2):
     h = a1 * x + b.ls1(b.attn(b.norm1(x)))
@@ -220,4 +235,6 @@ MODELS = {
     "diffusers DiTTransformer2DModel (BasicTransformerBlock, ada_norm_zero)": (diffusers_dit, "transformer_blocks.1",
                                                                              (2, 16, 16), _dit),
     "diffusers PixArtTransformer2DModel (BasicTransformerBlock, ada_norm_single)": (diffusers_pixart, None, None, None),
+    "diffusers UVit2DModel (SkipFFTransformerBlock, BasicTransformerBlock ada_norm_continuous)": (diffusers_uvit2d, None,
+                                                                                                 None, None),
 }

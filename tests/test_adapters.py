@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from resdecay import alpha_schedule, alphas_of, decayify
 from resdecay.nn.decayify import PartialDecayWarning, block_factors, residual_blocks
@@ -72,6 +73,30 @@ def test_one_block_is_alpha_x_plus_branch(name):
         else:
             got, want = block(x), hand(library_block, x, *alphas)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+
+
+def test_uvit2d_blocks_are_alpha_x_plus_branch():
+    """UVit2D's SkipFFTransformerBlock (hooks) and its ada_norm_continuous BasicTransformerBlock (replaced
+    forward), each against the hand-written adds on the library's own modules; its ConvNeXt blocks (one add
+    beside two-add blocks) stay at alpha 1, named in one warning."""
+    plain, _ = build("diffusers UVit2DModel (SkipFFTransformerBlock, BasicTransformerBlock ada_norm_continuous)")
+    with pytest.warns(PartialDecayWarning, match="ConvNextBlock"):
+        model = decayify(copy.deepcopy(plain), alpha_min=0.3)
+    g = torch.Generator().manual_seed(4)
+    x, text, pooled = torch.randn(2, 16, 16, generator=g), torch.randn(2, 5, 32, generator=g), torch.randn(2, 32, generator=g)
+    with torch.no_grad():
+        blk, lib = model.down_block.attention_blocks[0], plain.down_block.attention_blocks[0]
+        (a1, a2), text16 = block_factors(blk)[0], text if lib.kv_mapper is None else lib.kv_mapper(F.silu(text))
+        h = a1 * x + lib.attn1(lib.norm1(x), encoder_hidden_states=text16)
+        want = a2 * h + lib.attn2(lib.norm2(h), encoder_hidden_states=text16)
+        assert torch.allclose(blk(x, text, None), want, atol=1e-5)
+        blk, lib = model.transformer_layers[0], plain.transformer_layers[0]
+        (a1, a2), y = block_factors(blk)[0], torch.randn(2, 16, 32, generator=g)
+        h = a1 * y + lib.attn1(lib.norm1(y, pooled))
+        h = h + lib.attn2(lib.norm2(h, pooled), encoder_hidden_states=text)  # the cross-attention add keeps alpha 1
+        want = a2 * h + lib.ff(lib.norm3(h, pooled))
+        got = blk(y, encoder_hidden_states=text, added_cond_kwargs={"pooled_text_emb": pooled})
+        assert torch.allclose(got, want, atol=1e-5)
 
 
 def test_vitmae_shared_dropout_is_exact_at_any_rate():
@@ -216,13 +241,3 @@ def test_docs_examples_run(capsys):
     assert "{'unet': {'skip_sources': [3, 1], 'decoder_start': 'content_free'}" in out
     from resdecay.nn.adapters import registry
     registry._ADAPTERS[:] = [a for a in registry._ADAPTERS if a.name != "my MyBlock"]
-
-
-def test_uvit2d_is_refused_naming_its_block_and_the_nearest_supported():
-    from diffusers import UVit2DModel
-    model = UVit2DModel(hidden_size=32, micro_cond_encode_dim=8, micro_cond_embed_dim=16, in_channels=16,
-                        block_out_channels=16, num_res_blocks=1, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, codebook_size=32, vocab_size=33, encoder_hidden_size=16, cond_embed_dim=16)
-    with pytest.raises(TypeError, match=r"in UVit2DModel \(its diffusers\.models\.unets\.uvit_2d\.UVitBlock blocks are not "
-                                        r"supported; the nearest supported kind is .*register_adapter"):
-        decayify(model, alpha_min=0.5)

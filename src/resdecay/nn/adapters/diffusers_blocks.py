@@ -1,4 +1,5 @@
-"""diffusers' ``BasicTransformerBlock`` (DiT: ada_norm_zero, PixArt: ada_norm_single, plain layer_norm / ada_norm).
+"""diffusers' ``BasicTransformerBlock`` (DiT: ada_norm_zero, PixArt: ada_norm_single, UVit2D: ada_norm_continuous,
+plain layer_norm / ada_norm) and UVit2D's ``SkipFFTransformerBlock``.
 
 Its adds are inline with the adaLN-Zero gate (``gate * attn + x``; DiT's recipe starts the gate at 0), so no hook on a
 branch module can reach them: the forward is replaced by ``basic_block_forward``, the library's forward
@@ -12,12 +13,16 @@ from __future__ import annotations
 
 from ..residual import residual_add
 from .hooks import last_linear
-from .registry import forward_adapter, register_adapter
+from .registry import forward_adapter, register_adapter, subblock_adapter
 
-NORM_TYPES = ("layer_norm", "ada_norm", "ada_norm_zero", "ada_norm_single")
+NORM_TYPES = ("layer_norm", "ada_norm", "ada_norm_zero", "ada_norm_single", "ada_norm_continuous")
 
 
-def _modulate_attn_input(self, x, timestep, class_labels):
+def _pooled(added_cond_kwargs):
+    return (added_cond_kwargs or {}).get("pooled_text_emb")
+
+
+def _modulate_attn_input(self, x, timestep, class_labels, added_cond_kwargs):
     """Stage 0 of the library's forward: the normalised input of self-attention and the adaLN terms."""
     kind, mod = self.norm_type, {}
     if kind == "ada_norm_zero":
@@ -29,6 +34,8 @@ def _modulate_attn_input(self, x, timestep, class_labels):
         h = self.norm1(x) * (1 + scale_msa) + shift_msa
     elif kind == "ada_norm":
         h = self.norm1(x, timestep)
+    elif kind == "ada_norm_continuous":  # UVit2D: the pooled text embedding conditions every norm
+        h = self.norm1(x, _pooled(added_cond_kwargs))
     else:
         h = self.norm1(x)
     return (self.pos_embed(h) if self.pos_embed is not None else h), mod
@@ -40,9 +47,14 @@ def _gate(kind, gate, out):
     return gate * out if kind == "ada_norm_single" else out
 
 
-def _cross_attention(self, x, timestep, encoder_hidden_states, encoder_attention_mask, kwargs):
+def _cross_attention(self, x, timestep, encoder_hidden_states, encoder_attention_mask, kwargs, added_cond_kwargs):
     kind = self.norm_type
-    h = x if kind == "ada_norm_single" else (self.norm2(x, timestep) if kind == "ada_norm" else self.norm2(x))
+    if kind == "ada_norm_single":
+        h = x  # PixArt applies no norm before cross-attention
+    elif kind in ("ada_norm", "ada_norm_continuous"):
+        h = self.norm2(x, timestep if kind == "ada_norm" else _pooled(added_cond_kwargs))
+    else:
+        h = self.norm2(x)
     if self.pos_embed is not None and kind != "ada_norm_single":
         h = self.pos_embed(h)
     return self.attn2(h, encoder_hidden_states=encoder_hidden_states, attention_mask=encoder_attention_mask, **kwargs) + x
@@ -54,7 +66,7 @@ def basic_block_forward(self, hidden_states, attention_mask=None, encoder_hidden
     """``BasicTransformerBlock.forward`` with alpha * x in the self-attention and feed-forward adds."""
     (a_attn, a_ff), (b_attn, b_ff) = self.resdecay_factors
     kind = self.norm_type
-    h, mod = _modulate_attn_input(self, hidden_states, timestep, class_labels)
+    h, mod = _modulate_attn_input(self, hidden_states, timestep, class_labels, added_cond_kwargs)
     kwargs = dict(cross_attention_kwargs or {})
     gligen = kwargs.pop("gligen", None)
     attn = self.attn1(h, encoder_hidden_states=encoder_hidden_states if self.only_cross_attention else None,
@@ -66,9 +78,11 @@ def basic_block_forward(self, hidden_states, attention_mask=None, encoder_hidden
         hidden_states = self.fuser(hidden_states, gligen["objs"])
     if self.attn2 is not None:
         hidden_states = _cross_attention(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
-                                         kwargs)
+                                         kwargs, added_cond_kwargs)
     if kind == "ada_norm_single":
         h = self.norm2(hidden_states) * (1 + mod["scale_mlp"]) + mod["shift_mlp"]
+    elif kind == "ada_norm_continuous":
+        h = self.norm3(hidden_states, _pooled(added_cond_kwargs))
     else:
         h = self.norm3(hidden_states)
         if kind == "ada_norm_zero":
@@ -82,7 +96,12 @@ def basic_block_forward(self, hidden_states, attention_mask=None, encoder_hidden
     return hidden_states.squeeze(1) if hidden_states.ndim == 4 else hidden_states
 
 
+# UVit2D's SkipFFTransformerBlock: attn1(norm1(x)) + x, then attn2(norm2(x)) + x (self- and cross-attention)
+register_adapter(subblock_adapter(
+    "diffusers SkipFFTransformerBlock (UVit2D)", ("diffusers.:SkipFFTransformerBlock",),
+    pairs=lambda b: [(b.norm1, b.attn1), (b.norm2, b.attn2)], zero=lambda b: (b.attn1.to_out[0], b.attn2.to_out[0])))
+
 register_adapter(forward_adapter(
-    "diffusers BasicTransformerBlock (DiT / PixArt)", ("diffusers.:BasicTransformerBlock",), basic_block_forward,
+    "diffusers BasicTransformerBlock (DiT / PixArt / UVit2D)", ("diffusers.:BasicTransformerBlock",), basic_block_forward,
     adds=2, zero=lambda b: (b.attn1.to_out[0], last_linear(b.ff)),
     accepts=lambda b: getattr(b, "norm_type", None) in NORM_TYPES))
