@@ -147,6 +147,11 @@ def test_pretrain_eval_probe_and_check_data_from_shards(sources, tmp_path, capsy
     assert code == 0, err
     assert f"on {N} wds test images" in text
     assert json.loads((tmp_path / "probe" / "eval.json").read_text())
+    code, text, err = run(capsys, "finetune", str(runs["wds"]), "--preset", "finetune-mae", "--no-progress",  # the chain's end
+                          "train.epochs=1", "train.batch_size=32", "train.warmup_epochs=0", "train.threads=1",
+                          "model.mixup=0", "model.cutmix=0", f"train.out_dir={tmp_path / 'ft'}")
+    assert code == 0, err
+    assert f"on {N} wds test images" in text and (tmp_path / "ft" / "checkpoints" / "best.pt").is_file()
 
     code, text, err = run(capsys, "check-data", "--data", "wds", "--data-path", str(sources["shards"]), "--no-progress")
     assert code == 0, err
@@ -165,6 +170,12 @@ def test_pretrain_and_eval_from_a_hf_folder(sources, tmp_path, capsys):
     assert own[("knn", "mean")] == pytest.approx(as_folder[("knn", "mean")], abs=1e-6)
     code, text, err = run(capsys, "check-data", "--data", "hf", "--data-path", str(sources["hf"]), "--no-progress")
     assert code == 0 and f"check-data: test: {N} images, 0 unreadable" in text, err
+    for preset in ("linprobe-mae", "finetune-mae"):  # the rest of the chain reads the datasets folder too
+        code, text, err = run(capsys, "finetune", str(ckpt), "--preset", preset, "--no-progress", "train.epochs=1",
+                              "train.batch_size=32", "train.warmup_epochs=0", "train.threads=1", "model.mixup=0",
+                              "model.cutmix=0", f"train.out_dir={tmp_path / preset}")
+        assert code == 0, err
+        assert f"on {N} hf test images" in text
 
 
 DDP_SCRIPT = """
