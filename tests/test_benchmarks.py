@@ -118,6 +118,26 @@ def test_gpu_rows_smoke_mode_runs_data_throughput_on_every_decoder_path(tmp_path
     assert all(r["img_per_s_per_core"] > 0 for r in rows.values())
 
 
+
+def test_segmentation_cost_times_every_solver_and_skips_a_row_past_the_timeout(tmp_path):
+    """Issue 33 item 6: the segmentation metric's cost per solver beside the kNN row; a row past
+    --timeout-per-row is stopped and printed as skipped, and larger sizes of that solver are not started."""
+    small = ["--tokens", "4", "--dim", "16", "--classes", "3", "--epochs", "2", "--graph-rounds", "2", "--threads", "1"]
+    stdout, result = run_benchmark("segmentation_cost.py", "--images", "40", *small, tmp_path=tmp_path)
+    rows = {r["solver"]: r for r in result["rows"]}
+    assert list(rows) == ["knn", "exact", "learned", "kmeans"] and all(r["status"] == "ok" for r in rows.values())
+    assert all(r["seconds"] > 0 and r["images"] == 40 and r["tokens"] == 4 for r in rows.values())
+    assert rows["knn"]["sanity_name"] == "knn_top1" and rows["knn"]["bank"] == rows["knn"]["queries"] == 80
+    assert all(0 <= rows[s]["sanity"] <= 1 and rows[s]["sanity_name"] == "miou" for s in ("exact", "learned", "kmeans"))
+    assert rows["learned"]["protocol"]["epochs"] == 2 and "mIoU (knn: top-1)" in stdout
+    # the child's imports alone take longer than 0.3 s: the first row is stopped, the larger one not started
+    stdout, result = run_benchmark("segmentation_cost.py", "--images", "40,80", "--solvers", "learned",
+                                   "--timeout-per-row", "0.3", *small, tmp_path=tmp_path)
+    first, second = result["rows"]
+    assert first["status"] == "skipped (> 0.3 s)" and "seconds" not in first
+    assert second["status"] == "skipped (> 0.3 s at a smaller size)" and second["not_started"]
+    assert "not measured: 40 x 4 learned skipped (> 0.3 s)" in stdout
+
 @pytest.mark.parametrize("script, args, needle", [
     ("batch_sweep.py", ["--batches", "4,x"], "--batches must be positive integers"),
     ("batch_sweep.py", ["--preset", "sit-tiny-fmnist"], "times MAE presets"),
@@ -130,6 +150,8 @@ def test_gpu_rows_smoke_mode_runs_data_throughput_on_every_decoder_path(tmp_path
     ("data_throughput.py", ["--images", "2", "--batch", "4"], "--images 2 is fewer than one batch (--batch 4)"),
     ("eval_speed.py", ["--rank-rows", "1"], "--rank-rows must be at least 2"),
     ("startup.py", ["--repeats", "0"], "--repeats must be a positive integer"),
+    ("segmentation_cost.py", ["--tokens", "10"], "--tokens 10: tokens per image must be a square grid"),
+    ("segmentation_cost.py", ["--solvers", "exact,spectral"], "choose from knn,exact,learned,kmeans"),
     ("startup.py", ["--warmup", "-1"], "--warmup must be 0 or more"),
 ])
 def test_bad_arguments_are_one_line_exit_2(script, args, needle):
