@@ -100,6 +100,12 @@ def decode_uint8(path: str) -> torch.Tensor:
             raw = f.read()
     except OSError:
         return _pil_rgb(path)  # the PIL path words the error as before
+    return decode_raw_uint8(raw, path)
+
+
+def decode_raw_uint8(raw: bytes, name: str) -> torch.Tensor:
+    """(3, H, W) uint8 RGB of an image file's bytes: TorchCodec for JPEG / 8-bit PNG when installed, else
+    PIL; ``name`` (a path, or a shard member) names the file in errors."""
     decode = _torchcodec_decoder() if raw.startswith(_JPEG) or _is_8bit_png(raw) else None
     if decode is not None:
         try:
@@ -108,7 +114,7 @@ def decode_uint8(path: str) -> torch.Tensor:
                 return img
         except (RuntimeError, ValueError):
             pass  # CMYK / corrupt / unusual: PIL decides, and words the error
-    return _pil_rgb(path, raw)
+    return _pil_rgb(name, raw)
 
 
 def normalize(images: torch.Tensor, mean, std) -> torch.Tensor:

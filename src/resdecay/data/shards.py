@@ -30,11 +30,10 @@ from multiprocessing.pool import ThreadPool
 from pathlib import Path
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from ..errors import DataError
-from .fast_images import _JPEG, BadImage, _is_8bit_png, _pil_rgb, _torchcodec_decoder, bad_image_reason
+from .fast_images import BadImage, bad_image_reason, decode_raw_uint8
 from .info import DataInfo, folder_stats
 from .subsets import balanced_subset
 from .transforms import choose_decoder, create_transform
@@ -189,15 +188,7 @@ def decode_bytes(raw: bytes, name: str, pipeline: str):
                 return Image.open(f).convert("RGB")
         except Exception as e:
             raise BadImage(name, bad_image_reason(e)) from None
-    decode = _torchcodec_decoder() if raw.startswith(_JPEG) or _is_8bit_png(raw) else None
-    if decode is not None:
-        try:
-            img = decode(raw, mode="RGB")
-            if img.dtype == torch.uint8 and img.dim() == 3:
-                return img
-        except (RuntimeError, ValueError):
-            pass  # PIL decides, and words the error
-    return _pil_rgb(name, raw)
+    return decode_raw_uint8(raw, name)
 
 
 class ShardImages(Dataset):
