@@ -58,7 +58,7 @@ def cmd_check_data(args) -> None:
     elif args.data or args.data_path:
         if args.overrides:
             raise UserError(f"key=value overrides ({args.overrides[0]}) need --preset; with --data give the folder as --data-path")
-        # no model: in-memory data sets are read at their own size (issue 23.13), image folders need none
+        # no model: in-memory data sets are read at their own size , image folders need none
         data, img = DataConfig(name=args.data or "imagefolder", path=args.data_path), None
     else:
         raise UserError("check-data needs a data set: --data-path DIR (an ImageFolder), --data NAME --data-path DIR, "

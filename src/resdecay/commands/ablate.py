@@ -178,7 +178,7 @@ def run_grid(grid: str, out: str | None = None, only: list[str] | None = None, e
              progress: bool = True) -> dict:
     plan = plan_grid(grid, out, only, extra, progress)
     # Under torchrun one process group spans the whole grid, and every rank waits at a barrier while rank 0
-    # evaluates a variant: otherwise rank 1 starts the next variant's group alone and times out (issue 23).
+    # evaluates a variant: otherwise rank 1 starts the next variant's group alone and times out.
     env = dist_env.setup(plan.cfgs[plan.grid["baseline"]].train.device)
     try:
         with tracker_group(plan.grid["name"], plan.out_dir):  # one W&B group / MLflow experiment and store per grid

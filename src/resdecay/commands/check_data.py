@@ -35,14 +35,14 @@ def check_data(data: DataConfig, img_size: int | None = None, workers: int | Non
         return _check_sharded(data, workers, progress, stop)
     files = image_files(data)
     if not files:  # held in memory: building the splits reads (and checks) every image
-        # no model to fit (issue 23.13): read at the native size; img_size only shapes transforms, not applied here
+        # no model to fit: read at the native size; img_size only shapes transforms, not applied here
         cfg, size = (data, img_size) if img_size is not None else (replace(data, resize=True), 32)
         sizes = {split: len(build_dataset(cfg, split, size, augment=False)[0]) for split in ("train", "test")}
         print(f"check-data: {data.name}: {sizes['train']} train + {sizes['test']} test images, all readable "
               "(an in-memory data set, decoded when it is loaded)")
         return []
     empty = [split for split, paths in files.items() if not paths]
-    if empty:  # nothing to decode is not a pass (issue 23.13): training would fail on the same folder
+    if empty:  # nothing to decode is not a pass: training would fail on the same folder
         root = Path(data.path).expanduser()
         folder = root / empty[0] if (root / empty[0]).is_dir() else root
         raise DataError(f"{folder} holds no images in class folders; expected {root}/train/<class>/<image>.jpg "

@@ -86,7 +86,7 @@ def measure(model, cfg, progress: bool) -> dict:
 
 def check_demo_args(out_dir: str, seed: int) -> None:
     """The demo's own options, checked before anything trains: the run folders' checks would name
-    ``train.seed`` / ``train.out_dir``, which the demo's user never typed (issue 30.9)."""
+    ``train.seed`` / ``train.out_dir``, which the demo's user never typed."""
     if not 0 <= seed < 2**32:  # as ablate --seeds: numpy's and torch's seed range
         raise UserError(f"--seed must be an integer in [0, 2**32), got {seed}; e.g. --seed 0")
     out = Path(out_dir)
