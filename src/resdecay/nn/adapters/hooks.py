@@ -92,15 +92,20 @@ def _no_script(block: nn.Module) -> None:
     block.__dict__["__prepare_scriptable__"] = _refuse_script  # torch.jit.script calls it on every submodule
 
 
+def _owners(pairs: list[tuple[nn.Module, nn.Module]]) -> list[nn.Module]:
+    """The module holding each sub-block's factors: its output module, or its pre-norm where the output
+    module is shared by several sub-blocks."""
+    posts = [post for _, post in pairs]
+    return [pre if sum(p is post for p in posts) > 1 else post for pre, post in pairs]
+
+
 def correct_subblocks(block: nn.Module, pairs: list[tuple[nn.Module, nn.Module]], alphas, betas) -> None:
     """Hook each (pre, post) pair of ``block``: ``pre`` receives the sub-block input x first, ``post``
     outputs what the block adds to x. Pairs may share ``post``. Sub-blocks at (1, 1) get no hook."""
-    shared = {id(post) for i, (_, post) in enumerate(pairs) if any(p is post for _, p in pairs[:i])}
     slots: dict[int, _Slot] = {}
-    for (pre, post), a, b in zip(pairs, alphas, betas):
+    for (pre, post), owner, a, b in zip(pairs, _owners(pairs), alphas, betas):
         if a == 1.0 and b == 1.0:
             continue
-        owner = pre if id(post) in shared else post
         owner.__dict__["resdecay_alpha"] = float(a)  # plain attributes: state_dict keys unchanged
         if b != 1.0:
             owner.__dict__["resdecay_beta"] = float(b)
@@ -115,8 +120,7 @@ def correct_subblocks(block: nn.Module, pairs: list[tuple[nn.Module, nn.Module]]
 
 def subblock_factors(pairs: list[tuple[nn.Module, nn.Module]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The factors ``correct_subblocks`` installed (1 where a sub-block has no hook)."""
-    shared = {id(post) for i, (_, post) in enumerate(pairs) if any(p is post for _, p in pairs[:i])}
-    owners = [pre if id(post) in shared else post for pre, post in pairs]
+    owners = _owners(pairs)
     return (tuple(float(o.__dict__.get("resdecay_alpha", 1.0)) for o in owners),
             tuple(float(o.__dict__.get("resdecay_beta", 1.0)) for o in owners))
 
