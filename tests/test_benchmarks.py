@@ -138,6 +138,15 @@ def test_segmentation_cost_times_every_solver_and_skips_a_row_past_the_timeout(t
     assert second["status"] == "skipped (> 0.3 s at a smaller size)" and second["not_started"]
     assert "not measured: 40 x 4 learned skipped (> 0.3 s)" in stdout
 
+def test_grad_checkpointing_rows_pair_each_preset_with_and_without(tmp_path):
+    stdout, result = run_benchmark("grad_checkpointing.py", "--presets", "mae-tiny-digits,sit-tiny-fmnist", "--batch-size",
+                                   "4", "--rounds", "1", "--steps", "1", "--threads", "1", tmp_path=tmp_path)
+    rows = [(r["preset"], r["grad_checkpointing"]) for r in result["rows"]]
+    assert rows == [("mae-tiny-digits", False), ("mae-tiny-digits", True), ("sit-tiny-fmnist", False),
+                    ("sit-tiny-fmnist", True)]
+    assert all(r["seconds_per_step"] > 0 for r in result["rows"]) and "memory x" in stdout
+
+
 @pytest.mark.parametrize("script, args, needle", [
     ("batch_sweep.py", ["--batches", "4,x"], "--batches must be positive integers"),
     ("batch_sweep.py", ["--preset", "sit-tiny-fmnist"], "times MAE presets"),
@@ -153,6 +162,8 @@ def test_segmentation_cost_times_every_solver_and_skips_a_row_past_the_timeout(t
     ("segmentation_cost.py", ["--tokens", "10"], "--tokens 10: tokens per image must be a square grid"),
     ("segmentation_cost.py", ["--solvers", "exact,spectral"], "choose from knn,exact,learned,kmeans"),
     ("startup.py", ["--warmup", "-1"], "--warmup must be 0 or more"),
+    ("grad_checkpointing.py", ["--warmup", "0"], "--warmup must be at least 1"),
+    ("grad_checkpointing.py", ["--presets", "mae-giant"], "mae-giant"),
 ])
 def test_bad_arguments_are_one_line_exit_2(script, args, needle):
     proc = run_script(script, *args)

@@ -151,3 +151,22 @@ def test_zero_position_tables_of_a_config_built_model_are_filled_as_transformers
     mine = model.decoder.decoder_pos_embed.detach().clone()
     model.decoder.initialize_weights(model.vit.embeddings.patch_embeddings.num_patches)  # transformers' own table
     assert torch.equal(model.decoder.decoder_pos_embed, mine) and bool(model.vit.embeddings.position_embeddings.any())
+
+
+def test_restore_of_a_folder_without_resdecay_settings_or_weights_is_one_line(tmp_path):
+    from resdecay.errors import CheckpointError
+    plain = hf_model()
+    plain.save_pretrained(tmp_path / "plain")
+    with pytest.raises(UserError, match="has no 'resdecay' section"):
+        restore(plain, tmp_path / "plain")
+    model = unet_skips(hf_model(), alpha_min=0.5)
+    model.save_pretrained(tmp_path / "skipped")
+    (tmp_path / "skipped" / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no model.safetensors beside config.json"):
+        restore(hf_model_with_config(model), tmp_path / "skipped")
+
+
+def hf_model_with_config(model):
+    """A fresh ViTMAE carrying ``model``'s config (as transformers' from_pretrained would give it)."""
+    from transformers import ViTMAEForPreTraining
+    return ViTMAEForPreTraining(model.config).eval()
