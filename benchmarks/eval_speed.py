@@ -49,7 +49,7 @@ How to read the numbers
     python benchmarks/eval_speed.py                              # CPU defaults (~2.5 min on 2 cores)
     python benchmarks/eval_speed.py --probe-epochs 10            # quick check
     python benchmarks/eval_speed.py --bank 2000 --queries 200 --probe-epochs 1 --probe-train 2000 --probe-test 500 \
-        --rank-rows 2000 --repeats 1                             # smoke run (seconds; tests/test_benchmarks.py)
+        --rank-rows 2000 --repeats 1                             # smoke run (seconds; tests/e2e/test_benchmarks.py)
     python benchmarks/eval_speed.py --device cuda --json eval_speed.json
     python benchmarks/eval_speed.py --sections knn --bank 200000 --queries 20000 --dim 384 --classes 100
 """

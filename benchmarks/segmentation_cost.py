@@ -36,7 +36,7 @@ How
     python benchmarks/segmentation_cost.py                       # 1,000 and 10,000 images x 16 and 64 tokens
     python benchmarks/segmentation_cost.py --timeout-per-row 150 --json seg_cost.json
     python benchmarks/segmentation_cost.py --images 40 --tokens 4 --dim 16 --classes 3 --epochs 2 --graph-rounds 2
-                                                                 # smoke run (seconds; tests/test_benchmarks.py)
+                                                                 # smoke run (seconds; tests/e2e/test_benchmarks.py)
 """
 
 from __future__ import annotations

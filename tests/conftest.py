@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import gzip
 import pickle
-import struct
 
 import numpy as np
 import pytest
@@ -12,10 +10,7 @@ import torch
 
 from resdecay.io import atomic_save
 
-TINY = ["model.embed_dim=32", "model.depth=4", "model.num_heads=2", "model.decoder_embed_dim=32",
-        "model.decoder_depth=2", "model.decoder_num_heads=2", "train.epochs=2", "train.warmup_epochs=1",
-        "train.batch_size=64", "train.log_every=5"]
-
+from helpers import TINY, write_idx
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
@@ -41,12 +36,6 @@ def _threads(monkeypatch):
 def tiny_overrides(tmp_path):
     """Overrides that make mae-tiny-digits a seconds-long run writing into tmp_path/run."""
     return [*TINY, f"train.out_dir={tmp_path / 'run'}"]
-
-
-def write_idx(path, array: np.ndarray) -> None:
-    header = struct.pack(">HBB", 0, 0x08, array.ndim) + b"".join(struct.pack(">I", s) for s in array.shape)
-    with gzip.open(path, "wb") as f:
-        f.write(header + array.astype(np.uint8).tobytes())
 
 
 @pytest.fixture
@@ -128,3 +117,10 @@ def fake_latents(tmp_path):
         atomic_save({"latents": torch.zeros(n, 4, 4, 4, dtype=torch.float16), "labels": torch.arange(n) % 2,
                      "meta": {"num_classes": 2}}, root / f"{split}.pt")
     return root
+
+
+@pytest.fixture
+def diffusion_proxy_cache(tmp_path_factory, monkeypatch):
+    """Proxy FID extractors are cached under $XDG_CACHE_HOME: the diffusion tests keep theirs in the session's
+    temporary folder, out of the home folder."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "cache"))

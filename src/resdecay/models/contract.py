@@ -6,7 +6,7 @@ data pipeline read from ``cfg.model`` whatever the family. It adds no dataclass 
 and so the checkpoint's ``config`` keys, stay each family's own).
 
 ``ResidualModel`` is the protocol every family's network satisfies (checked for every registered
-family by ``tests/test_contract.py``):
+family by ``tests/models/test_contract.py``):
 
     cfg                  the config the blocks were built from (img_size, in_chans, alpha_min, ...)
     blocks               the encoder / backbone residual blocks, in network order (an nn.ModuleList)

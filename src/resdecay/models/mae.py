@@ -130,7 +130,7 @@ class SkipFusion(nn.Module):
     and a Linear commutes with fill-and-unshuffle, so the encoder half of ``fc1`` runs on the
     1+K visible tokens only, the removed places get the constant ``mask_token W_e^T``, and the
     unshuffle moves decoder-width rows in the compute dtype. Same parameters, same state_dict, the
-    same function up to float rounding (tests/test_mae.py keeps the concatenating form as reference)."""
+    same function up to float rounding (tests/models/test_mae.py keeps the concatenating form as reference)."""
 
     def __init__(self, enc_dim: int, dec_dim: int):
         super().__init__()

@@ -5,7 +5,7 @@ Its adds are inline with the adaLN-Zero gate (``gate * attn + x``; DiT's recipe 
 branch module can reach them: the forward is replaced by ``basic_block_forward``, the library's forward
 (diffusers 0.3x-0.4x) with ``residual_add`` in the self-attention and feed-forward adds. At alpha = 1
 ``residual_add`` is ``x + branch``, the library's ``branch + x`` in the same float order: outputs are
-bit-identical (tests/test_adapters.py). The cross-attention add (PixArt) is not on the schedule (a DiT
+bit-identical (tests/nn/test_adapters.py). The cross-attention add (PixArt) is not on the schedule (a DiT
 block's two adds are), and keeps ``x + f``.
 """
 

@@ -1,0 +1,179 @@
+"""Every benchmark script still runs (issue 23, "every benchmark script has a smoke run"): each on its
+smallest CPU setting, checking its table and JSON and the correctness checks it carries, not its timings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_script(script: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+def run_benchmark(script: str, *args: str, tmp_path: Path) -> tuple[str, dict]:
+    out = tmp_path / "result.json"
+    proc = run_script(script, *args, "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout, json.loads(out.read_text())
+
+
+def test_batch_sweep_lists_every_batch_and_marks_the_fastest(tmp_path):
+    stdout, result = run_benchmark("batch_sweep.py", "--batches", "4,8", "--warmup", "1", "--steps", "1", "--rounds", "1",
+                                   "--threads", "1", tmp_path=tmp_path)
+    assert [r["batch"] for r in result["rows"]] == [4, 8]
+    assert all(r["img_per_s"] > 0 and r["ms_per_step"] > 0 for r in result["rows"])
+    assert stdout.count("<- fastest") == 1
+
+
+def test_end_to_end_trains_from_jpegs_with_each_decoder(tmp_path):
+    stdout, result = run_benchmark("train_end_to_end.py", "--images", "16", "--batch-size", "4", "--epochs", "2",
+                                   "--log-every", "1", "--rounds", "1", "--decoders", "pil,tensor", "--model-only",
+                                   tmp_path=tmp_path)
+    rows = {r["decoder"]: r for r in result["rows"]}
+    assert set(rows) == {"pil", "tensor"}
+    assert all(len(r["windows"]) == 7 and r["img_per_s"] > 0 for r in rows.values())  # 8 logged steps, the first dropped
+    assert rows["pil"]["ratio_to_pil"] == 1.0
+    assert "data.decoder" not in " ".join(result["overrides"])  # the decoder is set per row, not globally
+    assert result["model_only_img_per_s"] > 0 and "model only" in stdout
+
+
+def test_startup_times_every_row_against_torch_alone(tmp_path):
+    stdout, result = run_benchmark("startup.py", "--repeats", "1", "--warmup", "0", tmp_path=tmp_path)
+    rows = {r["command"]: r for r in result["rows"]}
+    assert set(rows) == {"torch alone", "resdecay CLI (--version)", "eager imports (--version)", "pretrain --print-config"}
+    assert rows["torch alone"]["over_torch_s"] == 0 and all(r["median_s"] > 0 and len(r["runs_s"]) == 1 for r in rows.values())
+    assert "over torch" in stdout and "resdecay CLI (--version)" in stdout
+
+
+def test_block_overhead_times_both_blocks_per_shape(tmp_path):
+    stdout, result = run_benchmark("block_overhead.py", "--shape", "2,8,32,2", "--shape", "2,4,16", "--warmup", "1",
+                                   "--iters", "1", "--repeats", "2", "--threads", "1", tmp_path=tmp_path)
+    rows = result["rows"]
+    assert [(r["batch"], r["tokens"], r["width"], r["heads"]) for r in rows] == [(2, 8, 32, 2), (2, 4, 16, 1)]
+    for r in rows:
+        assert len(r["plain_ms_all"]) == len(r["decayed_ms_all"]) == 2 and r["plain_ms"] > 0 and r["decayed_ms"] > 0
+        assert r["pass"] == (r["ratio"] <= result["threshold"])
+    assert "(2, 8, 32, 2)" in stdout and "(2, 4, 16, 1)" in stdout
+
+
+def test_mae_throughput_checks_each_architecture_against_its_reference(tmp_path):
+    stdout, result = run_benchmark("mae_throughput.py", "--batch-size", "4", "--warmup", "1", "--steps", "1",
+                                   "--rounds", "1", "--threads", "1", tmp_path=tmp_path)
+    assert set(result["checks"]) == {"U-Net", "plain"}
+    assert all(c["ok"] for c in result["checks"].values()), result["checks"]  # same loss, prediction and grads
+    variants = {r["variant"]: r for r in result["rows"]}
+    assert {"resdecay U-Net", "reference U-Net SDPA", "resdecay plain", "reference plain SDPA"} <= set(variants)
+    assert all(r["img_per_s"] > 0 for r in variants.values())
+    assert stdout.count("-> OK") == 2
+
+
+def test_diffusion_throughput_rows_decayed_and_plain_per_preset(tmp_path):
+    stdout, result = run_benchmark("diffusion_throughput.py", "--batch-size", "4", "--warmup", "1", "--steps", "1",
+                                   "--sample-n", "2", "--sample-steps", "2", "--threads", "1", tmp_path=tmp_path)
+    by_preset: dict[str, list] = {}
+    for r in result["rows"]:
+        by_preset.setdefault(r["preset"], []).append(r)
+        assert r["img_per_s"] == pytest.approx(r["batch"] * r["steps_per_s"]) and r["sample_img_per_s"] > 0
+    assert set(by_preset) == {"uvit-tiny-fmnist", "sit-tiny-fmnist"}
+    for rows in by_preset.values():
+        decayed, plain = rows
+        assert decayed["row"].startswith("resdecay") and plain["row"].startswith("reference")
+        assert decayed["params"] > plain["params"]  # the long skips' fusion layers are the only extra parameters
+
+
+def test_eval_speed_sections_agree_with_their_references(tmp_path):
+    """The script named undefined names at HEAD (issue 23.1: `bank`, `queries`, `x` in closures after `del`)."""
+    stdout, result = run_benchmark("eval_speed.py", "--bank", "2000", "--queries", "200", "--probe-epochs", "1",
+                                   "--probe-train", "2000", "--probe-test", "500", "--rank-rows", "2000", "--repeats", "1",
+                                   "--threads", "1", tmp_path=tmp_path)
+    assert result["knn"]["check"] == "OK" and result["knn"]["bank"] == 2000
+    assert result["probe"]["train"] == 2000 and result["probe"]["custom_size"]
+    assert all(0 < r["top1"] <= 1 for r in result["probe"]["rows"])
+    assert result["rank"]["ok"] and result["rank"]["small"]["ok"] and result["rank"]["n"] == 2000
+    assert "MISMATCH" not in stdout and "target set for 200 epochs on 60,000 features" in stdout
+
+
+def test_gpu_rows_smoke_mode_runs_data_throughput_on_every_decoder_path(tmp_path):
+    """SMOKE=1 runs the GPU sequence's rows on the CPU with tiny settings; here its data_throughput row (the
+    script's smoke run too: the other rows' scripts are run above)."""
+    out = tmp_path / "rows"
+    env = {**os.environ, "OUT": str(out), "SMOKE": "1", "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_rows.sh"), "data_throughput"], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "--- data_throughput: exit 0" in (out / "summary.txt").read_text()
+    rows = {r["path"]: r for r in json.loads((out / "data_throughput.json").read_text())["rows"]}
+    assert {"pil (before)", "tensor, uint8 out", "tensor, float out"} <= set(rows)
+    assert rows["pil (before)"]["ratio_to_pil"] == 1.0
+    assert all(r["img_per_s_per_core"] > 0 for r in rows.values())
+
+
+
+def test_segmentation_cost_times_every_solver_and_skips_a_row_past_the_timeout(tmp_path):
+    """Issue 33 item 6: the segmentation metric's cost per solver beside the kNN row; a row past
+    --timeout-per-row is stopped and printed as skipped, and larger sizes of that solver are not started."""
+    small = ["--tokens", "4", "--dim", "16", "--classes", "3", "--epochs", "2", "--graph-rounds", "2", "--threads", "1"]
+    stdout, result = run_benchmark("segmentation_cost.py", "--images", "40", *small, tmp_path=tmp_path)
+    rows = {r["solver"]: r for r in result["rows"]}
+    assert list(rows) == ["knn", "exact", "learned", "kmeans"] and all(r["status"] == "ok" for r in rows.values())
+    assert all(r["seconds"] > 0 and r["images"] == 40 and r["tokens"] == 4 for r in rows.values())
+    assert rows["knn"]["sanity_name"] == "knn_top1" and rows["knn"]["bank"] == rows["knn"]["queries"] == 80
+    assert all(0 <= rows[s]["sanity"] <= 1 and rows[s]["sanity_name"] == "miou" for s in ("exact", "learned", "kmeans"))
+    assert rows["learned"]["protocol"]["epochs"] == 2 and "mIoU (knn: top-1)" in stdout
+    # the child's imports alone take longer than 0.3 s: the first row is stopped, the larger one not started
+    stdout, result = run_benchmark("segmentation_cost.py", "--images", "40,80", "--solvers", "learned",
+                                   "--timeout-per-row", "0.3", *small, tmp_path=tmp_path)
+    first, second = result["rows"]
+    assert first["status"] == "skipped (> 0.3 s)" and "seconds" not in first
+    assert second["status"] == "skipped (> 0.3 s at a smaller size)" and second["not_started"]
+    assert "not measured: 40 x 4 learned skipped (> 0.3 s)" in stdout
+
+def test_grad_checkpointing_rows_pair_each_preset_with_and_without(tmp_path):
+    stdout, result = run_benchmark("grad_checkpointing.py", "--presets", "mae-tiny-digits,sit-tiny-fmnist", "--batch-size",
+                                   "4", "--rounds", "1", "--steps", "1", "--threads", "1", tmp_path=tmp_path)
+    rows = [(r["preset"], r["grad_checkpointing"]) for r in result["rows"]]
+    assert rows == [("mae-tiny-digits", False), ("mae-tiny-digits", True), ("sit-tiny-fmnist", False),
+                    ("sit-tiny-fmnist", True)]
+    assert all(r["seconds_per_step"] > 0 for r in result["rows"]) and "memory x" in stdout
+
+
+@pytest.mark.parametrize("script, args, needle", [
+    ("batch_sweep.py", ["--batches", "4,x"], "--batches must be positive integers"),
+    ("batch_sweep.py", ["--preset", "sit-tiny-fmnist"], "times MAE presets"),
+    ("train_end_to_end.py", ["--decoders", "pil,foo"], "--decoders: unknown or unavailable ['foo']"),
+    ("train_end_to_end.py", ["--preset", "mae-giant"], "preset 'mae-giant' does not exist"),
+    # refused by `resdecay pretrain` itself (4 images, batch 32): its one line is passed on
+    ("train_end_to_end.py", ["--images", "4", "--epochs", "1", "--rounds", "1", "--decoders", "tensor"],
+     "fewer than one optimizer step needs"),
+    # no whole batch: every rate was 0 img/s, then a ZeroDivisionError traceback
+    ("data_throughput.py", ["--images", "2", "--batch", "4"], "--images 2 is fewer than one batch (--batch 4)"),
+    ("eval_speed.py", ["--rank-rows", "1"], "--rank-rows must be at least 2"),
+    ("startup.py", ["--repeats", "0"], "--repeats must be a positive integer"),
+    ("segmentation_cost.py", ["--tokens", "10"], "--tokens 10: tokens per image must be a square grid"),
+    ("segmentation_cost.py", ["--solvers", "exact,spectral"], "choose from knn,exact,learned,kmeans"),
+    ("startup.py", ["--warmup", "-1"], "--warmup must be 0 or more"),
+    ("grad_checkpointing.py", ["--warmup", "0"], "--warmup must be at least 1"),
+    ("grad_checkpointing.py", ["--presets", "mae-giant"], "mae-giant"),
+])
+def test_bad_arguments_are_one_line_exit_2(script, args, needle):
+    proc = run_script(script, *args)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(f"{script}: error: ") and needle in lines[0], lines[0]
+
+
+def test_gpu_rows_refuses_an_unknown_row_before_doing_anything(tmp_path):
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_rows.sh"), "mae_throughput", "nope"], capture_output=True,
+                          text=True, cwd=tmp_path, env={**os.environ, "OUT": str(tmp_path / "rows")}, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown row 'nope'" in proc.stderr
+    assert not (tmp_path / "rows").exists()

@@ -1,0 +1,388 @@
+"""README is executable (issue 23, gate): every command README.md shows, and every ``examples:``
+line of ``resdecay SUBCOMMAND --help``, runs at its smallest size (tiny models, one epoch, fake data
+in place of real folders, tiny stand-ins for placeholder paths) and must exit 0; the ones that
+cannot run here are skipped with the reason. A command added to README or to --help that
+tests/helpers/readme_commands.py's table does not know fails ``test_every_shown_command_has_a_plan``."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import readme_commands as rc
+from helpers import write_idx
+from resdecay.cli import main
+
+COMMANDS = rc.all_commands()
+BLOCKS = rc.python_blocks()
+ROOT = rc.ROOT
+
+
+class Workspace:
+    """Tiny artifacts shared by the commands (runs, samples, foreign weights), each built on first use."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+
+    @cached_property
+    def fmnist(self) -> Path:  # Fashion-MNIST's IDX files: 160 train images (proxy FID needs > 128), 40 test
+        root = self.root / "fmnist"
+        root.mkdir()
+        rng = np.random.default_rng(1)
+        for split, n in (("train", 160), ("t10k", 40)):
+            write_idx(root / f"{split}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+            write_idx(root / f"{split}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
+        return root
+
+    @cached_property
+    def imagefolder(self) -> Path:  # ImageNet's layout, 2 classes: 24 train images (kNN's k is 20), 8 val
+        from PIL import Image
+
+        rng = np.random.default_rng(2)
+        for split, n in (("train", 12), ("val", 4)):
+            for cls in ("cat", "dog"):
+                (folder := self.root / "imnet" / split / cls).mkdir(parents=True)
+                for i in range(n):
+                    Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+        return self.root / "imnet"
+
+    def _pretrain(self, name: str, preset: str, shrink, *extra: str) -> Path:
+        from resdecay.commands.pretrain import run_pretrain
+
+        keep = [o.format(fmnist=self.fmnist) for o in shrink if "=" in o and "{tmp}" not in o]  # overrides, not flags
+        out = self.root / "runs" / name
+        run_pretrain(preset, [*keep, *extra, "train.keep_last=1", f"train.out_dir={out}"], progress=False)
+        return out
+
+    def _mae(self, name: str, preset: str, *extra: str) -> Path:
+        return self._pretrain(name, preset, rc.FMNIST, "train.epochs=2", "train.online_eval_every=1",
+                              "train.online_eval_size=32", *extra)
+
+    @cached_property
+    def mae_run(self) -> Path:
+        return self._mae("mae-tiny-fmnist", "mae-tiny-fmnist")
+
+    @cached_property
+    def mae_plain_run(self) -> Path:
+        return self._mae("mae-tiny-fmnist-plain", "mae-tiny-fmnist-plain")
+
+    @cached_property
+    def mae_run_07(self) -> Path:
+        return self._mae("mae-tiny-fmnist-0.7", "mae-tiny-fmnist", "alpha_min=0.7")
+
+    @property
+    def mae_ckpt(self) -> Path:
+        return only_checkpoint(self.mae_run)
+
+    @property
+    def mae_plain_ckpt(self) -> Path:
+        return only_checkpoint(self.mae_plain_run)
+
+    @cached_property
+    def evaluated(self) -> None:  # eval.json in both runs, for compare
+        for run in (self.mae_plain_run, self.mae_run):
+            assert main(["eval", str(only_checkpoint(run)), *rc.EVAL_SIZE, "--no-progress"]) == 0
+
+    @cached_property
+    def uvit_run(self) -> Path:  # with <run>/samples/samples_*.npz: 130 samples, one more than proxy FID's 128 dims
+        from resdecay.commands.sample import run_sample
+
+        run = self._pretrain("uvit-tiny-fmnist", "uvit-tiny-fmnist", rc.UVIT)
+        run_sample(str(only_checkpoint(run)), n=130, steps=2, out=str(run / "samples"), progress=False)
+        return run
+
+    def _sit(self, name: str) -> Path:
+        return self._pretrain(name, name, rc.SIT, "train.online_eval_every=1", "train.online_eval_size=130")
+
+    @cached_property
+    def sit_run(self) -> Path:
+        return self._sit("sit-tiny-fmnist")
+
+    @cached_property
+    def sit_plain_run(self) -> Path:
+        return self._sit("sit-tiny-fmnist-plain")
+
+    @cached_property
+    def vae(self) -> Path:  # a tiny diffusers AutoencoderKL (8 px -> 4x4x4 latents)
+        import diffusers
+
+        vae = diffusers.AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                                      up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 8),
+                                      latent_channels=4, norm_num_groups=4, sample_size=8)
+        vae.save_pretrained(self.root / "vae")
+        return self.root / "vae"
+
+    @cached_property
+    def latents(self) -> Path:
+        assert main(["latents", "--vae", str(self.vae), "--data", "digits", "--img-size", "8", "--out",
+                     str(self.root / "latents"), "--no-progress"]) == 0
+        return self.root / "latents"
+
+    @cached_property
+    def sit_latent_ckpt(self) -> Path:
+        run = self._pretrain("sit-xl2", "sit-xl2", rc.SIT_LATENT, f"data.path={self.latents}")
+        return only_checkpoint(run)
+
+    @cached_property
+    def mae_pth(self) -> Path:  # facebookresearch/mae's layout: {'model': ..., 'args': Namespace, ...}
+        from helpers.interop import resdecay_checkpoint
+
+        src, _ = resdecay_checkpoint(self.root / "mae_src.pt", "mae-tiny-digits-plain")
+        torch.save({"model": src.state_dict(), "epoch": 799, "args": argparse.Namespace(mask_ratio=0.75)},
+                   self.root / "mae_pretrain.pth")
+        return self.root / "mae_pretrain.pth"
+
+    @cached_property
+    def unet_pth(self) -> Path:  # the authors' U-Net MAE layout; their script saves args.min_decay
+        from helpers.interop import resdecay_checkpoint
+        from test_import_weights import _authors_unet_layout
+
+        src, _ = resdecay_checkpoint(self.root / "unet_src.pt", "mae-tiny-digits", ["alpha_min=0.6"])
+        torch.save({"model": _authors_unet_layout(src.state_dict()), "args": argparse.Namespace(min_decay=0.6)},
+                   self.root / "unet_mae.pth")
+        return self.root / "unet_mae.pth"
+
+    @cached_property
+    def timm_pth(self) -> Path:  # a timm ViT state_dict with ViT-S's 6 heads
+        from helpers.interop import tiny_timm
+
+        torch.save(tiny_timm(num_heads=6).state_dict(), self.root / "vit.pth")
+        return self.root / "vit.pth"
+
+    @cached_property
+    def inception(self) -> Path:  # FID Inception-v3's layout with random weights (the real file is not shipped)
+        from torchvision.models import inception_v3
+
+        net = inception_v3(weights=None, aux_logits=False, num_classes=1008, init_weights=False)
+        torch.save(net.state_dict(), self.root / "pt_inception.pth")
+        return self.root / "pt_inception.pth"
+
+    @cached_property
+    def cifar_samples(self) -> Path:
+        np.savez(self.root / "samples.npz", arr_0=np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3), dtype=np.uint8))
+        return self.root / "samples.npz"
+
+
+def only_checkpoint(run: Path) -> Path:
+    (ckpt,) = sorted(run.glob("checkpoints/step_*.pt"))
+    return ckpt
+
+
+@pytest.fixture(scope="session")
+def shared(tmp_path_factory):
+    return Workspace(tmp_path_factory.mktemp("readme"))
+
+
+@pytest.fixture
+def workspace(shared, monkeypatch):
+    """The shared artifacts; proxy-FID extractors (trained once) are cached inside it, never in the home folder."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(shared.root / "cache"))
+    return shared
+
+
+def shrink_demo(mp, ctx: rc.Context) -> None:
+    """`resdecay demo` has no size flags: its recipes get the tiny sizes, Fashion-MNIST the fake files."""
+    from resdecay.commands import demo
+
+    tiny = [o.format_map(ctx) for o in rc.FMNIST if "=" in o and "out_dir" not in o] + ["data.train_subset=96"]
+    mp.setattr(demo, "fashion_mnist_available", lambda: True)
+    for name, (preset, extra, alpha) in list(demo.DEMO_DATA.items()):
+        sized = [o for o in tiny if name != "digits" or not o.startswith("data.path=")]
+        mp.setitem(demo.DEMO_DATA, name, (preset, [*extra, *sized], alpha))
+
+
+def shrink_diffusion_demo(mp, ctx: rc.Context) -> None:
+    """`demo --diffusion` on digits (what a machine without Fashion-MNIST runs: its proxy FID reads the
+    data set's default folder), tiny U-ViTs, 130 samples of 2 sampler steps."""
+    from resdecay.commands import demo, demo_diffusion
+
+    mp.setattr(demo, "fashion_mnist_available", lambda: False)
+    extra, *_ = demo_diffusion.DEMO_DATA["digits"]
+    tiny = [o for o in rc.UVIT if "=" in o and not o.startswith(("data.path", "train.out_dir"))]
+    mp.setitem(demo_diffusion.DEMO_DATA, "digits", ([*extra, *tiny, "data.train_subset=96"], 130, 64, 32))
+    mp.setattr(demo_diffusion, "STEPS", 2)
+
+
+PATCHES = {"demo": shrink_demo, "demo_diffusion": shrink_diffusion_demo}
+
+
+def killed_run(ctx: rc.Context, argv: list[str]) -> None:
+    """The run `--resume auto` continues: trained to the end, then its newest checkpoint and summary
+    removed, which is what a kill -9 between two checkpoints leaves."""
+    i = argv.index("--resume")
+    assert main(argv[1:i] + argv[i + 2:]) == 0
+    run = ctx["tmp"] / "run"
+    *_, newest = sorted(run.glob("checkpoints/step_*.pt"))
+    newest.unlink()
+    (run / "summary.json").unlink()
+
+
+def cifar100(ctx: rc.Context, argv: list[str]) -> None:
+    """CIFAR-100's python pickles beside the fake CIFAR-10 in /data/cifar's stand-in."""
+    folder = ctx["fake_cifar10"] / "cifar-100-python"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 8), ("test", 4)):
+        with open(folder / split, "wb") as f:
+            pickle.dump({"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "fine_labels": list(range(n))}, f)
+
+
+SETUPS = {"killed_run": killed_run, "cifar100": cifar100}
+
+
+def run_subprocess(argv: list[str], cwd: Path, timeout: int) -> tuple[int, str]:
+    """torchrun lines with 2 CPU processes (a free port), benchmark scripts with the test's python.
+    A command still running after ``timeout`` seconds is killed with all its processes (torchrun's workers)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if argv[0] == "torchrun":
+        i = argv.index("--nproc_per_node")
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *argv[i + 2:]]
+        if "--device" not in argv:
+            argv.append("train.device=cpu")
+    else:  # .venv/bin/python benchmarks/x.py: this python, the script in the checkout
+        argv = [sys.executable, str(ROOT / argv[1]), *argv[2:]]
+    log = cwd / "subprocess.log"  # a file, not a pipe: a stray worker holding it open cannot block the test
+    with open(log, "w") as f:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # torchrun passes SIGTERM on to its workers, which run in sessions of their own
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            f.write(f"\n(killed after {timeout} s)")
+    return proc.returncode, log.read_text()[-6000:]
+
+
+def skip_if_covered(nodeid: str, needle: str) -> None:
+    """Skip, naming the test that runs this already, once that test is checked to exist and to mention it."""
+    path, name = nodeid.split("::")
+    body = re.search(rf"^def {name}\(.*?(?=^def |^@|\Z)", (ROOT / path).read_text(), re.S | re.M)
+    assert body and needle in body.group(0), f"{nodeid} does not exist or no longer runs {needle!r}"
+    pytest.skip(f"{needle!r} runs in {nodeid}")
+
+
+def _params(table: dict, known: dict):
+    for name in known:
+        plan = table.get(name)
+        if plan is None:
+            continue
+        marks = [pytest.mark.xfail(reason=plan.xfail, strict=not plan.racy)] if plan.xfail else []
+        yield pytest.param(name, marks=marks, id=name)
+
+
+def test_every_shown_command_has_a_plan():
+    """A command added to README.md or to a --help example must be added to the table too."""
+    unknown = [c for c in COMMANDS if c not in rc.PLANS]
+    assert not unknown, f"add to PLANS in tests/helpers/readme_commands.py (how to shrink it, or why it is skipped): {unknown}"
+    stale = [c for c in rc.PLANS if c not in COMMANDS]
+    assert not stale, f"PLANS has commands README and --help no longer show: {stale}"
+    assert sorted(BLOCKS) == sorted(rc.PYTHON_BLOCKS), "add README's new ```python block to PYTHON_BLOCKS"
+
+
+def test_commands_are_read_as_a_shell_would():
+    """Comments dropped, quotes removed, `&&` chains split, other lines ignored: what the table's keys are made of."""
+    text = ("```bash\nresdecay ablate --only \"plain MAE,alpha 0.8\"   # a note\n"
+            "python3 -m venv v && .venv/bin/pip install -e '.[test]'\necho not a command\n```\n"
+            "```python\nresdecay.alpha_schedule(12, 0.6)\n```\n")
+    cmds = rc.readme_bash_commands(text)
+    assert cmds == [["resdecay", "ablate", "--only", "plain MAE,alpha 0.8"], ["python3", "-m", "venv", "v"],
+                    [".venv/bin/pip", "install", "-e", ".[test]"]]
+    assert rc.key(cmds[0]) not in rc.PLANS  # a new command like this one fails test_every_shown_command_has_a_plan
+
+
+@pytest.mark.parametrize("command", list(_params(rc.PLANS, COMMANDS)))
+def test_readme_command(command, workspace, tmp_path, request, capsys, monkeypatch):
+    """One README / --help command, shrunk as its Plan says, exits 0 and writes and says what it should."""
+    plan = rc.PLANS[command]
+    if plan.skip:
+        pytest.skip(f"{command!r}: {plan.skip}")
+    if plan.covered:
+        skip_if_covered(plan.covered, Path(command.split()[1]).stem)  # the script's name
+    monkeypatch.chdir(tmp_path)  # relative outputs (runs/alpha, mae.pt, vit.safetensors) land here
+    torch.set_num_threads(1)  # tiny models gain nothing from a second thread; FID's 2048x2048 eigvals lose much on a busy host
+    ctx = rc.Context(request, workspace, tmp_path)
+    if plan.setup in SETUPS:
+        SETUPS[plan.setup](ctx, rc.resolve(COMMANDS[command], rc.Plan(add=plan.add), ctx))
+    elif plan.setup:
+        getattr(workspace, plan.setup)
+    if plan.patch:
+        PATCHES[plan.patch](monkeypatch, ctx)
+    argv = rc.resolve(COMMANDS[command], plan, ctx)
+    if argv[0] == "resdecay" or argv[0].endswith("/resdecay"):
+        code = main(argv[1:])
+        log = "".join(capsys.readouterr())
+    else:
+        code, log = run_subprocess(argv, tmp_path, plan.timeout)
+    assert code == 0, f"{' '.join(argv)}\n{log[-6000:]}"
+    for text in plan.says:
+        assert text.format_map(ctx) in log, f"{command}: the output does not say {text.format_map(ctx)!r}\n{log[-3000:]}"
+    for pattern in plan.expect:
+        pattern, _, text = pattern.format_map(ctx).partition("::")
+        found = glob.glob(pattern)
+        assert found, f"{command}: nothing written at {pattern}\n{log[-3000:]}"
+        assert not text or text in Path(found[0]).read_text(errors="replace"), f"{command}: {found[0]} does not say {text!r}"
+
+
+@pytest.mark.parametrize("title", sorted(BLOCKS))
+def test_readme_python_block(title, workspace, tmp_path, monkeypatch):
+    """README's ```python blocks as written (bar the listed size replacements), and their stated values."""
+    plan = rc.PYTHON_BLOCKS.get(title)
+    if isinstance(plan, str):
+        skip_if_covered(plan, title)
+    code = BLOCKS[title]
+    for old, new in (plan or {}).items():
+        assert old in code, f"README block {title!r} no longer contains {old!r}: update PYTHON_BLOCKS"
+        code = code.replace(old, new)
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {"MAE_CKPT": str(workspace.mae_ckpt)} if "MAE_CKPT" in code else {}
+    exec(compile(code, f"README: {title}", "exec"), scope)
+    CHECKS[title](scope)
+
+
+def check_decayify(scope: dict) -> None:
+    alphas = scope["resdecay"].alphas_of(scope["resnet"])
+    assert alphas[0] == ("layer1.0", (1.0,)) and alphas[1][0] == "layer1.1" and round(alphas[1][1][0], 3) == 0.957
+    assert alphas[-1] == ("layer4.1", (0.7,)) and scope["resnet"].resdecay_spec["alpha_min"] == 0.7
+    assert Path("vit.pt").is_file()
+
+
+def check_library(scope: dict) -> None:
+    r = scope["resdecay"]
+    assert f"{r.effective_decay(scope['a']):.2e}" == "3.58e-03" and f"{r.solve_alpha_min(24, 5e-3):.4f}" == "0.7951"
+    with torch.device("meta"):  # the ViT-B/16 U-Net MAE's size as README states it, without allocating it
+        vit_b = scope["MaskedAutoencoder"](scope["MAEConfig"](alpha_min=0.6))
+    assert round(sum(p.numel() for p in vit_b.parameters()) / 1e6, 2) == 117.29
+    x = torch.randn(2, 5, 384)
+    assert torch.equal(scope["block"](x), 0.85 * (0.9 * x))  # README: "== 0.85 * (0.9 * x) exactly"
+    assert scope["pred"].shape[:2] == (2, 4) and [f.shape for f in scope["feats"]] == [(2, 5, 32)] * 2
+    assert scope["cfg"].model.alpha_min == 0.6 and torch.isfinite(scope["loss"])
+
+
+def check_sharing(scope: dict) -> None:
+    assert Path("mae-hf/README.md").is_file() and Path("mae-hf/model.safetensors").is_file()
+    config, cfg = scope["config"], scope["cfg"]
+    assert config["alpha"]["alpha_min"] == cfg.model.alpha_min and 0 < config["alpha"]["alpha_eff"] <= 1
+    x = torch.randn(2, cfg.model.in_chans, cfg.model.img_size, cfg.model.img_size)
+    reloaded, _ = scope["resdecay"].load_model(scope["MAE_CKPT"])
+    assert torch.equal(scope["model"].forward_features(x), reloaded.eval().forward_features(x))
+
+
+CHECKS = {"Decayed shortcuts in models you already have": check_decayify, "Library": check_library,
+          "Sharing a model": check_sharing}

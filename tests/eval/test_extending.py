@@ -1,0 +1,130 @@
+"""docs/EXTENDING.md's three worked examples, run as the page shows them (with CI-sized budgets):
+(a) a residual formula through ``ablate``, (b) a model family trained, resumed and evaluated by the
+unchanged CLI, (c) a metric in ``eval.json`` and the report — each one file under docs/examples/extending/.
+The contract test (tests/models/test_contract.py) and tests/eval/test_metrics.py load the same files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from resdecay.eval.metrics import registered, unregister_metric
+from resdecay.models import FAMILIES
+from resdecay.nn import residual
+from resdecay.nn.residual import factors_of
+from resdecay.train import checkpoint as ckpt
+
+from helpers import TINY
+from helpers import run
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+EXAMPLES = ROOT / "docs" / "examples" / "extending"
+GUIDE = (ROOT / "docs" / "EXTENDING.md").read_text()
+FAST = ["train.epochs=2", "train.warmup_epochs=1", "train.log_every=5", "train.threads=1"]
+
+
+def shown(command: str) -> str:
+    """The command as EXTENDING.md shows it: the test runs what the page says (budget overrides added)."""
+    assert command in GUIDE, f"docs/EXTENDING.md no longer shows: {command}"
+    return command
+
+
+@pytest.fixture
+def registries_restored():
+    """What a plugin registers (formulas, families, metrics, its module) is gone after the test."""
+    formulas, families, modules = dict(residual.SHORTCUT_FORMULAS), dict(FAMILIES), set(sys.modules)
+    metrics = {m.name for m in registered()}
+    yield
+    residual.SHORTCUT_FORMULAS.clear()
+    residual.SHORTCUT_FORMULAS.update(formulas)
+    FAMILIES.clear()
+    FAMILIES.update(families)
+    for name in {m.name for m in registered()} - metrics:
+        unregister_metric(name)
+    for name in set(sys.modules) - modules:
+        if name.startswith("resdecay_plugin_"):
+            del sys.modules[name]
+
+
+def test_a_residual_formula_in_one_file_runs_through_ablate(capsys, tmp_path, registries_restored):
+    cmd = shown("resdecay --plugin docs/examples/extending/two_minus.py ablate --grid "
+                "docs/examples/extending/two_minus-digits.yaml --out runs/ablate/two-minus").split()[1:]
+    cmd = [str(ROOT / c) if c.startswith("docs/") else c for c in cmd]
+    cmd[cmd.index("--out") + 1] = str(tmp_path / "ablate")
+    code, out, err = run(capsys, *cmd, *TINY, *FAST, "--no-progress")
+    assert code == 0, err
+    rows = json.loads((tmp_path / "ablate" / "ablate.json").read_text())["rows"]
+    assert set(rows) == {"plain", "decay 0.6", "two_minus 0.6"} and "two_minus 0.6" in out
+    assert all(0 <= rows[v]["measures"]["knn_top1"] <= 1 for v in rows)
+    # the same alphas as the decayed variant, the branch boosted by 2 - alpha: read off the trained model
+    model, cfg = ckpt.load_model(ckpt.list_checkpoints(tmp_path / "ablate" / "two-minus-0-6" / "checkpoints")[-1])
+    assert cfg.model.shortcut == "two_minus"
+    assert rows["two_minus 0.6"]["alphas"] == rows["decay 0.6"]["alphas"]
+    for block in model.blocks:
+        (a_attn, a_mlp), (b_attn, b_mlp) = factors_of(block).alphas, factors_of(block).betas
+        assert (b_attn, b_mlp) == (2.0 - a_attn, 2.0 - a_mlp)
+    assert model.blocks[-1].alpha_mlp == 0.6 and model.blocks[-1].beta_mlp == 1.4
+
+
+def test_a_family_in_one_file_trains_resumes_and_is_evaluated_by_the_cli(capsys, tmp_path, registries_restored):
+    pretrain = shown("resdecay --plugin docs/examples/extending/mixer.py pretrain --preset "
+                     "docs/examples/extending/mixer-digits.yaml").split()[1:]
+    pretrain = [str(ROOT / c) if c.startswith("docs/") else c for c in pretrain]
+    out_dir = tmp_path / "mixer"
+    code, out, err = run(capsys, *pretrain, *FAST, f"train.out_dir={out_dir}", "--no-progress")
+    assert code == 0, err
+    assert "mixer depth 8 | alpha_min 0.6" in out
+    code, out, err = run(capsys, *pretrain, *FAST, "train.epochs=3", f"train.out_dir={out_dir}", "--resume", "auto",
+                         "--no-progress")
+    assert code == 0 and "resumed from" in out, err
+    last = ckpt.list_checkpoints(out_dir / "checkpoints")[-1]
+    shown("resdecay --plugin docs/examples/extending/mixer.py eval runs/mixer-digits/checkpoints/")
+    shown("resdecay --plugin docs/examples/extending/rankme.py eval runs/mixer-digits/checkpoints/")
+    code, out, err = run(capsys, "--plugin", str(EXAMPLES / "mixer.py"), "--plugin", str(EXAMPLES / "rankme.py"), "eval",
+                         str(last), "--evals", "knn,rankme", "--probe-epochs", "2", "--no-progress")
+    assert code == 0, err
+    report = json.loads((out_dir / "eval" / "eval.json").read_text())
+    rows = {row["metric"]: row for row in report["results"]}
+    assert set(rows) == {"knn", "rankme"}
+    assert rows["rankme"]["values"]["rankme"] > 1 and "singular values" in rows["rankme"]["protocol"]["form"]
+    assert rows["knn"]["protocol"]["k"] == 20 and rows["knn"]["layer"] == 7  # the mixer's last block
+    assert "RankMe" in out  # the report table has the plugin metric's column
+
+
+def test_the_plugin_formula_reaches_the_plugin_family(capsys, tmp_path, registries_restored):
+    """(a) x (b): a formula from one file and a family from another meet through the registries only."""
+    from resdecay.cli.plugins import load_plugin
+    from resdecay.models import build_model
+    from resdecay.train.config import load_config
+
+    load_plugin(str(EXAMPLES / "two_minus.py"))
+    load_plugin(str(EXAMPLES / "mixer.py"))
+    cfg = load_config(str(EXAMPLES / "mixer-digits.yaml"), ["model.shortcut=two_minus", "model.depth=3"])
+    model = build_model(cfg.model)
+    for p in model.parameters():  # leave the zero init (the branches start at 0): a real check of both adds
+        torch.nn.init.normal_(p, std=0.1)
+    x = torch.randn(2, 16, 64)
+    block = model.blocks[1]
+    a, b = factors_of(block).alphas, factors_of(block).betas
+    assert b == (2.0 - a[0], 2.0 - a[1]) and a[0] < 1.0
+    mixed = block.token_mlp(block.norm1(x).transpose(1, 2)).transpose(1, 2)
+    h = a[0] * x + b[0] * mixed
+    assert torch.allclose(block(x), a[1] * h + b[1] * block.channel_mlp(block.norm2(h)), atol=1e-6)
+
+
+def test_a_missing_or_broken_plugin_is_one_line(capsys, tmp_path, monkeypatch, registries_restored):
+    from helpers import assert_one_line_error
+
+    code, _, err = run(capsys, "--plugin", str(tmp_path / "nope.py"), "presets")
+    assert_one_line_error(code, err, "nope.py: no such file", "path of a .py file")
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\nraise RuntimeError('my formula is wrong')\n")
+    code, _, err = run(capsys, "--plugin", str(broken), "presets")
+    assert_one_line_error(code, err, "plugin", "broken.py failed to load: RuntimeError: my formula is wrong")
+    monkeypatch.setenv("RESDECAY_PLUGINS", str(tmp_path / "gone.py"))  # the environment's plugins, the same way
+    code, _, err = run(capsys, "presets")
+    assert_one_line_error(code, err, "gone.py: no such file")

@@ -1,0 +1,314 @@
+"""Every command README.md shows (and every ``examples:`` line of ``resdecay SUBCOMMAND --help``),
+extracted as a user would copy it, and the table saying how the README test shrinks each one to
+its smallest size or why it cannot run here (issue 23, gate "README is executable")."""
+
+from __future__ import annotations
+
+import glob
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+PREFIXES = ("resdecay", "torchrun", "python", ".venv/bin/")  # a ```bash line starting so is a command
+
+
+def split_commands(line: str) -> list[list[str]]:
+    """The argv of each command on a shell line: comment dropped, ``&&`` chains split, quotes removed.
+
+    Args:
+        line: one line of a ```bash block.
+    """
+    out, cur = [], []
+    for tok in shlex.split(line, comments=True):
+        if tok == "&&":
+            out.append(cur)
+            cur = []
+        else:
+            cur.append(tok)
+    return [c for c in [*out, cur] if c]
+
+
+def key(argv: list[str]) -> str:
+    """The normalised form of a command: its argv joined by single spaces (the table's key)."""
+    return " ".join(argv)
+
+
+def readme_bash_commands(text: str | None = None) -> list[list[str]]:
+    """argv of every command in README's ```bash blocks, in order.
+
+    Args:
+        text: a README's text (default: README.md's).
+    """
+    text = README.read_text() if text is None else text
+    cmds = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            if line.strip().startswith(PREFIXES):
+                cmds += [c for c in split_commands(line) if c[0].startswith(PREFIXES)]
+    return cmds
+
+
+def help_examples() -> list[list[str]]:
+    """argv of every line under ``example:`` / ``examples:`` in each subcommand's --help."""
+    from resdecay.cli.main import build_parser
+
+    cmds = []
+    for action in build_parser()._actions:
+        for sub in (getattr(action, "choices", None) or {}).values():
+            epilog = getattr(sub, "epilog", None) or ""
+            body = epilog.split("example:" if "example:" in epilog else "examples:", 1)[-1] if "example" in epilog else ""
+            cmds += [c for line in body.splitlines() if line.strip() for c in split_commands(line)]
+    return cmds
+
+
+def python_blocks(text: str | None = None) -> dict[str, str]:
+    """README's ```python blocks keyed by the ``##`` heading they stand under.
+
+    Args:
+        text: a README's text (default: README.md's).
+    """
+    text = README.read_text() if text is None else text
+    blocks: dict[str, str] = {}
+    for section in re.split(r"^## ", text, flags=re.M)[1:]:
+        title = section.splitlines()[0].strip()
+        for i, block in enumerate(re.findall(r"```python\n(.*?)```", section, re.S)):
+            blocks[title if i == 0 else f"{title} #{i + 1}"] = block
+    return blocks
+
+
+def all_commands() -> dict[str, list[str]]:
+    """Every distinct command of README and of the --help examples: key -> argv."""
+    return {key(c): c for c in [*readme_bash_commands(), *help_examples()]}
+
+
+# ----------------------------------------------------------------------------- how each command is shrunk
+@dataclass(frozen=True)
+class Plan:
+    """How the README test runs one command: the README's argv with PLACEHOLDERS replaced by tiny
+    artifacts of the test session, shell globs expanded, then ``add`` appended (later flags and
+    ``key=value`` overrides win), so every flag the README shows is still parsed and used."""
+
+    add: tuple[str, ...] = ()  # smallest sizes, outputs in the test's own folder ({tmp})
+    skip: str = ""  # why it cannot run here; reported by pytest -ra
+    covered: str = ""  # the test that already runs it at its smallest size ("file.py::test_name")
+    xfail: str = ""  # a known defect of issue 23 being fixed elsewhere (strict: remove once it passes)
+    racy: bool = False  # the defect is a race that a tiny run sometimes wins: xfail not strict
+    instead: tuple[str, ...] = ()  # a synopsis line ("[--data a|b]") is run as this concrete instance
+    setup: str = ""  # a workspace recipe to run first (test_readme_commands.Workspace attribute)
+    patch: str = ""  # shrink what has no flag for it (test_readme_commands.PATCHES)
+    expect: tuple[str, ...] = ()  # files (templates, globs) it must write; "FILE::text": FILE must contain text
+    says: tuple[str, ...] = ()  # text (templates) its output must contain: README's stated results
+    timeout: int = 300  # seconds a subprocess (torchrun, benchmark) may take before it is killed
+
+
+# README's placeholder paths -> artifacts built once per test session ({name}: Workspace attributes,
+# {fake_*}: tests/conftest.py fixtures, {tmp}: the test's own folder). Replaced where a token is the
+# path, starts with it followed by "/", or ends with "=path".
+PLACEHOLDERS = {
+    "runs/mae-tiny-fmnist/checkpoints/step_00007020.pt": "{mae_ckpt}",
+    "runs/mae-tiny-fmnist": "{mae_run}", "runs/mae-tiny-fmnist-plain": "{mae_plain_run}",
+    "RUN_A": "{mae_plain_run}", "RUN_B": "{mae_run}", "RUN_06": "{mae_plain_run}", "RUN_08": "{mae_run}",
+    "RUN_10": "{mae_run_07}", "CKPT": "{mae_ckpt}", "PLAIN_CKPT": "{mae_plain_ckpt}", "DECAYED_CKPT": "{mae_ckpt}",
+    "PLAIN/checkpoints/step_00007020.pt": "{mae_plain_ckpt}", "DECAYED/checkpoints/step_00007020.pt": "{mae_ckpt}",
+    "runs/uvit-tiny-fmnist": "{uvit_run}", "runs/sit-tiny-fmnist": "{sit_run}", "runs/sit-tiny-fmnist-plain": "{sit_plain_run}",
+    "runs/sit-xl2/checkpoints/step_00400000.pt": "{sit_latent_ckpt}",
+    "/data/imagenet": "{imagefolder}", "/data/imagenet100": "{imagefolder}", "/data/in100": "{imagefolder}",
+    "/data/cifar": "{fake_cifar10}", "/data/imagenet-latents": "{latents}", "/data/in100-latents": "{tmp}/latents",
+    "/models/sd-vae-ft-ema": "{vae}", "samples.npz": "{cifar_samples}", "pt_inception-2015-12-05-6726825d.pth": "{inception}",
+    "mae_pretrain_vit_base.pth": "{mae_pth}", "unet_mae.pth": "{unet_pth}", "vit.pth": "{timm_pth}",
+}
+
+_RUN = ("train.epochs=1", "train.warmup_epochs=0", "train.batch_size=32", "train.log_every=1", "train.threads=1",
+        "data.num_workers=0", "train.out_dir={tmp}/run", "--no-progress")
+MAE = ("model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.decoder_embed_dim=32", "model.decoder_depth=1",
+       "model.decoder_num_heads=2", *_RUN)
+FMNIST = (*MAE, "data.path={fmnist}")
+DIT = ("model.embed_dim=32", "model.num_heads=2")
+UVIT = (*DIT, "model.depth=3", "data.path={fmnist}", *_RUN)  # U-ViT: in, mid, out blocks (odd depth)
+SIT = (*DIT, "model.depth=2", "data.path={fmnist}", *_RUN)  # SiT: two mirrored halves
+SIT_LATENT = (*DIT, "model.depth=2", *_RUN, "model.img_size=4", "model.num_classes=10",  # the digits' 4x4x4 latents
+              "data.train_subset=64", "train.batch_size=8")
+IMAGENET = ("model.img_size=32", "model.patch_size=8", "data.train_subset=8", *MAE, "train.batch_size=4")
+FIGURES = ("--per-class", "3", "--images", "2", "--out", "{tmp}/figures")
+HEADS = ("model.num_heads=2", "model.decoder_num_heads=2")  # the weights are 32 wide
+EVAL_SIZE = ("--max-train", "64", "--max-test", "32", "--probe-epochs", "5")
+EVAL = (*EVAL_SIZE, "--out", "{tmp}/eval", "--no-progress")
+GRID = (*FMNIST, "data.train_subset=64", "--out", "{tmp}/grid")
+RESUMED = ("{tmp}/run/summary.json::step_00000004.pt",)  # resumed from the checkpoint the kill left (of 5 steps)
+GPU = "needs a CUDA GPU"
+BENCH = "tests/e2e/test_benchmarks.py::"
+SETUP = "sets up the environment this test runs in (CI runs it: .ci/run)"
+
+PLANS: dict[str, Plan] = {
+    # setting up
+    "python3 -m venv .venv": Plan(skip=SETUP),
+    ".venv/bin/pip install torch==2.14.1 torchvision==0.29.1": Plan(skip=SETUP),
+    ".venv/bin/pip install -e .": Plan(skip=SETUP),
+    ".venv/bin/pip install -e .[test]": Plan(skip=SETUP),
+    ".venv/bin/python -m pytest -q -m not gpu": Plan(skip="the test suite itself (this test is part of it)"),
+    ".venv/bin/resdecay demo": Plan(skip="the same command as `resdecay demo`, run under that name"),
+    # the demos (no size flags: their recipes are shrunk in place, see PATCHES)
+    "resdecay demo": Plan(add=("--no-progress", "--out", "{tmp}/demo"), patch="demo", expect=("{tmp}/demo/results.json",)),
+    "resdecay demo --data digits --epochs 2": Plan(add=("--no-progress", "--out", "{tmp}/demo"), patch="demo"),
+    "resdecay demo [--data digits|fashion-mnist|fashion-mnist-m] [--epochs N] [--alpha-min 0.6] [--seed N] [--threads N]": Plan(
+        instead=("resdecay", "demo", "--data", "fashion-mnist-m", "--epochs", "1", "--alpha-min", "0.6", "--seed", "1",
+                 "--threads", "1"),
+        add=("--no-progress", "--out", "{tmp}/demo"), patch="demo"),
+    "resdecay demo --diffusion": Plan(add=("--no-progress", "--out", "{tmp}/demo"), patch="demo_diffusion"),
+    # alpha, presets, pretrain
+    "resdecay alpha --depth 24 --alpha-min 0.7": Plan(expect=("runs/alpha/*.png",), says=("alpha_eff = 3.149e-04",)),
+    "resdecay alpha --depth 24 --target-eff 5e-3": Plan(says=("alpha_min 0.795",)),  # README: "alpha_min 0.795 gives ..."
+    "resdecay alpha --depth 24 --target-eff 5e-3 --json": Plan(says=('"alpha_min": 0.795',)),
+    "resdecay presets": Plan(says=("mae-tiny-fmnist ", "sit-xl2 ", "finetune-mae ")),
+    "resdecay pretrain --preset mae-tiny-fmnist alpha_min=0.7 train.epochs=50": Plan(add=FMNIST,
+                                                                                      expect=("{tmp}/run/summary.json",)),
+    "resdecay pretrain --preset mae-tiny-fmnist --resume auto": Plan(add=(*FMNIST, "train.ckpt_every=1"), setup="killed_run",
+                                                                     expect=RESUMED),
+    "resdecay pretrain --preset mae-tiny-fmnist alpha_min=0.7 train.epochs=50 --resume auto": Plan(
+        add=(*FMNIST, "train.ckpt_every=1"), setup="killed_run", expect=RESUMED),
+    "resdecay pretrain --preset mae-b16 --print-config data.path=/data/imagenet": Plan(says=("path: {imagefolder}",)),
+    "resdecay pretrain --preset mae-tiny-fmnist train.online_eval_every=2": Plan(
+        add=(*FMNIST, "train.epochs=2", "train.online_eval_size=32")),
+    "resdecay pretrain --preset uvit-tiny-fmnist alpha_min=0.7": Plan(add=UVIT),
+    "resdecay pretrain --preset sit-tiny-fmnist": Plan(add=SIT),
+    "resdecay pretrain --preset sit-tiny-fmnist train.online_eval_every=1 train.online_eval_size=1000": Plan(
+        add=(*SIT, "train.online_eval_size=130")),
+    "torchrun --nproc_per_node 8 -m resdecay pretrain --preset mae-b16 data.path=/data/imagenet": Plan(add=IMAGENET),
+    "torchrun --nproc_per_node 8 -m resdecay pretrain --preset sit-xl2 data.path=/data/imagenet-latents": Plan(add=SIT_LATENT),
+    # data
+    "resdecay check-data --data-path /data/imagenet": Plan(add=("--no-progress",)),
+    "resdecay check-data --data digits": Plan(add=("--no-progress",)),
+    "resdecay check-data --preset mae-b16 data.path=/data/imagenet": Plan(add=("--no-progress",)),
+    "resdecay latents --vae /models/sd-vae-ft-ema --data imagefolder --data-path /data/in100 --img-size 256 "
+    "--out /data/in100-latents":
+        Plan(add=("--img-size", "16", "--no-progress"), expect=("{tmp}/latents/train.pt",)),
+    # measuring
+    "resdecay eval runs/mae-tiny-fmnist/checkpoints/step_00007020.pt": Plan(add=EVAL, expect=("{tmp}/eval/*/eval.json",)),
+    "resdecay eval RUN_A/checkpoints/step_*.pt RUN_B/checkpoints/step_*.pt --layer all": Plan(add=EVAL),
+    "resdecay compare RUN_A RUN_B": Plan(add=("--out", "{tmp}/compare"), setup="evaluated"),
+    "resdecay compare runs/mae-tiny-fmnist-plain runs/mae-tiny-fmnist": Plan(add=("--out", "{tmp}/compare"), setup="evaluated"),
+    "resdecay finetune CKPT --preset finetune-mae train.epochs=100": Plan(add=_RUN, expect=("{tmp}/run/eval.json",)),
+    "resdecay finetune CKPT --preset linprobe-mae": Plan(add=_RUN),
+    "resdecay finetune runs/mae-tiny-fmnist/checkpoints/step_00007020.pt --preset linprobe-mae": Plan(add=_RUN),
+    "resdecay train-supervised --preset resnet18-cifar10 alpha_min=0.7 data.path=/data/cifar": Plan(add=("model.width=8", *_RUN)),
+    "resdecay plot RUN_06 RUN_08 RUN_10": Plan(add=("--out", "{tmp}/plot")),
+    "resdecay plot runs/mae-tiny-fmnist-plain runs/mae-tiny-fmnist --out runs/plot": Plan(),
+    "resdecay figures PLAIN_CKPT DECAYED_CKPT": Plan(add=FIGURES),
+    "resdecay figures PLAIN/checkpoints/step_00007020.pt DECAYED/checkpoints/step_00007020.pt": Plan(add=FIGURES),
+    # interop (the foreign files are tiny fakes in each format: tests/helpers/interop.py)
+    "resdecay import-weights mae_pretrain_vit_base.pth --format mae --preset mae-b16-plain --out mae.pt": Plan(
+        add=HEADS, expect=("mae.pt",)),
+    "resdecay import-weights mae_pretrain_vit_base.pth --format mae --preset mae-b16-plain --out runs/imported/mae-b16.pt "
+    "data.path=/data/imagenet": Plan(add=HEADS),
+    "resdecay import-weights unet_mae.pth --format unet-mae --preset mae-b16 --out unet.pt": Plan(  # alpha from args.min_decay
+        add=HEADS, expect=("unet.pt",)),
+    "resdecay import-weights vit.pth --format timm-vit --preset mae-s16 model.num_heads=6 --out vit.pt": Plan(expect=("vit.pt",)),
+    "resdecay export runs/mae-tiny-fmnist/checkpoints/step_00007020.pt --to timm --out vit.safetensors": Plan(
+        expect=("vit.safetensors",)),
+    "resdecay export runs/mae-tiny-fmnist/checkpoints/step_00007020.pt --to hf --out mae-tiny-fmnist-hf": Plan(
+        expect=("mae-tiny-fmnist-hf/README.md::alpha_eff", "mae-tiny-fmnist-hf/config.json", "mae-tiny-fmnist-hf/model.safetensors")),
+    # ablations: every variant of the grid, each a few steps on the fake data
+    # trackers: W&B offline, an MLflow file store, TensorBoard read back, CSV (tests/train/test_trackers.py)
+    "resdecay pretrain --preset mae-tiny-fmnist train.loggers=[tensorboard,wandb,mlflow,csv]": Plan(
+        add=FMNIST, expect=("{tmp}/run/summary.csv", "{tmp}/run/wandb/*", "{tmp}/run/mlruns/*")),  # W&B offline: conftest
+    # cluster: submitit's local executor and a fake sbatch on PATH (tests/cli/test_submit.py)
+    "resdecay submit --nodes 2 --gpus-per-node 8 --partition gpu --timeout-min 240 pretrain --preset mae-b16 data.path=/data/in100":
+        Plan(covered="tests/cli/test_submit.py::test_slurm_submission_writes_the_sbatch_options_and_the_job_id"),
+    "resdecay ablate --list": Plan(says=("table3b-toy", "where-fmnistm-long")),
+    "resdecay ablate --grid table3b-toy": Plan(add=GRID, expect=("{tmp}/grid/table.txt",)),
+    "resdecay ablate --grid table3a-toy": Plan(add=GRID),
+    "resdecay ablate --grid table2-toy": Plan(add=GRID),
+    "resdecay ablate --grid figure7-toy": Plan(add=("model.width=4", "data.path={fmnist}", "data.train_subset=64", *_RUN,
+                                                    "--out", "{tmp}/grid"), expect=("{tmp}/grid/rank_vs_depth.png",)),
+    "resdecay ablate --grid where-fmnistm --only plain MAE,alpha 0.8,alpha 0.6": Plan(add=GRID),
+    "resdecay ablate --grid where-fmnistm --only plain MAE,alpha 0.8": Plan(add=GRID),
+    "resdecay ablate --grid where-fmnistm-long": Plan(add=(*GRID, "train.online_eval_size=32")),
+    "resdecay ablate --grid where-small --seeds 0,1,2": Plan(add=(*GRID, "train.online_eval_size=32"),
+                                                             expect=("{tmp}/grid/seed2/table.txt", "{tmp}/grid/table.txt::±")),
+    "torchrun --nproc_per_node 4 -m resdecay ablate --grid table2-in100 data.path=/data/imagenet100": Plan(
+        add=(*IMAGENET, "--only", "alpha_min 1.0,alpha_min 0.6", "--out", "{tmp}/grid"),
+        # two variants: before the fix rank 1 started the 2nd variant's process group while rank 0 evaluated the
+        # 1st alone ('Gloo connectFullMesh failed ... Connection refused', or a hang); one group + a barrier now
+        expect=("{tmp}/grid/ablate.json",), timeout=120),
+    # diffusion
+    "resdecay sample runs/uvit-tiny-fmnist/checkpoints/step_*.pt --n 1000 --sampler dpm-solver++ --steps 25": Plan(
+        add=("--n", "4", "--steps", "2", "--out", "{tmp}/samples", "--no-progress"), expect=("{tmp}/samples/*.npz",),
+        says=("4 samples | sampler dpm-solver++, 2 steps",)),
+    "resdecay fid runs/uvit-tiny-fmnist/samples/samples_*.npz --ref fashion-mnist --proxy": Plan(
+        add=("--data-path", "{fmnist}", "--ref-out", "{tmp}/ref.pt", "--no-progress"), says=("proxy FID (",)),
+    "resdecay fid samples.npz --ref cifar100 --data-path /data/cifar --inception-weights pt_inception-2015-12-05-6726825d.pth":
+        Plan(add=("--allow-few", "--ref-out", "{tmp}/ref.pt", "--no-progress"), setup="cifar100",  # 4 samples, 8 refs
+             # random weights in the real file's layout (tests/eval/test_fid.py does the same): so not called FID
+             says=("Inception-v3 Frechet distance, NOT FID",)),
+    "resdecay eval-diffusion runs/uvit-tiny-fmnist/checkpoints/step_*.pt --noise-levels 0,0.1,0.25,0.5": Plan(
+        add=("--max-train", "64", "--max-test", "32", "--out", "{tmp}/grid", "--no-progress")),
+    "resdecay plot runs/sit-tiny-fmnist runs/sit-tiny-fmnist-plain --out runs/plot": Plan(expect=("runs/plot/*.png",)),
+    "torchrun --nproc_per_node 8 -m resdecay sample runs/sit-xl2/checkpoints/step_00400000.pt --num-samples 50000 --guidance-scale 1.5 "
+    "--vae /models/sd-vae-ft-ema": Plan(add=("--num-samples", "3", "--steps", "4", "--device", "cpu", "--out", "{tmp}/samples",
+                                             "--no-progress"), expect=("{tmp}/samples/*.npz",)),
+    # benchmarks: each script's smoke run lives in tests/e2e/test_benchmarks.py (checked to exist and to run it)
+    ".venv/bin/python benchmarks/block_overhead.py": Plan(covered=BENCH + "test_block_overhead_times_both_blocks_per_shape"),
+    ".venv/bin/python benchmarks/mae_throughput.py": Plan(
+        covered=BENCH + "test_mae_throughput_checks_each_architecture_against_its_reference"),
+    ".venv/bin/python benchmarks/data_throughput.py": Plan(
+        covered=BENCH + "test_gpu_rows_smoke_mode_runs_data_throughput_on_every_decoder_path"),
+    ".venv/bin/python benchmarks/eval_speed.py": Plan(covered=BENCH + "test_eval_speed_sections_agree_with_their_references"),
+    ".venv/bin/python benchmarks/startup.py": Plan(covered=BENCH + "test_startup_times_every_row_against_torch_alone"),
+    ".venv/bin/python benchmarks/diffusion_throughput.py": Plan(
+        covered=BENCH + "test_diffusion_throughput_rows_decayed_and_plain_per_preset"),
+    ".venv/bin/python benchmarks/train_end_to_end.py": Plan(
+        covered=BENCH + "test_end_to_end_trains_from_jpegs_with_each_decoder"),
+    ".venv/bin/python benchmarks/mae_throughput.py --preset mae-b16 --device cuda --batch-size 256 --compile": Plan(skip=GPU),
+    ".venv/bin/python benchmarks/batch_sweep.py --preset mae-b16 --device cuda --batches 128,256,384,512 --compile":
+        Plan(skip=GPU),
+    ".venv/bin/python benchmarks/diffusion_throughput.py --device cuda --preset sit-xl2 --batch-size 256 --compile":
+        Plan(skip=GPU),
+}
+
+class Context(dict):
+    """Template values: conftest fixtures (fake_*, through pytest's request), the test's folder (tmp), and
+    the session's artifacts (any other name: an attribute of test_readme_commands.Workspace, built on first use)."""
+
+    def __init__(self, request, ws, tmp: Path):
+        super().__init__(tmp=tmp)
+        self.request, self.ws = request, ws
+
+    def __missing__(self, name: str):
+        value = self.request.getfixturevalue(name) if name.startswith("fake_") else getattr(self.ws, name)
+        self[name] = value
+        return value
+
+
+PLACEHOLDER = re.compile(r"(^|=)(" + "|".join(sorted(map(re.escape, PLACEHOLDERS), key=len, reverse=True)) + r")(?=/|$)")
+
+
+def resolve(argv: list[str], plan: Plan, ctx: Context) -> list[str]:
+    """The command as it runs here: placeholders -> artifacts, globs expanded as a shell would, plan.add appended.
+
+    Args:
+        argv: the command as README shows it (``split_commands``).
+        plan: its entry in PLANS.
+        ctx: the values of the ``{name}`` templates.
+    """
+    out = []
+    for tok in plan.instead or argv:
+        tok = PLACEHOLDER.sub(lambda m: m.group(1) + PLACEHOLDERS[m.group(2)].format_map(ctx), tok)
+        out += (sorted(glob.glob(tok)) or [tok]) if "*" in tok else [tok]  # an unmatched glob stays, as in bash
+    return out + [a.format_map(ctx) for a in plan.add]
+
+
+# README's ```python blocks, by the heading they stand under: run here with these text replacements
+# (each must still match README), or the test that runs them already.
+PYTHON_BLOCKS: dict[str, dict[str, str] | str] = {
+    "Notebook API": "tests/models/test_api.py::test_readme_notebook_example_runs",
+    "Decayed shortcuts in models you already have": {'"vit_base_patch16_224"': '"vit_tiny_patch16_224"'},
+    "Sharing a model": {'"runs/mae-tiny-fmnist/checkpoints/step_00007020.pt"': "MAE_CKPT"},
+    "Library": {'"runs/mae-tiny-fmnist/checkpoints/step_00007020.pt"': "MAE_CKPT",
+                "224, 224": "32, 32",  # a small MAE instead of ViT-B/16, whose size test_readme_commands checks apart
+                "MAEConfig(alpha_min=0.6)": "MAEConfig(alpha_min=0.6, img_size=32, embed_dim=32, depth=8, num_heads=2, "
+                                            "decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2)"},
+}
+
