@@ -1,6 +1,7 @@
-"""The lint gate (issue 23.1 and its "Lint in CI" gate): ``ruff check`` with the project's config in
-pyproject.toml finds nothing in src, tests and benchmarks. At HEAD it listed 16 findings, among them a
-``NameError`` waiting in ``resdecay demo --diffusion`` and undefined names in benchmarks/eval_speed.py."""
+"""The lint gate: CI runs ``ruff check src tests benchmarks`` with the project's config in pyproject.toml before
+the tests (.ci/run), so the tree itself is checked there, once. Here: that the config catches what the gate is for
+(undefined names such as the ``NameError`` once waiting in ``resdecay demo --diffusion``, unused imports), and
+that CI runs the lint step before pytest."""
 
 from __future__ import annotations
 
@@ -31,13 +32,9 @@ def ruff(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-def test_ruff_finds_nothing_in_the_tree():
-    r = ruff(*LINTED)
-    assert r.returncode == 0, f"ruff check {' '.join(LINTED)} found:\n{r.stdout}{r.stderr}"
-
-
 def test_the_project_config_catches_undefined_names_and_unused_imports(tmp_path):
-    """The gate is only as good as its rules: the pyproject config must flag both kinds of finding of issue 23."""
+    """The gate is only as good as its rules: the pyproject config must flag both kinds of finding it was
+    introduced for."""
     bad = tmp_path / "bad.py"
     bad.write_text("import os\n\n\ndef grid(results):\n    return plot_sample_grids(results)\n")
     r = ruff("--config", str(ROOT / "pyproject.toml"), str(bad))
@@ -48,5 +45,5 @@ def test_the_project_config_catches_undefined_names_and_unused_imports(tmp_path)
 
 def test_ci_lints_before_the_tests():
     script = (ROOT / ".ci" / "run").read_text()
-    lint = script.find(".venv/bin/ruff check src tests benchmarks")
+    lint = script.find(f".venv/bin/ruff check {' '.join(LINTED)}")
     assert lint != -1 and lint < script.find(".venv/bin/python -m pytest")
