@@ -10,21 +10,17 @@ import yaml
 
 from resdecay.commands.ablate import load_grid, list_grids, shared_init
 from resdecay.train.config import load_config
-from resdecay.models import MAEConfig, MaskedAutoencoder, build_model
+from resdecay.models import MaskedAutoencoder, build_model
 from resdecay.nn.residual import shortcut_factors
 
-from helpers import TINY
-from helpers import assert_one_line_error, run
-
-SMALL = dict(img_size=8, in_chans=1, patch_size=2, embed_dim=32, depth=4, num_heads=2, decoder_embed_dim=32,
-             decoder_depth=2, decoder_num_heads=2)
+from helpers import DIGITS_IMAGE, TINY, assert_one_line_error, run, tiny_config
 
 
 @pytest.mark.parametrize("shortcut,alpha,beta", [("scaled_sum", math.sqrt(0.5), math.sqrt(0.5)),
                                                  ("scaled_branch", 1.0, math.sqrt(0.5))])
 def test_table3b_formulas(shortcut, alpha, beta):
     torch.manual_seed(0)
-    model = MaskedAutoencoder(MAEConfig(**SMALL, shortcut=shortcut, zero_init=False))
+    model = MaskedAutoencoder(tiny_config("mae", **DIGITS_IMAGE, shortcut=shortcut, zero_init=False))
     blk = model.blocks[2]
     x = torch.randn(2, 5, 32)
     h = alpha * x + beta * blk.attn(blk.norm1(x))
@@ -34,20 +30,20 @@ def test_table3b_formulas(shortcut, alpha, beta):
 
 
 def test_decay_one_branch_only():
-    m = MaskedAutoencoder(MAEConfig(**SMALL, alpha_min=0.5, decay_branches="attn"))
+    m = MaskedAutoencoder(tiny_config("mae", **DIGITS_IMAGE, alpha_min=0.5, decay_branches="attn"))
     assert all(b.alpha_mlp == 1.0 for b in m.blocks) and m.blocks[-1].alpha_attn < 1.0
-    m = MaskedAutoencoder(MAEConfig(**SMALL, alpha_min=0.5, decay_branches="mlp"))
+    m = MaskedAutoencoder(tiny_config("mae", **DIGITS_IMAGE, alpha_min=0.5, decay_branches="mlp"))
     assert all(b.alpha_attn == 1.0 for b in m.blocks) and m.blocks[-1].alpha_mlp == 0.5
 
 
 def test_learnable_alpha_gets_gradients_and_fixed_alpha_does_not():
     torch.manual_seed(0)
-    m = MaskedAutoencoder(MAEConfig(**SMALL, shortcut="learnable", zero_init=False))
+    m = MaskedAutoencoder(tiny_config("mae", **DIGITS_IMAGE, shortcut="learnable", zero_init=False))
     assert all(isinstance(b.alpha_attn, torch.nn.Parameter) and b.alpha_attn.item() == 1.0 for b in m.blocks)
     m(torch.randn(4, 1, 8, 8))[0].backward()
     assert all(b.alpha_attn.grad is not None and b.alpha_mlp.grad is not None for b in m.blocks)
     assert all(b.alpha_mlp.grad.abs() > 0 for b in m.blocks)
-    fixed = MaskedAutoencoder(MAEConfig(**SMALL))
+    fixed = MaskedAutoencoder(tiny_config("mae", **DIGITS_IMAGE))
     assert not any("alpha" in n for n, _ in fixed.named_parameters())  # a fixed alpha is no parameter
     from resdecay import alphas_of
 
@@ -57,8 +53,8 @@ def test_learnable_alpha_gets_gradients_and_fixed_alpha_does_not():
 
 
 def test_decoder_decay_switch():
-    on = MaskedAutoencoder(MAEConfig(**SMALL, alpha_min=0.6, decoder_decay=True))
-    off = MaskedAutoencoder(MAEConfig(**SMALL, alpha_min=0.6))
+    on = MaskedAutoencoder(tiny_config("mae", **DIGITS_IMAGE, alpha_min=0.6, decoder_decay=True))
+    off = MaskedAutoencoder(tiny_config("mae", **DIGITS_IMAGE, alpha_min=0.6))
     assert on.decoder_blocks[-1].alpha_mlp == 0.6 and off.decoder_blocks[-1].alpha_mlp == 1.0
 
 

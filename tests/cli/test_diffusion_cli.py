@@ -14,9 +14,10 @@ from resdecay.cli import main
 from resdecay.train.config import load_config
 from resdecay.commands.pretrain import train_with_online_eval as train
 
-from helpers import assert_one_line_error, run
+from helpers import assert_one_line_error, model_overrides, run
 
-DIGITS = ["data.name=digits", "model.img_size=8", "model.patch_size=2", "model.embed_dim=32", "model.num_heads=2",
+# the tiny U-ViT/SiT geometry and width on the 8x8 digits; each test picks its depth
+DIGITS = ["data.name=digits", *model_overrides("uvit", keys=("img_size", "patch_size", "embed_dim", "num_heads")),
           "train.epochs=2", "train.batch_size=64", "train.log_every=5", "train.warmup_epochs=0.2", "train.ema_decay=0.99"]
 
 

@@ -8,12 +8,14 @@ import copy
 import pytest
 import torch
 
-from resdecay.models import MAEConfig, MaskedAutoencoder, build_model
+from resdecay.models import MaskedAutoencoder, build_model
 from resdecay.models.mae import SkipFusion, fill_and_unshuffle
 from resdecay.train.config import load_config
 
-SMALL = dict(img_size=8, in_chans=1, patch_size=2, embed_dim=24, depth=4, num_heads=2,
-             decoder_embed_dim=16, decoder_depth=3, decoder_num_heads=2)
+from helpers import DIGITS_IMAGE, tiny_config
+
+# the tiny MAE on digits-sized images, narrower (24 wide, a 16-wide 3-block decoder)
+SMALL = dict(DIGITS_IMAGE, embed_dim=24, decoder_embed_dim=16, decoder_depth=3)
 
 
 def concat_fusion(f: SkipFusion, dec, enc, ids_restore):
@@ -30,7 +32,7 @@ def _perturb(model):
 
 def test_split_fusion_equals_concat_fusion_outputs_and_grads():
     torch.manual_seed(0)
-    model = MaskedAutoencoder(MAEConfig(**SMALL)).double()
+    model = MaskedAutoencoder(tiny_config("mae", **SMALL)).double()
     _perturb(model)
     ref = copy.deepcopy(model)
     for f in ref.skip_fusions:  # the reference model runs the old formulation

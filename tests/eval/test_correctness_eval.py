@@ -22,11 +22,12 @@ from resdecay.train.config import load_config
 from resdecay.commands.pretrain import train_with_online_eval as train
 
 from helpers import TINY
-from helpers import assert_one_line_error, run
+from helpers import assert_one_line_error, model_overrides, run
 
 FAST = ["--no-progress", "--evals", "knn", "--no-baselines"]
-UVIT = ["data.name=digits", "model.img_size=8", "model.patch_size=2", "model.embed_dim=32", "model.num_heads=2",
-        "model.depth=3", "train.epochs=1", "train.batch_size=64", "train.warmup_epochs=0", "train.threads=1"]
+UVIT = ["data.name=digits", *model_overrides("uvit", keys=("img_size", "patch_size", "embed_dim", "num_heads", "depth"),
+                                              depth=3),
+        "train.epochs=1", "train.batch_size=64", "train.warmup_epochs=0", "train.threads=1"]
 
 
 @pytest.fixture(scope="module")

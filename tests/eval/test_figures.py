@@ -17,10 +17,9 @@ from resdecay.viz.figures import (
     plot_tsne,
     rank_accuracy_correlation,
 )
-from resdecay.models.mae import MAEConfig, MaskedAutoencoder
+from resdecay.models.mae import MaskedAutoencoder
 
-TINY = dict(img_size=8, in_chans=1, patch_size=2, embed_dim=32, depth=4, num_heads=2,
-            decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2)
+from helpers import DIGITS_IMAGE, tiny_config
 
 
 def _png(path) -> None:
@@ -32,8 +31,8 @@ def _png(path) -> None:
 def models():
     torch.manual_seed(0)
     return {
-        "decayed alpha_min 0.6": MaskedAutoencoder(MAEConfig(**TINY)),
-        "plain MAE": MaskedAutoencoder(MAEConfig(**TINY, alpha_min=1.0, skips=False, zero_init=False, encoder_norm=True)),
+        "decayed alpha_min 0.6": MaskedAutoencoder(tiny_config("mae", **DIGITS_IMAGE)),
+        "plain MAE": MaskedAutoencoder(tiny_config("mae", **DIGITS_IMAGE, alpha_min=1.0, skips=False, zero_init=False, encoder_norm=True)),
     }
 
 

@@ -1,5 +1,6 @@
-"""What many test files share: the tiny run overrides, the command-line runner and its one-line-error check,
-a free TCP port for torchrun, and the IDX writer behind the fake Fashion-MNIST folders.
+"""What many test files share: the tiny model sizes (``tiny_config``) and run overrides, the command-line runner
+and its one-line-error check, a free TCP port for torchrun, and the IDX writer behind the fake Fashion-MNIST
+folders.
 
 Modules beside this one: ``helpers.interop`` (foreign checkpoints in each format), ``helpers.adapter_models``
 (one tiny model per row of docs/plug-and-play.md) and ``helpers.readme_commands`` (how each documented command
@@ -14,12 +15,34 @@ from pathlib import Path
 
 import numpy as np
 
+from resdecay.models import TINY as TINY_MODELS
+from resdecay.models import model_config_class
+
 ROOT = Path(__file__).resolve().parents[2]
 
+# The digits images (8x8, one channel) in 2x2 patches: the geometry of most tests' hand-built models.
+DIGITS_IMAGE = dict(img_size=8, in_chans=1, patch_size=2)
+# The keys that size a transformer (its widths and depths), apart from its images and its settings.
+WIDTHS = ("embed_dim", "depth", "num_heads", "decoder_embed_dim", "decoder_depth", "decoder_num_heads")
+
+
+def tiny_config(family: str, /, **overrides):
+    """``family``'s model config at its tiny size (``resdecay.models.TINY``, the size the contract tests build)
+    with ``overrides``: the one place the tests size their small models. A test whose numbers depend on a size
+    names it in ``overrides``, so the numbers stay put when the registry's tiny size moves."""
+    return model_config_class(family)(**{**TINY_MODELS[family], **overrides})
+
+
+def model_overrides(family: str, /, keys=WIDTHS, **overrides) -> list[str]:
+    """``tiny_config(family, **overrides)``'s ``keys`` as run-config overrides (``model.KEY=VALUE``), for the
+    tests that shrink a preset: its image geometry and other settings stay the preset's."""
+    cfg = tiny_config(family, **overrides)
+    return [f"model.{k}={getattr(cfg, k)}" for k in keys]
+
+
 # mae-tiny-* presets shrunk to a seconds-long run (4 blocks of width 32, 2 epochs).
-TINY = ["model.embed_dim=32", "model.depth=4", "model.num_heads=2", "model.decoder_embed_dim=32",
-        "model.decoder_depth=2", "model.decoder_num_heads=2", "train.epochs=2", "train.warmup_epochs=1",
-        "train.batch_size=64", "train.log_every=5"]
+TINY = [*model_overrides("mae"), "train.epochs=2", "train.warmup_epochs=1", "train.batch_size=64",
+        "train.log_every=5"]
 
 
 def run(capsys, *argv):

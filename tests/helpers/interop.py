@@ -10,8 +10,9 @@ from resdecay.train.checkpoint import FORMAT
 from resdecay.train.config import load_config
 from resdecay.models import build_model
 
-SMALL = ["model.embed_dim=32", "model.depth=4", "model.num_heads=2", "model.decoder_embed_dim=32",
-         "model.decoder_depth=2", "model.decoder_num_heads=2"]
+from helpers import model_overrides
+
+SMALL = model_overrides("mae")  # the preset's model at the tiny MAE's widths and depths
 
 
 def resdecay_checkpoint(path, preset="mae-tiny-digits", overrides=(), randomise=True, seed=0):

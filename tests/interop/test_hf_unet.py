@@ -6,25 +6,33 @@ alpha 1 the skipped model is exactly HF's; save_pretrained + from_pretrained + r
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
 from resdecay.errors import UserError
 from resdecay.interop.hf_unet import restore, unet_skips
-from resdecay.models.mae import MAEConfig, MaskedAutoencoder
+from resdecay.models.mae import MaskedAutoencoder
+
+from helpers import tiny_config
 
 transformers = pytest.importorskip("transformers")
 
-TINY = dict(img_size=16, in_chans=3, patch_size=4, embed_dim=32, depth=4, num_heads=2, decoder_embed_dim=24,
-            decoder_depth=2, decoder_num_heads=2, mlp_ratio=4.0)
+# the tiny MAE (16x16 RGB, 4 blocks of width 32) with a decoder narrower than its encoder, so that a mixed-up
+# width would fail; hf_model below is built to the same sizes
+TINY = tiny_config("mae", decoder_embed_dim=24)
 
 
 def hf_model(**extra):
     from transformers import ViTMAEConfig, ViTMAEForPreTraining
-    cfg = ViTMAEConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=128, image_size=16,
-                       patch_size=4, decoder_hidden_size=24, decoder_num_hidden_layers=2, decoder_num_attention_heads=2,
-                       decoder_intermediate_size=96, layer_norm_eps=1e-6, mask_ratio=0.75, norm_pix_loss=True, **extra)
+    t = TINY
+    cfg = ViTMAEConfig(hidden_size=t.embed_dim, num_hidden_layers=t.depth, num_attention_heads=t.num_heads,
+                       intermediate_size=int(t.embed_dim * t.mlp_ratio), image_size=t.img_size, patch_size=t.patch_size,
+                       num_channels=t.in_chans, decoder_hidden_size=t.decoder_embed_dim,
+                       decoder_num_hidden_layers=t.decoder_depth, decoder_num_attention_heads=t.decoder_num_heads,
+                       decoder_intermediate_size=int(t.decoder_embed_dim * t.mlp_ratio), layer_norm_eps=1e-6,
+                       mask_ratio=0.75, norm_pix_loss=True, **extra)
     torch.manual_seed(0)
     return ViTMAEForPreTraining(cfg).eval()
 
@@ -74,7 +82,7 @@ def run(model, imgs, noise, hf: bool):
 
 def test_resdecay_unet_mae_and_the_skipped_hf_vitmae_are_the_same_model():
     torch.manual_seed(0)
-    ours = MaskedAutoencoder(MAEConfig(**TINY, alpha_min=0.6, skips=True, zero_init=False)).double().eval()
+    ours = MaskedAutoencoder(dataclasses.replace(TINY, alpha_min=0.6, skips=True, zero_init=False)).double().eval()
     with torch.no_grad():  # no zero layer anywhere: every path counts
         for name, p in ours.named_parameters():
             p.add_(0.05 * torch.randn_like(p))

@@ -9,16 +9,20 @@ from resdecay.models.sit import AdaLNBlock, SiT, SiTConfig
 from resdecay.models.uvit import UViT, UViTConfig
 from resdecay.schedule import alpha_schedule
 
+from helpers import tiny_config
+
 FMNIST = dict(img_size=28, in_chans=1, patch_size=4, embed_dim=96, num_heads=3)  # the -tiny-fmnist presets
-TINY = dict(img_size=8, in_chans=2, patch_size=2, embed_dim=32, num_heads=2)
+# the tiny U-ViT (5 blocks) and SiT (4 blocks) on two-channel 8x8 inputs, unconditional and undecayed unless a
+# test says otherwise
+TINY = dict(in_chans=2, num_classes=0, alpha_min=1.0)
 
 
 def uvit(**kw):
-    return UViT(UViTConfig(**{**TINY, "depth": 5, **kw}))
+    return UViT(tiny_config("uvit", **{**TINY, **kw}))
 
 
 def sit(**kw):
-    return SiT(SiTConfig(**{**TINY, "depth": 4, **kw}))
+    return SiT(tiny_config("sit", **{**TINY, **kw}))
 
 
 BUILDERS = {"uvit": uvit, "sit": sit}

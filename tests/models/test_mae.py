@@ -2,11 +2,13 @@ import pytest
 import torch
 
 from resdecay.train.config import load_config
-from resdecay.models import MAEConfig, MaskedAutoencoder, build_model
+from resdecay.models import MaskedAutoencoder, build_model
 from resdecay.models.mae import choose_skip_sources, fill_and_unshuffle
 
-SMALL = dict(img_size=8, in_chans=1, patch_size=2, embed_dim=32, depth=6, num_heads=2,
-             decoder_embed_dim=32, decoder_depth=4, decoder_num_heads=2)
+from helpers import DIGITS_IMAGE, tiny_config
+
+# the tiny MAE on digits-sized images, deeper (6 blocks, a 4-block decoder) for the skip and depth tests
+SMALL = dict(DIGITS_IMAGE, depth=6, decoder_depth=4)
 
 
 def count(model, trainable=False):
@@ -42,7 +44,7 @@ def test_skip_wiring(depth, decoder_depth, expected):
     src = choose_skip_sources(depth, decoder_depth)
     assert src == expected
     assert src[0] == depth - 1 and len(src) <= decoder_depth
-    cfg = MAEConfig(**{**SMALL, "depth": depth, "num_heads": 2, "decoder_depth": decoder_depth})
+    cfg = tiny_config("mae", **{**SMALL, "depth": depth, "num_heads": 2, "decoder_depth": decoder_depth})
     model = MaskedAutoencoder(cfg)
     assert model.skip_sources == expected and len(model.skip_fusions) == len(expected)
 
@@ -50,7 +52,7 @@ def test_skip_wiring(depth, decoder_depth, expected):
 def test_skip_wiring_feeds_deepest_first(monkeypatch):
     """Decoder block j fuses the output of encoder block skip_sources[j]."""
     torch.manual_seed(0)
-    model = MaskedAutoencoder(MAEConfig(**SMALL))
+    model = MaskedAutoencoder(tiny_config("mae", **SMALL))
     seen = []
     for j, fusion in enumerate(model.skip_fusions):
         fusion.register_forward_hook(lambda m, args, out, j=j: seen.append((j, args[1])))
@@ -72,7 +74,7 @@ def test_skip_sources_override_and_errors():
 
 def test_masking_and_unshuffle_round_trip():
     torch.manual_seed(0)
-    model = MaskedAutoencoder(MAEConfig(**SMALL))
+    model = MaskedAutoencoder(tiny_config("mae", **SMALL))
     B, N, D = 3, 16, 5
     x = torch.randn(B, N, D)
     kept, mask, ids_restore = model.random_masking(x, 0.75)
@@ -87,7 +89,7 @@ def test_masking_and_unshuffle_round_trip():
 
 
 def test_patchify_round_trip():
-    model = MaskedAutoencoder(MAEConfig(**{**SMALL, "in_chans": 3, "img_size": 8, "patch_size": 4}))
+    model = MaskedAutoencoder(tiny_config("mae", **{**SMALL, "in_chans": 3, "img_size": 8, "patch_size": 4}))
     imgs = torch.randn(2, 3, 8, 8)
     p = model.patchify(imgs)
     assert p.shape == (2, 4, 48)
@@ -97,7 +99,7 @@ def test_patchify_round_trip():
 
 def test_zero_init_unet_starts_at_target_variance_and_learns_everything():
     torch.manual_seed(0)
-    model = MaskedAutoencoder(MAEConfig(**SMALL))
+    model = MaskedAutoencoder(tiny_config("mae", **SMALL))
     imgs = torch.randn(8, 1, 8, 8)
     loss, pred, mask = model(imgs)
     assert torch.all(pred == 0)  # zero-init pixel head
@@ -115,7 +117,7 @@ def test_zero_init_unet_starts_at_target_variance_and_learns_everything():
 
 
 def test_encoder_alphas_follow_schedule_and_decoder_is_plain():
-    model = MaskedAutoencoder(MAEConfig(**{**SMALL, "alpha_min": 0.7}))
+    model = MaskedAutoencoder(tiny_config("mae", **{**SMALL, "alpha_min": 0.7}))
     got = torch.tensor([[b.alpha_attn, b.alpha_mlp] for b in model.blocks], dtype=torch.float64)
     assert torch.equal(got, model.alphas)
     assert model.blocks[-1].alpha_mlp == 0.7 and model.blocks[0].alpha_attn == 1.0
@@ -125,7 +127,7 @@ def test_encoder_alphas_follow_schedule_and_decoder_is_plain():
 
 def test_forward_intermediates_are_unmasked_block_outputs():
     torch.manual_seed(0)
-    model = MaskedAutoencoder(MAEConfig(**{**SMALL, "zero_init": False}))
+    model = MaskedAutoencoder(tiny_config("mae", **{**SMALL, "zero_init": False}))
     imgs = torch.randn(2, 1, 8, 8)
     outs = model.forward_intermediates(imgs, [0, -1])
     assert [o.shape for o in outs] == [(2, 17, 32)] * 2
@@ -141,7 +143,7 @@ def test_forward_intermediates_are_unmasked_block_outputs():
 
 def test_plain_mae_loss_and_grads():
     torch.manual_seed(0)
-    model = MaskedAutoencoder(MAEConfig(**{**SMALL, "alpha_min": 1.0, "skips": False, "zero_init": False, "encoder_norm": True}))
+    model = MaskedAutoencoder(tiny_config("mae", **{**SMALL, "alpha_min": 1.0, "skips": False, "zero_init": False, "encoder_norm": True}))
     loss, pred, mask = model(torch.randn(4, 1, 8, 8))
     loss.backward()
     dead = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
@@ -149,6 +151,6 @@ def test_plain_mae_loss_and_grads():
 
 
 def test_flops_count_is_positive_and_grows_with_depth():
-    a = MaskedAutoencoder(MAEConfig(**SMALL)).flops_per_sample()
-    b = MaskedAutoencoder(MAEConfig(**{**SMALL, "depth": 12})).flops_per_sample()
+    a = MaskedAutoencoder(tiny_config("mae", **SMALL)).flops_per_sample()
+    b = MaskedAutoencoder(tiny_config("mae", **{**SMALL, "depth": 12})).flops_per_sample()
     assert 0 < a < b
