@@ -1,8 +1,10 @@
-"""README is executable (issue 23, gate): every command README.md shows, and every ``examples:``
-line of ``resdecay SUBCOMMAND --help``, runs at its smallest size (tiny models, one epoch, fake data
-in place of real folders, tiny stand-ins for placeholder paths) and must exit 0; the ones that
-cannot run here are skipped with the reason. A command added to README or to --help that
-tests/helpers/readme_commands.py's table does not know fails ``test_every_shown_command_has_a_plan``."""
+"""The docs are executable: every command README.md and the docs/ pages show (the measurement logs listed
+in tests/helpers/readme_commands.py's LOG_PAGES aside), and every ``examples:`` line of ``resdecay
+SUBCOMMAND --help``, runs at its smallest size (tiny models, one epoch, fake data in place of real folders,
+tiny stand-ins for placeholder paths) and must exit 0; the ones another test runs already are skipped naming
+it (once it is checked to exist and to run them), the ones that cannot run here with the reason. A command
+added to a page or to --help that the table does not know fails ``test_every_shown_command_has_a_plan``;
+the pages' ```python blocks run likewise."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from helpers import write_idx
 from resdecay.cli import main
 
 COMMANDS = rc.all_commands()
-BLOCKS = rc.python_blocks()
+BLOCKS = rc.all_python_blocks()
 ROOT = rc.ROOT
 
 
@@ -137,21 +139,20 @@ class Workspace:
         return only_checkpoint(run)
 
     @cached_property
-    def mae_pth(self) -> Path:  # facebookresearch/mae's layout: {'model': ..., 'args': Namespace, ...}
+    def mae_pth(self) -> Path:  # facebookresearch/mae's layout: {'model': ..., 'args': Namespace, ...}; RGB as ImageNet's
         from helpers.interop import resdecay_checkpoint
 
-        src, _ = resdecay_checkpoint(self.root / "mae_src.pt", "mae-tiny-digits-plain")
+        src, _ = resdecay_checkpoint(self.root / "mae_src.pt", "mae-tiny-digits-plain", ["model.in_chans=3"])
         torch.save({"model": src.state_dict(), "epoch": 799, "args": argparse.Namespace(mask_ratio=0.75)},
                    self.root / "mae_pretrain.pth")
         return self.root / "mae_pretrain.pth"
 
     @cached_property
     def unet_pth(self) -> Path:  # the authors' U-Net MAE layout; their script saves args.min_decay
-        from helpers.interop import resdecay_checkpoint
-        from test_import_weights import _authors_unet_layout
+        from helpers.interop import authors_unet_layout, resdecay_checkpoint
 
-        src, _ = resdecay_checkpoint(self.root / "unet_src.pt", "mae-tiny-digits", ["alpha_min=0.6"])
-        torch.save({"model": _authors_unet_layout(src.state_dict()), "args": argparse.Namespace(min_decay=0.6)},
+        src, _ = resdecay_checkpoint(self.root / "unet_src.pt", "mae-tiny-digits", ["alpha_min=0.6", "model.in_chans=3"])
+        torch.save({"model": authors_unet_layout(src.state_dict()), "args": argparse.Namespace(min_decay=0.6)},
                    self.root / "unet_mae.pth")
         return self.root / "unet_mae.pth"
 
@@ -174,6 +175,60 @@ class Workspace:
     def cifar_samples(self) -> Path:
         np.savez(self.root / "samples.npz", arr_0=np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3), dtype=np.uint8))
         return self.root / "samples.npz"
+
+    @cached_property
+    def mae_b16_run(self) -> Path:  # docs/finetune.md's runs/mae-b16: the ImageNet preset, shrunk, on the ImageFolder
+        return self._pretrain("mae-b16", "mae-b16", rc.IMAGENET, f"data.path={self.imagefolder}")
+
+    @property
+    def mae_b16_ckpt(self) -> Path:
+        return only_checkpoint(self.mae_b16_run)
+
+    @cached_property
+    def mae_b16_finetuned(self) -> None:  # <run>/finetune-mae/checkpoints/best.pt, where finetune puts it
+        keep = [o for o in rc.FT_IMAGENET if "=" in o and "out_dir" not in o]
+        assert main(["finetune", str(self.mae_b16_ckpt), "--preset", "finetune-mae", *keep, "--no-progress"]) == 0
+        assert (self.mae_b16_run / "finetune-mae" / "checkpoints" / "best.pt").is_file()
+
+    @cached_property
+    def shards(self) -> Path:  # `resdecay shard` of the ImageFolder stand-in: 3 train shards, 1 val shard
+        assert main(["shard", "--data-path", str(self.imagefolder), "--out", str(self.root / "shards"), "--shard-size", "8",
+                     "--no-progress"]) == 0
+        return self.root / "shards"
+
+    @cached_property
+    def brace_shards(self) -> Path:  # train-000000..000127.tar and val-000000..000009.tar: one 8x8 image each
+        from PIL import Image
+
+        from resdecay.commands.shard import run_shard
+
+        rng = np.random.default_rng(3)
+        for split, n in (("train", 64), ("val", 5)):
+            for cls in ("cat", "dog"):
+                (folder := self.root / "brace_folder" / split / cls).mkdir(parents=True)
+                for i in range(n):
+                    Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+        written = run_shard(str(self.root / "brace_folder"), str(self.root / "brace_shards"), shard_size=1, progress=False)
+        assert [len(written[s]) for s in ("train", "val")] == [128, 10], written
+        return self.root / "brace_shards"
+
+    @cached_property
+    def hf_folder(self) -> Path:  # a datasets folder (save_to_disk) whose columns are named img and cls
+        import datasets
+
+        from resdecay.data.hf_export import save_hf_dataset
+
+        dd = datasets.load_from_disk(str(save_hf_dataset("digits", self.root / "hf_digits", limit=48)))
+        dd.rename_columns({"image": "img", "label": "cls"}).save_to_disk(str(self.root / "in100-hf"))
+        return self.root / "in100-hf"
+
+    @cached_property
+    def vitmae(self) -> Path:  # a transformers ViTMAEForPreTraining folder (config.json + model.safetensors), RGB
+        from helpers.interop import resdecay_checkpoint
+
+        resdecay_checkpoint(self.root / "vitmae_src.pt", "mae-tiny-digits-plain", ["model.in_chans=3"])
+        assert main(["export", str(self.root / "vitmae_src.pt"), "--to", "hf-vitmae", "--out", str(self.root / "vit-mae")]) == 0
+        return self.root / "vit-mae"
 
 
 def only_checkpoint(run: Path) -> Path:
@@ -240,7 +295,13 @@ def cifar100(ctx: rc.Context, argv: list[str]) -> None:
             pickle.dump({"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "fine_labels": list(range(n))}, f)
 
 
-SETUPS = {"killed_run": killed_run, "cifar100": cifar100}
+def imported_vitmae(ctx: rc.Context, argv: list[str]) -> None:
+    """imported.pt in the test's folder, as docs/plug-and-play.md's import-weights line writes it."""
+    assert main(["import-weights", str(ctx["vitmae"]), "--format", "hf-vitmae", "--preset", "mae-tiny-digits-plain",
+                 "--out", str(ctx["tmp"] / "imported.pt")]) == 0
+
+
+SETUPS = {"killed_run": killed_run, "cifar100": cifar100, "imported_vitmae": imported_vitmae}
 
 
 def run_subprocess(argv: list[str], cwd: Path, timeout: int) -> tuple[int, str]:
@@ -288,12 +349,48 @@ def _params(table: dict, known: dict):
 
 
 def test_every_shown_command_has_a_plan():
-    """A command added to README.md or to a --help example must be added to the table too."""
-    unknown = [c for c in COMMANDS if c not in rc.PLANS]
+    """A command added to README.md, to a docs/ page or to a --help example must be added to the table too."""
+    shown = rc.page_commands()
+    unknown = [f"{c} ({', '.join(shown.get(c, ['--help']))})" for c in COMMANDS if c not in rc.PLANS]
     assert not unknown, f"add to PLANS in tests/helpers/readme_commands.py (how to shrink it, or why it is skipped): {unknown}"
     stale = [c for c in rc.PLANS if c not in COMMANDS]
-    assert not stale, f"PLANS has commands README and --help no longer show: {stale}"
-    assert sorted(BLOCKS) == sorted(rc.PYTHON_BLOCKS), "add README's new ```python block to PYTHON_BLOCKS"
+    assert not stale, f"PLANS has commands README, docs/ and --help no longer show: {stale}"
+    assert sorted(BLOCKS) == sorted(rc.PYTHON_BLOCKS), "add the page's new ```python block to PYTHON_BLOCKS"
+
+
+def test_every_docs_page_is_covered_or_a_listed_log():
+    """README and every docs/*.md page are read for commands, but for the measurement logs named (with a reason)."""
+    covered = {rc.page_name(p) for p in rc.pages()}
+    everything = {"README.md", *(rc.page_name(p) for p in rc.DOCS.glob("*.md"))}
+    assert covered == everything - set(rc.LOG_PAGES) and "README.md" in covered
+    assert set(rc.LOG_PAGES) <= everything, f"LOG_PAGES names pages that do not exist: {set(rc.LOG_PAGES) - everything}"
+    assert all(reason for reason in rc.LOG_PAGES.values())
+    assert set(rc.page_commands()) <= set(COMMANDS)
+
+
+def test_readme_links_every_docs_page_and_every_link_resolves():
+    """README is the front door: it links each docs/ page, and no relative link of README or docs/ is broken."""
+    readme = rc.README.read_text()
+    unlinked = [p.name for p in rc.DOCS.glob("*.md") if f"](docs/{p.name}" not in readme]
+    assert not unlinked, f"README's table of contents does not link {unlinked}"
+    broken = []
+    for page in [rc.README, *rc.DOCS.glob("*.md")]:
+        text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            path = target.split("#")[0]
+            if path and not re.match(r"[a-z]+:", path) and not (page.parent / path).exists():
+                broken.append(f"{rc.page_name(page)}: {target}")
+    assert not broken, f"links to files that do not exist: {broken}"
+
+
+def test_readme_front_door_keeps_the_setup_commands_first():
+    """CI (.ci/run) runs README's test command; the demo and the test set-up stay README's first two code blocks."""
+    readme = rc.README.read_text()
+    first, second = re.findall(r"^```\w*\n(.*?)^```", readme, re.S | re.M)[:2]
+    assert first.strip().endswith(".venv/bin/resdecay demo") and first.startswith("python3 -m venv .venv")
+    assert second.strip() == ("python3 -m venv .venv && .venv/bin/pip install torch==2.14.1 torchvision==0.29.1 && "
+                              ".venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -q -m 'not gpu'")
+    assert len(readme.splitlines()) <= 200 and "](docs/img/" in "\n".join(readme.splitlines()[:40])
 
 
 def test_commands_are_read_as_a_shell_would():
@@ -305,6 +402,12 @@ def test_commands_are_read_as_a_shell_would():
     assert cmds == [["resdecay", "ablate", "--only", "plain MAE,alpha 0.8"], ["python3", "-m", "venv", "v"],
                     [".venv/bin/pip", "install", "-e", ".[test]"]]
     assert rc.key(cmds[0]) not in rc.PLANS  # a new command like this one fails test_every_shown_command_has_a_plan
+    # a bare ``` block is a shell block too, a trailing backslash joins the next line, other languages are not read
+    text = ("```\nresdecay submit --nodes 2 \\\n    pretrain --preset mae-b16   # a note\n```\n"
+            "```json\n{\"command\": \"x\"}\npython is not run here\n```\n```text\nresdecay printed this\n```\n")
+    assert rc.readme_bash_commands(text) == [["resdecay", "submit", "--nodes", "2", "pretrain", "--preset", "mae-b16"]]
+    assert rc.python_blocks("# T\n```python\na = 1\n```\n## H\n```python\nb = 2\n```\n", "p.md") == {
+        "p.md: # T": "a = 1\n", "p.md: H": "b = 2\n"}
 
 
 @pytest.mark.parametrize("command", list(_params(rc.PLANS, COMMANDS)))
@@ -314,7 +417,7 @@ def test_readme_command(command, workspace, tmp_path, request, capsys, monkeypat
     if plan.skip:
         pytest.skip(f"{command!r}: {plan.skip}")
     if plan.covered:
-        skip_if_covered(plan.covered, Path(command.split()[1]).stem)  # the script's name
+        skip_if_covered(plan.covered, plan.needle or Path(command.split()[1]).stem)  # the script's or command's name
     monkeypatch.chdir(tmp_path)  # relative outputs (runs/alpha, mae.pt, vit.safetensors) land here
     torch.set_num_threads(1)  # tiny models gain nothing from a second thread; FID's 2048x2048 eigvals lose much on a busy host
     ctx = rc.Context(request, workspace, tmp_path)
@@ -342,17 +445,17 @@ def test_readme_command(command, workspace, tmp_path, request, capsys, monkeypat
 
 @pytest.mark.parametrize("title", sorted(BLOCKS))
 def test_readme_python_block(title, workspace, tmp_path, monkeypatch):
-    """README's ```python blocks as written (bar the listed size replacements), and their stated values."""
+    """The pages' ```python blocks as written (bar the listed size replacements), and their stated values."""
     plan = rc.PYTHON_BLOCKS.get(title)
-    if isinstance(plan, str):
-        skip_if_covered(plan, title)
+    if isinstance(plan, tuple):
+        skip_if_covered(*plan)
     code = BLOCKS[title]
     for old, new in (plan or {}).items():
-        assert old in code, f"README block {title!r} no longer contains {old!r}: update PYTHON_BLOCKS"
+        assert old in code, f"block {title!r} no longer contains {old!r}: update PYTHON_BLOCKS"
         code = code.replace(old, new)
     monkeypatch.chdir(tmp_path)
     scope: dict = {"MAE_CKPT": str(workspace.mae_ckpt)} if "MAE_CKPT" in code else {}
-    exec(compile(code, f"README: {title}", "exec"), scope)
+    exec(compile(code, title, "exec"), scope)
     CHECKS[title](scope)
 
 
@@ -384,5 +487,15 @@ def check_sharing(scope: dict) -> None:
     assert torch.equal(scope["model"].forward_features(x), reloaded.eval().forward_features(x))
 
 
-CHECKS = {"Decayed shortcuts in models you already have": check_decayify, "Library": check_library,
-          "Sharing a model": check_sharing}
+def check_front_door(scope: dict) -> None:
+    alphas = scope["resdecay"].alphas_of(scope["vit"])
+    assert alphas[0] == ("blocks.0", (1.0, alphas[0][1][1])) and len(alphas) == 12  # ViT-B/16 and the tiny one: 12 blocks
+    name, (a_attn, a_mlp) = alphas[-1]
+    assert name == "blocks.11" and round(a_attn, 3) == 0.617 and a_mlp == 0.6  # README: ("blocks.11", (0.617, 0.6))
+    saved = torch.load("vit.pt", weights_only=True)
+    assert saved["resdecay_spec"]["alpha_min"] == 0.6 and set(saved["model"]) == set(scope["vit"].state_dict())
+
+
+CHECKS = {"README.md: Decayed shortcuts in your model": check_front_door,
+          "docs/interop.md: Decayed shortcuts in models you already have": check_decayify,
+          "docs/python-api.md: Library": check_library, "docs/trackers-and-sharing.md: Sharing a model": check_sharing}

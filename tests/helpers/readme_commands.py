@@ -1,6 +1,6 @@
-"""Every command README.md shows (and every ``examples:`` line of ``resdecay SUBCOMMAND --help``),
-extracted as a user would copy it, and the table saying how the README test shrinks each one to
-its smallest size or why it cannot run here (issue 23, gate "README is executable")."""
+"""Every command README.md and the docs/ pages show (and every ``examples:`` line of ``resdecay SUBCOMMAND
+--help``), extracted as a user would copy it, and the table saying how the executable-docs test shrinks each
+one to its smallest size, which test already runs it, or why it cannot run here."""
 
 from __future__ import annotations
 
@@ -12,14 +12,33 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-PREFIXES = ("resdecay", "torchrun", "python", ".venv/bin/")  # a ```bash line starting so is a command
+DOCS = ROOT / "docs"
+PREFIXES = ("resdecay", "torchrun", "python", ".venv/bin/")  # a shell line starting so is a command
+SHELL_FENCES = ("bash", "sh", "shell", "")  # ```bash blocks and bare ``` blocks hold shell lines; other languages do not
+# Pages whose commands are a measurement log, not a user's recipes: each is the long run (minutes to hours, on a
+# named machine, often from a frozen checkout) whose numbers the page reports next to it. Every other page is covered.
+LOG_PAGES = {
+    "docs/RESULTS.md": "the reproduction log: each command is the run whose numbers it reports (minutes to hours)",
+    "docs/speed-notes.md": "the speed log: each command is a timing recipe measured on a named machine",
+    "docs/reorg-notes.md": "notes of a past reorganisation: its commands measured two trees of that time (/tmp/base)",
+}
+
+
+def pages() -> list[Path]:
+    """README.md and every docs/*.md page but the logs, README first."""
+    return [README, *(p for p in sorted(DOCS.glob("*.md")) if page_name(p) not in LOG_PAGES)]
+
+
+def page_name(path: Path) -> str:
+    """A page as the tables name it: its path from the repository root."""
+    return path.relative_to(ROOT).as_posix()
 
 
 def split_commands(line: str) -> list[list[str]]:
     """The argv of each command on a shell line: comment dropped, ``&&`` chains split, quotes removed.
 
     Args:
-        line: one line of a ```bash block.
+        line: one line of a shell block (continuation lines already joined).
     """
     out, cur = [], []
     for tok in shlex.split(line, comments=True):
@@ -36,19 +55,37 @@ def key(argv: list[str]) -> str:
     return " ".join(argv)
 
 
+def shell_lines(text: str) -> list[str]:
+    """The lines of a page's shell blocks (```bash, ```sh, ```shell or bare ```), a line ending in ``\\``
+    joined with the next as the shell joins it."""
+    lines = []
+    for lang, block in re.findall(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", text, re.S | re.M):
+        if lang in SHELL_FENCES:
+            lines += re.sub(r"\\\n", " ", block).splitlines()
+    return lines
+
+
 def readme_bash_commands(text: str | None = None) -> list[list[str]]:
-    """argv of every command in README's ```bash blocks, in order.
+    """argv of every command in a page's shell blocks, in order.
 
     Args:
-        text: a README's text (default: README.md's).
+        text: a page's text (default: README.md's).
     """
     text = README.read_text() if text is None else text
     cmds = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-        for line in block.splitlines():
-            if line.strip().startswith(PREFIXES):
-                cmds += [c for c in split_commands(line) if c[0].startswith(PREFIXES)]
+    for line in shell_lines(text):
+        if line.strip().startswith(PREFIXES):
+            cmds += [c for c in split_commands(line) if c[0].startswith(PREFIXES)]
     return cmds
+
+
+def page_commands() -> dict[str, list[str]]:
+    """Every command of README and the covered docs pages: key -> the pages that show it."""
+    shown: dict[str, list[str]] = {}
+    for path in pages():
+        for argv in readme_bash_commands(path.read_text()):
+            shown.setdefault(key(argv), []).append(page_name(path))
+    return shown
 
 
 def help_examples() -> list[list[str]]:
@@ -64,47 +101,57 @@ def help_examples() -> list[list[str]]:
     return cmds
 
 
-def python_blocks(text: str | None = None) -> dict[str, str]:
-    """README's ```python blocks keyed by the ``##`` heading they stand under.
+def python_blocks(text: str | None = None, page: str = "") -> dict[str, str]:
+    """A page's ```python blocks keyed by the heading they stand under (``#`` title before the first ``##``),
+    prefixed by ``page: `` when a page is named; a second block under one heading gets `` #2``.
 
     Args:
-        text: a README's text (default: README.md's).
+        text: a page's text (default: README.md's).
+        page: the page's name (``page_name``), or "" for bare headings.
     """
     text = README.read_text() if text is None else text
     blocks: dict[str, str] = {}
-    for section in re.split(r"^## ", text, flags=re.M)[1:]:
-        title = section.splitlines()[0].strip()
-        for i, block in enumerate(re.findall(r"```python\n(.*?)```", section, re.S)):
-            blocks[title if i == 0 else f"{title} #{i + 1}"] = block
+    for section in re.split(r"^## ", text, flags=re.M):
+        title = section.splitlines()[0].strip() if section.strip() else ""
+        for i, block in enumerate(re.findall(r"^```python\n(.*?)^```", section, re.S | re.M)):
+            name = f"{page}: {title}" if page else title
+            blocks[name if i == 0 else f"{name} #{i + 1}"] = block
     return blocks
 
 
+def all_python_blocks() -> dict[str, str]:
+    """Every ```python block of README and the covered docs pages: ``page: heading`` -> code."""
+    return {k: v for path in pages() for k, v in python_blocks(path.read_text(), page_name(path)).items()}
+
+
 def all_commands() -> dict[str, list[str]]:
-    """Every distinct command of README and of the --help examples: key -> argv."""
-    return {key(c): c for c in [*readme_bash_commands(), *help_examples()]}
+    """Every distinct command of README, the covered docs pages and the --help examples: key -> argv."""
+    cmds = [argv for path in pages() for argv in readme_bash_commands(path.read_text())]
+    return {key(c): c for c in [*cmds, *help_examples()]}
 
 
 # ----------------------------------------------------------------------------- how each command is shrunk
 @dataclass(frozen=True)
 class Plan:
-    """How the README test runs one command: the README's argv with PLACEHOLDERS replaced by tiny
+    """How the executable-docs test runs one command: the page's argv with PLACEHOLDERS replaced by tiny
     artifacts of the test session, shell globs expanded, then ``add`` appended (later flags and
     ``key=value`` overrides win), so every flag the README shows is still parsed and used."""
 
     add: tuple[str, ...] = ()  # smallest sizes, outputs in the test's own folder ({tmp})
     skip: str = ""  # why it cannot run here; reported by pytest -ra
     covered: str = ""  # the test that already runs it at its smallest size ("file.py::test_name")
-    xfail: str = ""  # a known defect of issue 23 being fixed elsewhere (strict: remove once it passes)
+    needle: str = ""  # text that test must contain (default: the script's or subcommand's name)
+    xfail: str = ""  # a known defect being fixed elsewhere (strict: remove once it passes)
     racy: bool = False  # the defect is a race that a tiny run sometimes wins: xfail not strict
     instead: tuple[str, ...] = ()  # a synopsis line ("[--data a|b]") is run as this concrete instance
     setup: str = ""  # a workspace recipe to run first (test_readme_commands.Workspace attribute)
     patch: str = ""  # shrink what has no flag for it (test_readme_commands.PATCHES)
     expect: tuple[str, ...] = ()  # files (templates, globs) it must write; "FILE::text": FILE must contain text
-    says: tuple[str, ...] = ()  # text (templates) its output must contain: README's stated results
+    says: tuple[str, ...] = ()  # text (templates) its output must contain: the page's stated results
     timeout: int = 300  # seconds a subprocess (torchrun, benchmark) may take before it is killed
 
 
-# README's placeholder paths -> artifacts built once per test session ({name}: Workspace attributes,
+# The pages' placeholder paths -> artifacts built once per test session ({name}: Workspace attributes,
 # {fake_*}: tests/conftest.py fixtures, {tmp}: the test's own folder). Replaced where a token is the
 # path, starts with it followed by "/", or ends with "=path".
 PLACEHOLDERS = {
@@ -119,6 +166,10 @@ PLACEHOLDERS = {
     "/data/cifar": "{fake_cifar10}", "/data/imagenet-latents": "{latents}", "/data/in100-latents": "{tmp}/latents",
     "/models/sd-vae-ft-ema": "{vae}", "samples.npz": "{cifar_samples}", "pt_inception-2015-12-05-6726825d.pth": "{inception}",
     "mae_pretrain_vit_base.pth": "{mae_pth}", "unet_mae.pth": "{unet_pth}", "vit.pth": "{timm_pth}",
+    # docs/finetune.md, docs/data-at-scale.md: an ImageNet-preset run (on the ImageFolder), its shards, a datasets folder
+    "runs/mae-b16": "{mae_b16_run}", "runs/mae-b16/checkpoints/step_00500000.pt": "{mae_b16_ckpt}",
+    "/data/in100-shards": "{shards}", "/data/shards": "{brace_shards}", "/data/in100-hf": "{hf_folder}",
+    "vit-mae-base": "{vitmae}", "./vit-mae-folder": "{vitmae}",  # a transformers ViTMAEForPreTraining folder
 }
 
 _RUN = ("train.epochs=1", "train.warmup_epochs=0", "train.batch_size=32", "train.log_every=1", "train.threads=1",
@@ -138,9 +189,17 @@ EVAL_SIZE = ("--max-train", "64", "--max-test", "32", "--probe-epochs", "5")
 EVAL = (*EVAL_SIZE, "--out", "{tmp}/eval", "--no-progress")
 GRID = (*FMNIST, "data.train_subset=64", "--out", "{tmp}/grid")
 RESUMED = ("{tmp}/run/summary.json::step_00000004.pt",)  # resumed from the checkpoint the kill left (of 5 steps)
+FT_IMAGENET = (*_RUN, "train.batch_size=8")  # the ImageFolder stand-in has 24 training images
+IMPORTED = ("--import-override", "model.num_heads=2", "--import-override", "model.decoder_num_heads=2", *FT_IMAGENET)
+# finetune builds the test set from the pretrained config's data before key=value overrides apply, so an imported
+# model's data.path (which no weights file states) is never set: `finetune --from FILE --import-preset P data.path=DIR`
+# stops with "data.path is required"; `--import-override data.path=DIR` works
+FROM_DATA_PATH = "finetune --from a foreign file ignores data.path=DIR (src/resdecay/commands/finetune.py build_config)"
 GPU = "needs a CUDA GPU"
 BENCH = "tests/e2e/test_benchmarks.py::"
 SETUP = "sets up the environment this test runs in (CI runs it: .ci/run)"
+EXT = "tests/eval/test_extending.py::"
+SEG = "tests/eval/test_segmentation.py::"
 
 PLANS: dict[str, Plan] = {
     # setting up
@@ -163,6 +222,8 @@ PLANS: dict[str, Plan] = {
     "resdecay alpha --depth 24 --target-eff 5e-3": Plan(says=("alpha_min 0.795",)),  # README: "alpha_min 0.795 gives ..."
     "resdecay alpha --depth 24 --target-eff 5e-3 --json": Plan(says=('"alpha_min": 0.795',)),
     "resdecay presets": Plan(says=("mae-tiny-fmnist ", "sit-xl2 ", "finetune-mae ")),
+    "resdecay pretrain --preset mae-tiny-fmnist": Plan(add=FMNIST, expect=("{tmp}/run/summary.json",)),
+    "resdecay pretrain --preset mae-tiny-fmnist-plain": Plan(add=FMNIST, expect=("{tmp}/run/summary.json",)),
     "resdecay pretrain --preset mae-tiny-fmnist alpha_min=0.7 train.epochs=50": Plan(add=FMNIST,
                                                                                       expect=("{tmp}/run/summary.json",)),
     "resdecay pretrain --preset mae-tiny-fmnist --resume auto": Plan(add=(*FMNIST, "train.ckpt_every=1"), setup="killed_run",
@@ -188,6 +249,8 @@ PLANS: dict[str, Plan] = {
     # measuring
     "resdecay eval runs/mae-tiny-fmnist/checkpoints/step_00007020.pt": Plan(add=EVAL, expect=("{tmp}/eval/*/eval.json",)),
     "resdecay eval RUN_A/checkpoints/step_*.pt RUN_B/checkpoints/step_*.pt --layer all": Plan(add=EVAL),
+    "resdecay eval runs/mae-tiny-fmnist-plain/checkpoints/step_*.pt runs/mae-tiny-fmnist/checkpoints/step_*.pt": Plan(
+        add=EVAL, expect=("{tmp}/eval/*/eval.json",)),
     "resdecay compare RUN_A RUN_B": Plan(add=("--out", "{tmp}/compare"), setup="evaluated"),
     "resdecay compare runs/mae-tiny-fmnist-plain runs/mae-tiny-fmnist": Plan(add=("--out", "{tmp}/compare"), setup="evaluated"),
     "resdecay finetune CKPT --preset finetune-mae train.epochs=100": Plan(add=_RUN, expect=("{tmp}/run/eval.json",)),
@@ -198,6 +261,62 @@ PLANS: dict[str, Plan] = {
     "resdecay plot runs/mae-tiny-fmnist-plain runs/mae-tiny-fmnist --out runs/plot": Plan(),
     "resdecay figures PLAIN_CKPT DECAYED_CKPT": Plan(add=FIGURES),
     "resdecay figures PLAIN/checkpoints/step_00007020.pt DECAYED/checkpoints/step_00007020.pt": Plan(add=FIGURES),
+    "resdecay figures runs/mae-tiny-fmnist-plain/checkpoints/step_*.pt runs/mae-tiny-fmnist/checkpoints/step_*.pt": Plan(
+        add=FIGURES, expect=("{tmp}/figures/*.png",)),
+    # fine-tuning (docs/finetune.md): --from each format, and eval-classifier on a finetune-mae run's best.pt
+    "resdecay finetune --from runs/mae-b16/checkpoints/step_00500000.pt": Plan(add=FT_IMAGENET,
+                                                                                expect=("{tmp}/run/checkpoints/best.pt",)),
+    "resdecay finetune --from mae_pretrain_vit_base.pth --import-preset mae-b16-plain data.path=/data/imagenet": Plan(
+        add=IMPORTED, expect=("{tmp}/run/summary.json::\"mae\"",), xfail=FROM_DATA_PATH),
+    "resdecay finetune --from unet_mae.pth --import-preset mae-b16 --preset linprobe-mae data.path=/data/imagenet": Plan(
+        add=IMPORTED, expect=("{tmp}/run/summary.json::unet-mae",), xfail=FROM_DATA_PATH),
+    "resdecay finetune --from vit-mae-base/ --import-preset mae-b16-plain data.path=/data/imagenet": Plan(
+        add=FT_IMAGENET, expect=("{tmp}/run/summary.json::hf-vitmae",), xfail=FROM_DATA_PATH),
+    "resdecay eval-classifier runs/mae-b16/finetune-mae/checkpoints/best.pt": Plan(
+        setup="mae_b16_finetuned", add=("--out", "{tmp}/classifier.json", "--no-progress"), expect=("{tmp}/classifier.json",)),
+    "resdecay eval-classifier CKPT --split train --data-path /data/imagenet --out ft.json": Plan(
+        instead=("resdecay", "eval-classifier", "runs/mae-b16/finetune-mae/checkpoints/best.pt", "--split", "train",
+                 "--data-path", "/data/imagenet", "--out", "ft.json"),
+        setup="mae_b16_finetuned", add=("--no-progress",), expect=("ft.json::train",)),
+    # data at scale (docs/data-at-scale.md): shards of the ImageFolder stand-in, a datasets folder with renamed columns
+    "resdecay shard --data-path /data/in100 --out /data/in100-shards --shard-size 1000": Plan(
+        add=("--out", "{tmp}/shards", "--shard-size", "8", "--no-progress"),
+        expect=("{tmp}/shards/train-000002.tar", "{tmp}/shards/val-000000.tar", "{tmp}/shards/classes.txt")),
+    "resdecay pretrain --preset mae-b16 data.name=wds data.path=/data/in100-shards": Plan(
+        add=IMAGENET, expect=("{tmp}/run/summary.json",)),
+    "resdecay pretrain --preset mae-b16 data.name=wds data.path=/data/shards/train-{000000..000127}.tar "
+    "data.val_path=/data/shards/val-{000000..000009}.tar": Plan(add=IMAGENET, expect=("{tmp}/run/summary.json",)),
+    "resdecay pretrain --preset mae-b16 data.name=hf data.path=/data/in100-hf data.image_column=img data.label_column=cls":
+        Plan(add=IMAGENET, expect=("{tmp}/run/summary.json",)),
+    "resdecay finetune runs/mae-b16/checkpoints/step_*.pt --preset linprobe-mae": Plan(add=FT_IMAGENET,
+                                                                                        expect=("{tmp}/run/eval.json",)),
+    "resdecay eval runs/mae-b16/checkpoints/step_*.pt --evals knn,rank": Plan(add=EVAL, expect=("{tmp}/eval/*/eval.json",)),
+    "resdecay eval CKPT --data wds --data-path /data/in100-shards": Plan(
+        instead=("resdecay", "eval", "runs/mae-b16/checkpoints/step_00500000.pt", "--data", "wds", "--data-path",
+                 "/data/in100-shards"), add=EVAL, expect=("{tmp}/eval/*/eval.json::wds",)),
+    "resdecay check-data --data wds --data-path /data/in100-shards": Plan(add=("--no-progress",),
+                                                                          says=("train: 24 images, 0 unreadable",)),
+    # segmentation (docs/segmentation.md): label maps of Fashion-MNIST-M and a COCO-Stuff-27 folder, in these tests
+    "resdecay eval runs/plain/checkpoints/step_*.pt runs/decayed/checkpoints/step_*.pt --evals segmentation": Plan(
+        covered=SEG + "test_eval_reports_segmentation_with_protocol_card_and_baselines", needle='"segmentation"'),
+    "resdecay eval CKPT --evals segmentation --seg-data cocostuff27 --seg-path DIR --seg-images 100": Plan(
+        covered="tests/data/test_segmentation_data.py::test_eval_segments_a_cocostuff27_folder_and_refuses_data_without_masks",
+        needle='"--seg-data", "cocostuff27", "--seg-path"'),
+    "resdecay figures PLAIN.pt DECAYED.pt --segmentation --seg-images 100 --images 8": Plan(
+        covered=SEG + "test_figures_segmentation_draws_both_pngs", needle='"--segmentation"'),
+    # extending (docs/EXTENDING.md): a plugin registers into the process's registries, so each runs in the test that
+    # restores them afterwards (tests/eval/test_extending.py checks the page still shows the command it runs)
+    "resdecay --plugin docs/examples/extending/two_minus.py ablate --grid docs/examples/extending/two_minus-digits.yaml "
+    "--out runs/ablate/two-minus": Plan(covered=EXT + "test_a_residual_formula_in_one_file_runs_through_ablate",
+                                        needle="two_minus.py ablate --grid"),
+    "resdecay --plugin docs/examples/extending/mixer.py pretrain --preset docs/examples/extending/mixer-digits.yaml": Plan(
+        covered=EXT + "test_a_family_in_one_file_trains_resumes_and_is_evaluated_by_the_cli", needle="mixer.py pretrain --preset"),
+    "resdecay --plugin docs/examples/extending/mixer.py eval runs/mixer-digits/checkpoints/step_00000440.pt": Plan(
+        covered=EXT + "test_a_family_in_one_file_trains_resumes_and_is_evaluated_by_the_cli",
+        needle="mixer.py eval runs/mixer-digits/checkpoints/"),
+    "resdecay --plugin docs/examples/extending/rankme.py eval runs/mixer-digits/checkpoints/step_00000440.pt --evals knn,rankme":
+        Plan(covered=EXT + "test_a_family_in_one_file_trains_resumes_and_is_evaluated_by_the_cli",
+             needle="rankme.py eval runs/mixer-digits/checkpoints/"),
     # interop (the foreign files are tiny fakes in each format: tests/helpers/interop.py)
     "resdecay import-weights mae_pretrain_vit_base.pth --format mae --preset mae-b16-plain --out mae.pt": Plan(
         add=HEADS, expect=("mae.pt",)),
@@ -208,6 +327,15 @@ PLANS: dict[str, Plan] = {
     "resdecay import-weights vit.pth --format timm-vit --preset mae-s16 model.num_heads=6 --out vit.pt": Plan(expect=("vit.pt",)),
     "resdecay export runs/mae-tiny-fmnist/checkpoints/step_00007020.pt --to timm --out vit.safetensors": Plan(
         expect=("vit.safetensors",)),
+    "resdecay import-weights ./vit-mae-folder --format hf-vitmae --preset mae-tiny-digits-plain --out imported.pt": Plan(
+        expect=("imported.pt",)),  # the heads are in config.json
+    "resdecay export imported.pt --to hf-vitmae --out ./vit-mae-again": Plan(
+        setup="imported_vitmae", expect=("vit-mae-again/config.json::vit_mae", "vit-mae-again/model.safetensors")),
+    # training in transformers' Trainer and diffusers' scheduler loop (docs/plug-and-play.md): CI-sized in these tests
+    "python docs/examples/hf_trainer_vitmae.py --steps 60 --out runs/hf-trainer-vitmae --seed 0": Plan(
+        covered="tests/e2e/test_hf_examples.py::test_vitmae_trains_in_the_hf_trainer_and_reloads_through_from_pretrained_and_restore"),
+    "python docs/examples/diffusers_dit.py --steps 150 --out runs/diffusers-dit --seed 0": Plan(
+        covered="tests/e2e/test_hf_examples.py::test_dit_trains_with_ddpm_and_samples_with_the_scheduler_loop"),
     "resdecay export runs/mae-tiny-fmnist/checkpoints/step_00007020.pt --to hf --out mae-tiny-fmnist-hf": Plan(
         expect=("mae-tiny-fmnist-hf/README.md::alpha_eff", "mae-tiny-fmnist-hf/config.json", "mae-tiny-fmnist-hf/model.safetensors")),
     # ablations: every variant of the grid, each a few steps on the fake data
@@ -300,15 +428,30 @@ def resolve(argv: list[str], plan: Plan, ctx: Context) -> list[str]:
     return out + [a.format_map(ctx) for a in plan.add]
 
 
-# README's ```python blocks, by the heading they stand under: run here with these text replacements
-# (each must still match README), or the test that runs them already.
-PYTHON_BLOCKS: dict[str, dict[str, str] | str] = {
-    "Notebook API": "tests/models/test_api.py::test_readme_notebook_example_runs",
-    "Decayed shortcuts in models you already have": {'"vit_base_patch16_224"': '"vit_tiny_patch16_224"'},
-    "Sharing a model": {'"runs/mae-tiny-fmnist/checkpoints/step_00007020.pt"': "MAE_CKPT"},
-    "Library": {'"runs/mae-tiny-fmnist/checkpoints/step_00007020.pt"': "MAE_CKPT",
-                "224, 224": "32, 32",  # a small MAE instead of ViT-B/16, whose size test_readme_commands checks apart
-                "MAEConfig(alpha_min=0.6)": "MAEConfig(alpha_min=0.6, img_size=32, embed_dim=32, depth=8, num_heads=2, "
-                                            "decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2)"},
+# The pages' ```python blocks, by ``page: heading``: run here with these text replacements (each must still match
+# the page), or (test, text it must contain) for the test that runs them already.
+PYTHON_BLOCKS: dict[str, dict[str, str] | tuple[str, str]] = {
+    "README.md: Decayed shortcuts in your model": {'"vit_base_patch16_224"': '"vit_tiny_patch16_224"'},
+    "docs/interop.md: Decayed shortcuts in models you already have": {'"vit_base_patch16_224"': '"vit_tiny_patch16_224"'},
+    "docs/trackers-and-sharing.md: Sharing a model": {'"runs/mae-tiny-fmnist/checkpoints/step_00007020.pt"': "MAE_CKPT"},
+    "docs/python-api.md: Notebook API": ("tests/models/test_api.py::test_readme_notebook_example_runs", "## Notebook API"),
+    "docs/python-api.md: Library": {'"runs/mae-tiny-fmnist/checkpoints/step_00007020.pt"': "MAE_CKPT",
+                                    "224, 224": "32, 32",  # a small MAE instead of ViT-B/16, whose size is checked apart
+                                    "MAEConfig(alpha_min=0.6)": "MAEConfig(alpha_min=0.6, img_size=32, embed_dim=32, depth=8, "
+                                                                "num_heads=2, decoder_embed_dim=32, decoder_depth=2, "
+                                                                "decoder_num_heads=2)"},
+    # plug-and-play.md's blocks build transformers / diffusers models and register an adapter: run as one page there
+    "docs/plug-and-play.md: # Decayed shortcuts in the models you already have": (
+        "tests/nn/test_adapters.py::test_docs_examples_run", "plug-and-play.md"),
+    "docs/plug-and-play.md: The paper's model inside transformers": (
+        "tests/nn/test_adapters.py::test_docs_examples_run", "plug-and-play.md"),
+    "docs/plug-and-play.md: Your own block kind": ("tests/nn/test_adapters.py::test_docs_examples_run", "plug-and-play.md"),
+    # EXTENDING.md's blocks are excerpts of docs/examples/extending/*.py, which these tests load and run
+    "docs/EXTENDING.md: (a) A new residual formula: `x·α + f(x)·(2 − α)`": (
+        EXT + "test_a_residual_formula_in_one_file_runs_through_ablate", "two_minus.py"),
+    "docs/EXTENDING.md: (b) A new model family: a masked MLP-Mixer with decayed shortcuts": (
+        EXT + "test_a_family_in_one_file_trains_resumes_and_is_evaluated_by_the_cli", "mixer.py"),
+    "docs/EXTENDING.md: (c) A new metric: RankMe": (
+        EXT + "test_a_family_in_one_file_trains_resumes_and_is_evaluated_by_the_cli", "rankme.py"),
 }
 

@@ -1,4 +1,4 @@
-"""The notebook API of README's example, run as written, and --version / --help examples."""
+"""The notebook API of docs/python-api.md's example, run as written, and --version / --help examples."""
 
 import re
 from pathlib import Path
@@ -9,16 +9,16 @@ import torch
 import resdecay
 from resdecay.cli import main
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "python-api.md"
 
 
 def test_readme_notebook_example_runs(tmp_path, monkeypatch):
-    """The fenced block after '## Notebook API' in README.md, executed as it stands."""
-    text = README.read_text()
+    """The fenced block after '## Notebook API' in docs/python-api.md, executed as it stands."""
+    text = GUIDE.read_text()
     block = re.search(r"## Notebook API.*?```python\n(.*?)```", text, re.S).group(1)
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(block, "README notebook example", "exec"), scope)
+    exec(compile(block, "docs/python-api.md notebook example", "exec"), scope)
     feats = scope["feats"]
     assert sorted(feats) == [2, 3] and feats[3].shape == (360, 32)  # keyed by the resolved block index
     assert 0 <= scope["knn"] <= 1 and 0 <= scope["probe"]["top1"] <= 1 and scope["rank"] >= 0
