@@ -24,7 +24,7 @@ from resdecay.train.config import load_config
 from resdecay.diffusion import diffusion_loss
 from resdecay.diffusion.samplers import sample
 from resdecay.models import build_model
-from resdecay.train.runlog import peak_flops
+from resdecay.train.log.runlog import peak_flops
 from resdecay.train import param_groups
 
 from _measure import MEM_LABEL, mem_peak, mem_start, sync, timed_steps

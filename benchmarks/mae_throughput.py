@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from resdecay.train.config import load_config
 from resdecay.models import build_model
 from resdecay.models.mae import choose_skip_sources, fill_and_unshuffle
-from resdecay.train.runlog import peak_flops
+from resdecay.train.log.runlog import peak_flops
 from resdecay.schedule import alpha_schedule
 from resdecay.train import param_groups
 

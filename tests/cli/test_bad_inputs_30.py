@@ -22,7 +22,7 @@ from resdecay.cli import plugins
 from resdecay.errors import CheckpointError, ConfigError
 from resdecay.train import checkpoint as ckpt
 from resdecay.train.config import load_config
-from resdecay.train.runlock import run_lock
+from resdecay.train.run.runlock import run_lock
 
 from helpers import TINY
 from helpers import assert_one_line_error, run

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from resdecay.io import sweep_stale_temps
-from resdecay.train import runlock, train
+from resdecay.train import train
+from resdecay.train.run import runlock
 from resdecay.train.config import load_config
 
 from helpers import TINY
@@ -30,7 +31,7 @@ def _python(code: str, *args) -> subprocess.Popen:
 
 
 # ----------------------------------------------------------------------------- 4. one run per folder
-HOLD_LOCK = ("import sys, time\nfrom resdecay.train import runlock\nrunlock.acquire(sys.argv[1])\n"
+HOLD_LOCK = ("import sys, time\nfrom resdecay.train.run import runlock\nrunlock.acquire(sys.argv[1])\n"
              "print('locked', flush=True)\ntime.sleep(120)")
 
 

@@ -20,7 +20,7 @@ import torch
 
 from resdecay.commands.submit import JOBS_FILE, read_jobs, torchrun_variables
 from resdecay.train import checkpoint as ckpt
-from resdecay.train.runlog import read_log
+from resdecay.train.log.runlog import read_log
 
 from helpers import TINY
 from helpers import assert_one_line_error, run

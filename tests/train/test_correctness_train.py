@@ -21,7 +21,7 @@ from resdecay.models import FAMILIES
 from resdecay.train import checkpoint as ckpt
 from resdecay.train import loop, train
 from resdecay.train.config import load_config
-from resdecay.train.runlog import read_log
+from resdecay.train.log.runlog import read_log
 
 from helpers import TINY, free_port
 from helpers import assert_one_line_error, run
@@ -274,7 +274,7 @@ def test_bad_training_settings_are_one_line(capsys, tmp_path, extra, fragments):
 
 def test_a_model_that_cannot_fit_is_refused_before_it_is_built(capsys, tmp_path, monkeypatch):
     """Issue 23.12: model.depth=100000 allocated for minutes until killed."""
-    from resdecay.train import capacity
+    from resdecay.train.run import capacity
 
     monkeypatch.setattr(capacity, "available_memory", lambda device: (8 << 30, "available RAM"))
     started = time.perf_counter()

@@ -15,9 +15,9 @@ from resdecay.errors import ConfigError
 from resdecay.eval.suite import EvalSettings, evaluate_checkpoint
 from resdecay.train import checkpoint as ckpt
 from resdecay.train.config import from_dict, load_config
-from resdecay.train.runlog import RunLog, read_log
-from resdecay.train.trackers import CsvTracker
-from resdecay.train.tracking import Trackers, tracker_group
+from resdecay.train.log.runlog import RunLog, read_log
+from resdecay.train.log.trackers import CsvTracker
+from resdecay.train.log.tracking import Trackers, tracker_group
 
 from helpers import TINY
 from helpers import assert_one_line_error, run

@@ -32,7 +32,7 @@ def data_options(default_help: str = "dataset (default: the checkpoint's)") -> a
 
 
 def run_folder_options(resume_help: str = "auto (newest checkpoint in the run folder) or a checkpoint path") -> argparse.ArgumentParser:
-    """What to do with a run folder that already holds a run (train/previous_run.py)."""
+    """What to do with a run folder that already holds a run (train/run/previous_run.py)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--out", default=None, metavar="DIR",
                    help="run folder (the same as train.out_dir=DIR; default runs/<preset>_<overridden settings>)")

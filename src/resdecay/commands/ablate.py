@@ -43,7 +43,7 @@ from ..nn.shortcut_info import describe_model
 from ..train import distributed as dist_env
 from ..train.config import RunConfig, load_config
 from ..train.distributed import is_main_process
-from ..train.tracking import tracker_group
+from ..train.log.tracking import tracker_group
 from ..viz.plots import plot_bars, plot_rank_vs_depth
 from .pretrain import train_with_online_eval
 

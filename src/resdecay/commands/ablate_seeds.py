@@ -19,7 +19,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..train import distributed as dist_env
 from ..train.distributed import is_main_process
-from ..train.tracking import tracker_group
+from ..train.log.tracking import tracker_group
 from ..viz.plots import plot_bars, plot_rank_vs_depth
 from .ablate import plan_grid, run_plan, table_metrics
 

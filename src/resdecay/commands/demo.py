@@ -26,8 +26,8 @@ from ..eval.inputs import check_writable
 from ..eval.protocol import KNN_K, KNN_TEMPERATURE as KNN_T, KNN_VOTE
 from ..viz.figures import plot_pca_maps
 from ..viz.plots import plot_alpha_schedules, plot_loss_curves, plot_reconstructions, reconstruct
-from ..train.runlog import read_log
-from ..train.environment import numerics_environment
+from ..train.log.runlog import read_log
+from ..train.run.environment import numerics_environment
 from .ablate import load_grid
 from .pretrain import train_with_online_eval
 

@@ -27,7 +27,7 @@ from ..errors import CheckpointError, UserError
 from ..io import atomic_save, atomic_write_text, file_sha256, progress_bar, run_dir_of
 from ..train.checkpoint import FORMAT, load_checkpoint, load_model, loaded_plugins
 from ..train.distributed import resolve_device
-from ..train.runlog import read_log
+from ..train.log.runlog import read_log
 
 EVAL_BATCH = 256  # one batch size for every evaluation: the same images in the same batches, the same numbers
 BEST = "best.pt"  # in <run>/checkpoints/, beside the last train.keep_last step_*.pt (never pruned)

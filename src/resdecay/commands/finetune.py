@@ -38,7 +38,7 @@ from ..train import train
 from ..train.checkpoint import FORMAT, foreign_format, list_checkpoints, load_checkpoint, load_model
 from ..train.config import _read_preset, from_dict, parse_overrides
 from ..train.distributed import is_main_process
-from ..train.summary import write_summary
+from ..train.run.summary import write_summary
 from .eval_classifier import BEST, EpochEval, best_in_log, evaluate_checkpoint
 
 SOURCE_FORMATS = ("resdecay", *FORMATS)

@@ -20,7 +20,7 @@ from ..viz.figures import (diffusion_keys, online_rows, plot_correlation, plot_d
                            plot_rank_and_accuracy, plot_tsne)
 from ..io import run_dir_of
 from ..viz.plots import plot_reconstructions, reconstruct
-from ..train.runlog import read_log
+from ..train.log.runlog import read_log
 
 
 def run_label(run: Path) -> str:

@@ -36,7 +36,7 @@ from ..eval.inputs import check_writable
 from ..io import run_dir_of
 from ..train import checkpoint as ckpt
 from ..train.config import load_config, parse_overrides
-from ..train.previous_run import check_fresh_start
+from ..train.run.previous_run import check_fresh_start
 from .ablate import plan_grid
 
 COMMANDS = ("pretrain", "finetune", "ablate", "train-supervised")

@@ -28,7 +28,7 @@ from ..train.checkpoint import load_checkpoint, load_model
 from ..nn.shortcut_info import describe_model
 from ..train.config import from_dict
 from ..train.distributed import resolve_device
-from ..train.tracking import log_to_run
+from ..train.log.tracking import log_to_run
 from . import baselines as bl
 from .feature_cache import FeatureCache
 from .features import POOLINGS, extract_block_features

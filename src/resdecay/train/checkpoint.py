@@ -37,7 +37,7 @@ from ..io import atomic_save, first_sentence, safe_load
 from ..models import FAMILIES, build_model, model_config_class
 from . import distributed as dist_env
 from .config import RunConfig, from_dict
-from .previous_run import HARMLESS, check_resume_changes, inexact_changes
+from .run.previous_run import HARMLESS, check_resume_changes, inexact_changes
 
 FORMAT = "resdecay-checkpoint-v1"
 _STEP_FILE = re.compile(r"^step_(\d{8,})\.pt$")

@@ -26,13 +26,13 @@ from . import distributed as dist_env
 from .async_checkpoint import CheckpointWriter
 from .config import RunConfig
 from .lr_sched import lr_at, set_lr
-from .previous_run import check_fresh_start
-from .run_folder import run_folder
-from .runlog import LossWindow, RunLog, peak_flops, peak_memory_mb
+from .run.previous_run import check_fresh_start
+from .run.run_folder import run_folder
+from .log.runlog import LossWindow, RunLog, peak_flops, peak_memory_mb
 from .setup import Data, Trainee, build_data, build_trainee, settings_warnings
 from .stability import FIX, BlockNormMonitor
-from .summary import announce, finished_summary, run_summary, summary_scalars, write_summary
-from .tracking import check_installed
+from .run.summary import announce, finished_summary, run_summary, summary_scalars, write_summary
+from .log.tracking import check_installed
 
 
 def train(cfg: RunConfig, resume: str | None = None, progress: bool = True, on_epoch_end=None, init=None,

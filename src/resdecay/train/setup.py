@@ -25,7 +25,7 @@ from ..models import Family, build_model, get_family
 from ..nn.shortcut_info import knob_warnings, shortcut_settings
 from . import checkpoint as ckpt
 from . import distributed as dist_env
-from .capacity import check_fits
+from .run.capacity import check_fits
 from .config import RunConfig
 from .lr_sched import peak_lr
 from .optim import autocast_dtype, make_optimizer, param_groups

@@ -1,5 +1,5 @@
 """Paper figures as PNGs: feature t-SNE and PCA patch maps from models, and rank / accuracy
-curves from logged online-evaluation rows (``<run>/log.jsonl``, see ``resdecay.train.runlog.read_log``).
+curves from logged online-evaluation rows (``<run>/log.jsonl``, see ``resdecay.train.log.runlog.read_log``).
 
 Every figure states its protocol on the figure itself (layer, pooling, recipe, fitting set), and
 every function returns a protocol card (a JSON-able dict), because numbers from two figures are

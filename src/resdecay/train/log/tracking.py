@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import UserError, one_line
+from ...errors import UserError, one_line
 from .remote_trackers import MlflowTracker, WandbTracker
 from .trackers import CsvTracker, Group, TensorBoardTracker, Tracker
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ..errors import UserError
+from ...errors import UserError
 
 RUN_FILES = ("checkpoints", "log.jsonl", "summary.json", "tb", "eval", "bad_files.txt", "summary.csv", "wandb", "mlruns")
 # Settings a resumed run may change without being refused: they do not change what it computes, or (epochs)

@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 from PIL import Image
 
-from ..errors import UserError
+from ...errors import UserError
 
 
 @dataclass(frozen=True)

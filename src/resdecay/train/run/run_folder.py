@@ -9,10 +9,10 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import UserError
-from ..io import sweep_stale_temps
-from . import checkpoint as ckpt
-from . import distributed as dist_env
+from ...errors import UserError
+from ...io import sweep_stale_temps
+from .. import checkpoint as ckpt
+from .. import distributed as dist_env
 from . import runlock
 
 

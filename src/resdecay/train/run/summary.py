@@ -10,13 +10,13 @@ from pathlib import Path
 
 import torch
 
-from ..io import atomic_write_text
-from ..nn.shortcut_info import describe_model, shortcut_settings
-from ..schedule import effective_decay
-from . import distributed as dist_env
-from .config import RunConfig
+from ...io import atomic_write_text
+from ...nn.shortcut_info import describe_model, shortcut_settings
+from ...schedule import effective_decay
+from .. import distributed as dist_env
+from ..config import RunConfig
 from .environment import numerics_environment
-from .runlog import read_log
+from ..log.runlog import read_log
 
 
 def announce(cfg: RunConfig, env, data, trainee, resume: str | None, say) -> None:

@@ -23,7 +23,7 @@ try:
 except ImportError:  # Windows: no advisory locks; runs are not protected there
     fcntl = None
 
-from ..errors import UserError
+from ...errors import UserError
 
 LOCK_NAME = "run.lock"
 _held: dict[str, list] = {}  # resolved folder -> [fd, depth] of the locks this process holds

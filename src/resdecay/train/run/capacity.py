@@ -14,10 +14,10 @@ import os
 
 import torch
 
-from ..errors import ConfigError
-from ..io import format_bytes
-from ..models import build_model
-from ..models.common import count_parameters
+from ...errors import ConfigError
+from ...io import format_bytes
+from ...models import build_model
+from ...models.common import count_parameters
 
 # fp32 numbers kept per parameter besides the weight and its gradient
 OPTIMIZER_STATE = {"adamw": 2, "lars": 1, "sgd": 1}  # AdamW: two moments; LARS and SGD: momentum

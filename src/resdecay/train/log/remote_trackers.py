@@ -33,8 +33,8 @@ from urllib.parse import urlparse
 
 import yaml
 
-from ..errors import UserError, one_line
-from ..io import atomic_write_text
+from ...errors import UserError, one_line
+from ...io import atomic_write_text
 from .trackers import Tracker, image_array
 
 PROJECT = "resdecay"  # default W&B project and MLflow experiment
