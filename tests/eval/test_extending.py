@@ -1,6 +1,7 @@
-"""docs/EXTENDING.md's three worked examples, run as the page shows them (with CI-sized budgets):
+"""docs/EXTENDING.md's four worked examples, run as the page shows them (with CI-sized budgets):
 (a) a residual formula through ``ablate``, (b) a model family trained, resumed and evaluated by the
-unchanged CLI, (c) a metric in ``eval.json`` and the report — each one file under docs/examples/extending/.
+unchanged CLI, (c) a metric in ``eval.json`` and the report, (d) a metric over two blocks (linear CKA)
+through ``eval`` and its per-layer profile — each one file under docs/examples/extending/.
 The contract test (tests/models/test_contract.py) and tests/eval/test_metrics.py load the same files."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,7 +21,7 @@ from resdecay.nn.residual import factors_of
 from resdecay.train import checkpoint as ckpt
 
 from helpers import TINY
-from helpers import run
+from helpers import assert_one_line_error, run
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLES = ROOT / "docs" / "examples" / "extending"
@@ -128,3 +130,79 @@ def test_a_missing_or_broken_plugin_is_one_line(capsys, tmp_path, monkeypatch, r
     monkeypatch.setenv("RESDECAY_PLUGINS", str(tmp_path / "gone.py"))  # the environment's plugins, the same way
     code, _, err = run(capsys, "presets")
     assert_one_line_error(code, err, "gone.py: no such file")
+
+
+def _cka_module():
+    """docs/examples/extending/cka.py as ``--plugin`` loads it (registered; removed by ``registries_restored``)."""
+    from resdecay.cli.plugins import load_plugin
+
+    load_plugin(str(EXAMPLES / "cka.py"))
+    return next(m for n, m in sys.modules.items() if n.startswith("resdecay_plugin_cka_"))
+
+
+def _textbook_cka(x: np.ndarray, y: np.ndarray) -> float:
+    """Kornblith et al. 2019 written out: HSIC of centred N x N linear Gram matrices, normalised."""
+    n = len(x)
+    h = np.eye(n) - np.full((n, n), 1.0 / n)
+    k, l = h @ (x @ x.T) @ h, h @ (y @ y.T) @ h
+    return float((k * l).sum() / np.sqrt((k * k).sum() * (l * l).sum()))
+
+
+def test_linear_cka_is_the_textbook_formula(registries_restored):
+    """(d)'s function against the definition on random data, and the invariances that make CKA a similarity."""
+    linear_cka = _cka_module().linear_cka
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(50, 8, generator=g, dtype=torch.float64), torch.randn(50, 12, generator=g, dtype=torch.float64)
+    y = y + x @ torch.randn(8, 12, generator=g, dtype=torch.float64)  # related, so the value is neither 0 nor 1
+    value = linear_cka(x, y)
+    assert value == pytest.approx(_textbook_cka(x.numpy(), y.numpy()), abs=1e-12)
+    assert 0.2 < value < 0.999 and linear_cka(y, x) == pytest.approx(value, abs=1e-12)
+    assert linear_cka(x, x) == pytest.approx(1.0, abs=1e-12)
+    q, _ = torch.linalg.qr(torch.randn(8, 8, generator=g, dtype=torch.float64))  # an orthogonal transform
+    assert linear_cka(x @ q, y) == pytest.approx(value, abs=1e-12)
+    assert linear_cka(3.5 * x, 0.01 * y) == pytest.approx(value, abs=1e-12)  # isotropic scaling
+    assert linear_cka(x + 7.0, y - 2.0) == pytest.approx(value, abs=1e-12)  # a shift (features are centred)
+    assert linear_cka(x * torch.linspace(0.1, 3.0, 8, dtype=torch.float64), y) != pytest.approx(value, abs=1e-3)  # not per-axis scaling
+    assert linear_cka(x, torch.ones(50, 3)) == 0.0  # a constant block
+    assert linear_cka(x.float(), y.float()) == pytest.approx(value, abs=1e-6)  # float32 features: computed in float64
+
+
+def test_a_metric_over_two_blocks_in_one_file_runs_through_eval(tiny_checkpoints, capsys, tmp_path, registries_restored):
+    """(d): linear CKA between the first and the last block through ``resdecay eval --evals cka``, checked
+    against CKA computed here from the same blocks' features."""
+    from resdecay.eval.features import extract_block_features
+    from resdecay.eval.inputs import eval_split
+    from resdecay.eval.suite import EvalSettings, checked_checkpoint
+
+    shown("resdecay --plugin docs/examples/extending/cka.py eval runs/mixer-digits/checkpoints/step_00000440.pt --evals cka")
+    shown("--evals knn,cka --layer all --metric-option cka.reference=-1")
+    ck = tiny_checkpoints["decayed"]
+    common = ["--no-progress", "--cache-dir", str(tmp_path / "cache")]
+    code, out, err = run(capsys, "--plugin", str(EXAMPLES / "cka.py"), "eval", ck, "--evals", "cka", *common,
+                         "--out", str(tmp_path / "one"))
+    assert code == 0, err
+    report = json.loads(next((tmp_path / "one").glob("*/eval.json")).read_text())
+    (row,) = report["results"]
+    assert (row["metric"], row["layer"], row["feature"]) == ("cka", 3, "mean") and "baselines" not in report
+    assert row["protocol"]["blocks"] == [0, 3] and row["protocol"]["reference"] == 0
+    assert "Kornblith" in row["protocol"]["form"] and row["protocol"]["test"]["images"] == 360
+    assert "linear CKA of blocks [0, 3]" in out
+    # the same number from the blocks' features extracted here, by the textbook formula
+    state, cfg, data = checked_checkpoint(ck, EvalSettings())
+    model = ckpt.load_model(ck)[0]
+    feats, _ = extract_block_features(model, eval_split(data, "test", cfg.model.img_size), [0, 3], ("mean",),
+                                      progress=False)
+    first, last = feats[(0, "mean")].double().numpy(), feats[(3, "mean")].double().numpy()
+    assert row["values"]["cka"] == pytest.approx(_textbook_cka(first, last), abs=1e-9)
+    assert 0.5 < row["values"]["cka"] < 0.999
+    # the reference block is the metric's own option; the profile gives every block against it
+    code, out, err = run(capsys, "--plugin", str(EXAMPLES / "cka.py"), "eval", ck, "--evals", "knn,cka", "--layer", "all",
+                         "--metric-option", "cka.reference=-1", "--probe-epochs", "2", *common, "--out", str(tmp_path / "all"))
+    assert code == 0, err
+    profile = json.loads(next((tmp_path / "all").glob("*/profile.json")).read_text())["profile"]
+    assert [r["layer"] for r in profile] == [0, 1, 2, 3] and all("knn_top1" in r for r in profile)
+    assert profile[3]["cka"] == pytest.approx(1.0, abs=1e-12)
+    assert profile[0]["cka"] == pytest.approx(_textbook_cka(last, first), abs=1e-9)
+    assert_one_line_error(*run(capsys, "--plugin", str(EXAMPLES / "cka.py"), "eval", ck, "--evals", "cka",
+                               "--metric-option", "cka.reference=first", *common, "--out", str(tmp_path / "x"))[::2],
+                          "cka.reference takes an integer, got 'first'")

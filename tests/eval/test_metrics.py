@@ -37,7 +37,7 @@ def rankme():
 
 def test_builtin_metrics_are_registry_entries():
     assert [m.name for m in registered(FEATURES)][:3] == ["knn", "probe", "rank"]
-    assert [m.key for m in registered(FEATURES)][:3] == ["knn_top1", "probe_top1", "rank_cls"]
+    assert [m.display.key for m in registered(FEATURES)][:3] == ["knn_top1", "probe_top1", "rank_cls"]
     assert {m.name for m in registered()} >= {"knn", "probe", "rank", "token_norm", "shortcut_ratio", "fid", "diffusion_probe"}
     assert [m.name for m in registered(where="profile") if m.applies_to != FEATURES] == ["token_norm", "shortcut_ratio"]
     assert column_title("online_knn_top1") == "kNN top-1 (k=20, T=0.07)"
@@ -52,8 +52,7 @@ def test_register_metric_refuses_bad_entries_in_one_line():
         return []
 
     def make(**kw):
-        return Metric(**{"name": "ok", "label": "ok", "compute": nothing, "protocol": lambda s: {},
-                         "describe": lambda p: "", **kw})
+        return Metric(**{"name": "ok", "compute": nothing, "protocol": lambda s: {}, "headline": "top1", **kw})
 
     for kw, needle in (({"name": "Bad Name"}, "must be lower-case"), ({"name": "knn"}, "already registered"),
                        ({"applies_to": "pixels"}, "applies_to 'pixels' is unknown"),
@@ -142,3 +141,33 @@ def test_compute_results_feed_columns_in_registry_order(rankme):
     assert list(columns) == ["knn_top1", "rank_cls", "rank_mean", "rankme"]
     assert rows[0]["protocol"] == {"norm": "none", "layer": 2, "feature": "mean", "k": 5, "temperature": 0.07, "vote": "exp(cos/T)"}
     assert isinstance(rows[-1]["values"]["rankme"], float) and Result("a", {}).extra == {}
+
+
+def test_a_layers_metric_reads_every_block_and_is_opt_in():
+    """A ``layers`` metric gets one ``LayerSet`` per evaluated block (every block's test features) and runs only
+    when ``--evals`` names it, so the default evaluation extracts what it always did."""
+    from resdecay.eval.metrics import LAYERS, LayerSet, measure
+    from resdecay.eval.protocol import MetricSettings
+
+    def gap(x: LayerSet, s) -> list[Result]:
+        ref = s.options_of("gap")["reference"] % len(x.blocks)
+        return [Result(x.feature, {"gap": float((x.blocks[x.layer] - x.blocks[ref]).norm())}, card={"blocks": [ref, x.layer]})]
+
+    m = register_metric(Metric(name="gap", compute=gap, protocol=lambda s: {"reference": s.options_of("gap")["reference"]},
+                               headline="gap", applies_to=LAYERS, where=frozenset({"eval", "profile"}),
+                               options={"reference": 0}))
+    try:
+        blocks = {b: torch.full((5, 3), float(b)) for b in range(4)}
+        rows, columns = measure([m], LayerSet(2, blocks, torch.zeros(5), "mean"), MetricSettings(), {"norm": "none"}, 2)
+        assert columns == {"gap_gap": pytest.approx(2 * 15 ** 0.5)}
+        assert rows[0]["layer"] == 2 and rows[0]["protocol"] == {"norm": "none", "layer": 2, "feature": "mean",
+                                                                 "reference": 0, "blocks": [0, 2]}
+        ms = MetricSettings(options={"gap": {"reference": -1}})
+        assert measure([m], LayerSet(1, blocks, torch.zeros(5), "mean"), ms, {}, 1)[1] == {"gap_gap": pytest.approx(2 * 15 ** 0.5)}
+        assert "gap" not in EvalSettings().evals and EvalSettings().layer_metrics() == []
+        assert EvalSettings(evals=("knn", "gap")).layer_metrics() == [m] and EvalSettings(evals=("gap",), layer="all").layer_metrics() == [m]
+        EvalSettings(evals=("gap",), metric_options={"gap": {"reference": "2"}}).validate()
+        with pytest.raises(UserError, match="gap.reference takes an integer"):
+            EvalSettings(evals=("gap",), metric_options={"gap": {"reference": "last"}}).validate()
+    finally:
+        unregister_metric("gap")

@@ -317,6 +317,12 @@ PLANS: dict[str, Plan] = {
     "resdecay --plugin docs/examples/extending/rankme.py eval runs/mixer-digits/checkpoints/step_00000440.pt --evals knn,rankme":
         Plan(covered=EXT + "test_a_family_in_one_file_trains_resumes_and_is_evaluated_by_the_cli",
              needle="rankme.py eval runs/mixer-digits/checkpoints/"),
+    "resdecay --plugin docs/examples/extending/cka.py eval runs/mixer-digits/checkpoints/step_00000440.pt --evals cka":
+        Plan(covered=EXT + "test_a_metric_over_two_blocks_in_one_file_runs_through_eval",
+             needle="cka.py eval runs/mixer-digits/checkpoints/"),
+    "resdecay --plugin docs/examples/extending/cka.py eval runs/mixer-digits/checkpoints/step_00000440.pt --evals knn,cka "
+    "--layer all --metric-option cka.reference=-1": Plan(
+        covered=EXT + "test_a_metric_over_two_blocks_in_one_file_runs_through_eval", needle="cka.reference=-1"),
     # interop (the foreign files are tiny fakes in each format: tests/helpers/interop.py)
     "resdecay import-weights mae_pretrain_vit_base.pth --format mae --preset mae-b16-plain --out mae.pt": Plan(
         add=HEADS, expect=("mae.pt",)),
@@ -453,5 +459,7 @@ PYTHON_BLOCKS: dict[str, dict[str, str] | tuple[str, str]] = {
         EXT + "test_a_family_in_one_file_trains_resumes_and_is_evaluated_by_the_cli", "mixer.py"),
     "docs/EXTENDING.md: (c) A new metric: RankMe": (
         EXT + "test_a_family_in_one_file_trains_resumes_and_is_evaluated_by_the_cli", "rankme.py"),
+    "docs/EXTENDING.md: (d) A metric over two blocks: linear CKA": (
+        EXT + "test_a_metric_over_two_blocks_in_one_file_runs_through_eval", "cka.py"),
 }
 

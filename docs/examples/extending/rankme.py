@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from resdecay.eval.metrics import FeatureSet, Metric, Result, register_metric
+from resdecay.eval.metrics import Display, FeatureSet, Metric, Result, register_metric
 from resdecay.eval.protocol import MetricSettings
 
 EPS = 1e-7  # the paper's epsilon: keeps log(p) finite for zero singular values
@@ -30,7 +30,8 @@ def _compute(fs: FeatureSet, s: MetricSettings) -> list[Result]:
 
 
 RANKME = register_metric(Metric(
-    name="rankme", label="RankMe", compute=_compute, headline="rankme", column="rankme",
+    name="rankme", compute=_compute, headline="rankme",
     protocol=lambda s: {"form": "RankMe: exp(entropy of normalised singular values), uncentred", "eps": EPS},
-    describe=lambda card: f"{card['form']}, eps {card['eps']:g}", titles={"rankme": "RankMe (Garrido et al. 2023)"}),
+    display=Display("RankMe", describe=lambda card: f"{card['form']}, eps {card['eps']:g}", column="rankme",
+                    titles={"rankme": "RankMe (Garrido et al. 2023)"})),
     replace=True)  # a notebook may import this file twice

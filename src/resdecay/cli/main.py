@@ -28,6 +28,7 @@ from ..data import DataConfig
 from ..errors import TrainingDiverged, UserError, one_line
 from ..data.seg_masks import SEG_DATA
 from ..eval.metrics import FEATURES, metric_names
+from ..eval.options import parse_assignments
 from ..eval.segmentation import SOLVERS, SegProtocol
 from ..eval.protocol import KNN_K, KNN_TEMPERATURE
 from ..eval.suite import EvalSettings
@@ -127,7 +128,8 @@ def cmd_eval(args) -> None:
                             device=args.device, cache_dir=args.cache_dir, progress=not args.no_progress,
                             baselines=not args.no_baselines, data_path=None if args.data else args.data_path,
                             segmentation=_seg_protocol(args),
-                            seg_data=args.seg_data, seg_path=args.seg_path)
+                            seg_data=args.seg_data, seg_path=args.seg_path,
+                            metric_options=parse_assignments(args.metric_option))
     if args.baseline:  # raw pixels alone: no checkpoint
         if args.checkpoints:
             raise UserError(f"--baseline pixels measures no checkpoint: drop {args.checkpoints[0]}, or drop --baseline "
@@ -218,6 +220,10 @@ def add_measurement_commands(sub) -> None:
     e.add_argument("--feature", default="mean", help="pooling: mean (all tokens incl. cls; default) | cls | patch_mean")
     e.add_argument("--evals", default=None, help=f"comma list of {', '.join(metric_names(FEATURES))} (default: all; "
                                                   "the registered metrics, a --plugin's included)")
+    e.add_argument("--metric-option", action="append", default=[], metavar="NAME.KEY=VALUE",
+                   help="a metric's own option, e.g. knn.k=10, segmentation.solver=kmeans (repeatable; wins over "
+                        "--k, --temperature, --probe-*, --rank-exp and --seg-*, which set knn.*, probe.*, rank.exp, "
+                        "segmentation.*)")
     e.add_argument("--k", type=int, default=KNN_K, help=f"kNN neighbours (default {KNN_K})")
     e.add_argument("--temperature", type=float, default=KNN_TEMPERATURE, help=f"kNN vote temperature (default {KNN_TEMPERATURE})")
     e.add_argument("--probe-epochs", type=int, default=None, help="probe epochs (default 200; 30 for --layer all)")

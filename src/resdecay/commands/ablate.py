@@ -229,7 +229,8 @@ def _report(g: dict, rows: dict, out_dir: Path) -> dict:
     table = format_table(result)
     (out_dir / "table.txt").write_text(table + "\n")
     print("\n" + table)
-    groups = {m.key: {n: r["measures"][m.key] for n, r in rows.items() if m.key in r["measures"]} for m in table_metrics()}
+    keys = [m.display.key for m in table_metrics()]
+    groups = {k: {n: r["measures"][k] for n, r in rows.items() if k in r["measures"]} for k in keys}
     plot_bars({k: v for k, v in groups.items() if v}, out_dir / "ablate.png", f"{g['name']}: {g.get('description', '')}")
     if len({r["depth"] for r in rows.values()}) > 1 and all(r["family"] == "resnet" for r in rows.values()):
         plot_rank_vs_depth(rows, out_dir / "rank_vs_depth.png", g["name"])  # Figure 7
@@ -264,7 +265,7 @@ def _cell(x, width: int, signed: bool = False) -> str:
 def format_table(result: dict) -> str:
     """The grid as a table: per metric its value and delta against the baseline, the random-init
     columns, and the paper's number, delta and whether ours moves the same way."""
-    specs = [(m.key, m.table_spec()) for m in table_metrics()]
+    specs = [(m.display.key, m.display.table) for m in table_metrics()]
     rand = [(key, t) for key, t in specs if t.random]
     head = (f"{'variant':<28} " + " ".join(f"{t.header:>{t.widths[0]}} {t.delta:>{t.widths[1]}}" for _, t in specs)
             + "".join(f" {t.random:>{max(8, len(t.random))}}" for _, t in rand) + f" {'paper':>6} {'d paper':>8} {'direction':>9}")

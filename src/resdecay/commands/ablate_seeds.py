@@ -145,7 +145,7 @@ def _direction(row: dict) -> str:
 
 def format_seed_table(result: dict) -> str:
     """Like ``ablate.format_table``, every cell mean±std over the seeds; column n = the variant's seeds."""
-    specs = [(m.key, m.table_spec()) for m in table_metrics()]
+    specs = [(m.display.key, m.display.table) for m in table_metrics()]
     rand = [(k, t) for k, t in specs if t.random]
     w = 16
     head = (f"{'variant':<28} {'n':>2} " + " ".join(f"{t.header:>{w}} {t.delta:>{w}}" for _, t in specs)
@@ -180,8 +180,9 @@ def _write(result: dict, out_dir: Path) -> dict:
     (out_dir / "table.txt").write_text(table + "\n")
     print("\n" + table)
     rows = result["rows"]
-    means = {m.key: {n: r["measures"][m.key]["mean"] for n, r in rows.items() if m.key in r["measures"]} for m in table_metrics()}
-    errors = {m.key: {n: r["measures"][m.key]["std"] for n, r in rows.items() if m.key in r["measures"]} for m in table_metrics()}
+    keys = [m.display.key for m in table_metrics()]
+    means = {k: {n: r["measures"][k]["mean"] for n, r in rows.items() if k in r["measures"]} for k in keys}
+    errors = {k: {n: r["measures"][k]["std"] for n, r in rows.items() if k in r["measures"]} for k in keys}
     plot_bars({k: v for k, v in means.items() if v}, out_dir / "ablate.png",
               f"{result['grid']}: mean ± std over seeds {', '.join(map(str, result['seeds']))}", errors=errors)
     if len({r["depth"] for r in rows.values()}) > 1 and all(r["family"] == "resnet" for r in rows.values()):

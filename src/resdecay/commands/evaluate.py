@@ -75,7 +75,7 @@ def _bad_files_note(report: dict) -> str | None:
 def _protocol_note(settings: EvalSettings) -> str:
     """One line under a profile overlay: the feature and each metric's protocol, from the registry."""
     ms = settings.metric_settings()
-    return "; ".join([f"feature {settings.feature}", *(f"{m.label}: {m.describe(m.protocol(ms))}" for m in settings.metrics())])
+    return "; ".join([f"feature {settings.feature}", *(f"{m.display.label}: {m.display.describe(m.protocol(ms))}" for m in settings.metrics())])
 
 
 def run_eval(checkpoints: list[str], settings: EvalSettings, out: str | None = None) -> dict:

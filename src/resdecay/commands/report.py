@@ -55,7 +55,7 @@ def run_plot(runs: list[str], out: str, accuracy: str = "probe") -> dict:
                 print(f"{label}: epoch {r.get('epoch', '?'):g}: {column_title(fid_key)} {r[fid_key]:.3f}{rest}")
         print(f"wrote {out_dir / 'fid_and_probe.png'}, {out_dir / 'plot.json'}")
         return report
-    acc_key = f"online_{get_metric(accuracy).key}"  # the accuracy metric's logged column (probe_top1, knn_top1)
+    acc_key = f"online_{get_metric(accuracy).display.key}"  # the accuracy metric's logged column (probe_top1, knn_top1)
     fig4 = plot_rank_and_accuracy(logs, out_dir / "rank_and_accuracy.png", accuracy_key=acc_key)
     fig5 = plot_correlation(logs, out_dir / "rank_accuracy_correlation.png", accuracy_key=acc_key)
     report = {"figure4": fig4, "figure5c": fig5, "runs": dict(zip(logs, runs))}

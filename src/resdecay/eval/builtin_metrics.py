@@ -10,16 +10,21 @@ the IN-100 recipe for one layer, the fast recipe for profiles, online tracking a
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from typing import Literal
+
 from ..errors import UserError
 from .diffusion_probe import probe_grid
+from .display import Column, Display, TableSpec
 from .fid import compute_fid, extractor_card
 from .knn import knn_topk
-from .metrics import (BLOCKS, DIFFUSION, SAMPLES, SEGMENTATION, BlockStats, DiffusionSet, FeatureSet, Metric,
-                      Result, SampleSet, SegmentationSet, TableSpec, register_metric)
+from .metrics import (BLOCKS, DIFFUSION, SAMPLES, SEGMENTATION, BlockStats, DiffusionSet, FeatureSet, Metric, Result,
+                      SampleSet, SegmentationSet, register_metric)
 from .probe import linear_probe
-from .protocol import (FAST_RECIPE, KNN_K, KNN_TEMPERATURE, KNN_VOTE, RANK_FORMS, STATS_CARD, MetricSettings)
+from .protocol import (FAST_RECIPE, KNN_K, KNN_TEMPERATURE, KNN_VOTE, RANK_FORMS, STATS_CARD, MetricSettings,
+                       ProbeRecipe)
 from .rank import effective_rank
-from .segmentation import segment
+from .segmentation import SegProtocol, segment
 
 POOL_WORDS = {"mean": "mean-pooled tokens", "cls": "cls tokens", "patch_mean": "mean-pooled patch tokens",
               "pixels": "raw pixels"}  # every pooling of features.POOLINGS, and the raw-pixel baseline
@@ -28,20 +33,54 @@ BRANCHES = ("attn", "mlp")
 
 
 # ----------------------------------------------------------------------------- features
+@dataclass(frozen=True)
+class KnnOptions:
+    """``--metric-option knn.k=N`` / ``knn.temperature=T`` (also ``--k`` / ``--temperature``)."""
+
+    k: int = KNN_K
+    temperature: float = KNN_TEMPERATURE
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """``probe.epochs`` / ``probe.feature_norm`` (also ``--probe-epochs`` / ``--probe-norm``); None keeps
+    the evaluator's recipe's (IN-100 for one layer, fast for the profile and online tracking)."""
+
+    epochs: int | None = None
+    feature_norm: Literal["none", "batchnorm"] | None = None
+
+
+@dataclass(frozen=True)
+class RankOptions:
+    """``rank.exp=true`` (also ``--rank-exp``): exp(effective rank) (Roy & Vetterli) instead of paper eq. 6."""
+
+    exp: bool = False
+
+
 def _knn(fs: FeatureSet, s: MetricSettings) -> list[Result]:
-    f = fs.feature
-    return [Result(f, knn_topk(fs.train[f], fs.train_labels, fs.test[f], fs.test_labels, s.knn_k, s.knn_temperature))]
+    f, o = fs.feature, s.options_of("knn")
+    return [Result(f, knn_topk(fs.train[f], fs.train_labels, fs.test[f], fs.test_labels, o.k, o.temperature))]
+
+
+def _recipe(s: MetricSettings) -> ProbeRecipe:
+    """The evaluator's probe recipe with the epochs and feature norm the probe's options set."""
+    o, recipe = s.options_of("probe"), s.probe
+    if o.epochs:
+        recipe = replace(recipe, epochs=o.epochs)
+    if o.feature_norm:
+        recipe = replace(recipe, feature_norm=o.feature_norm)
+    return recipe
 
 
 def _probe(fs: FeatureSet, s: MetricSettings) -> list[Result]:
     f = fs.feature
-    return [Result(f, linear_probe(fs.train[f], fs.train_labels, fs.test[f], fs.test_labels, s.probe, s.device,
+    return [Result(f, linear_probe(fs.train[f], fs.train_labels, fs.test[f], fs.test_labels, _recipe(s), s.device,
                                    progress=s.progress))]
 
 
 def _rank(fs: FeatureSet, s: MetricSettings) -> list[Result]:
-    wanted = {fs.feature, *RANK_EXTRA_POOLS}  # in the order the evaluator extracted them
-    return [Result(pool, {"effective_rank": effective_rank(x, exp=s.rank_exp)}, card={"split": "test"})
+    wanted, exp = {fs.feature, *RANK_EXTRA_POOLS}, s.options_of("rank").exp  # in the order the evaluator extracted them
+    return [Result(pool, {"effective_rank": effective_rank(x, exp=exp)}, card={"split": "test"})
             for pool, x in fs.test.items() if pool in wanted]
 
 
@@ -50,29 +89,43 @@ def _probe_text(p: dict) -> str:
     return f"{r['name']} recipe, {r['epochs']} epochs, lr {r['lr']}, feature norm {r['feature_norm']}"
 
 
+def _knn_card(s: MetricSettings) -> dict:
+    o = s.options_of("knn")
+    return {"k": o.k, "temperature": o.temperature, "vote": KNN_VOTE}
+
+
 def _check_bank(n_train: int, s: MetricSettings) -> None:
-    if s.knn_k > n_train:  # before extracting, not after
-        raise UserError(f"--k {s.knn_k} is larger than the kNN bank ({n_train} training images); lower --k")
+    k = s.options_of("knn").k
+    if k < 1:
+        raise UserError(f"knn.k must be a positive integer, got {k}")
+    if k > n_train:  # before extracting, not after
+        raise UserError(f"--k {k} is larger than the kNN bank ({n_train} training images); lower --k")
+
+
+def _check_probe(n_train: int, s: MetricSettings) -> None:
+    epochs = s.options_of("probe").epochs
+    if epochs is not None and epochs < 1:
+        raise UserError(f"probe.epochs must be a positive integer, got {epochs}")
 
 
 KNN = register_metric(Metric(
-    name="knn", label="kNN", compute=_knn, describe=lambda p: f"k={p['k']} T={p['temperature']}", check=_check_bank,
-    protocol=lambda s: {"k": s.knn_k, "temperature": s.knn_temperature, "vote": KNN_VOTE},
-    titles={"knn_top1": f"kNN top-1 (k={KNN_K}, T={KNN_TEMPERATURE})"}, report_values=("top1", "top5"),
-    table=TableSpec("kNN", "d kNN", "kNN rand", (7, 7))))
+    name="knn", compute=_knn, protocol=_knn_card, headline="top1", options=KnnOptions(), check=_check_bank,
+    display=Display("kNN", describe=lambda p: f"k={p['k']} T={p['temperature']}",
+                    titles={"knn_top1": f"kNN top-1 (k={KNN_K}, T={KNN_TEMPERATURE})"}, report_values=("top1", "top5"),
+                    table=TableSpec("kNN", "d kNN", "kNN rand", (7, 7)))))
 
 PROBE = register_metric(Metric(
-    name="probe", label="linear probe", compute=_probe, describe=_probe_text,
-    protocol=lambda s: {"probe": s.probe.card()},
-    titles={"probe_top1": "linear-probe top-1 (fast recipe)"}, report_values=("top1", "top5"),
-    table=TableSpec("probe", "d probe", "prb rand", (7, 8))))
+    name="probe", compute=_probe, protocol=lambda s: {"probe": _recipe(s).card()}, headline="top1",
+    options=ProbeOptions(), check=_check_probe,
+    display=Display("linear probe", describe=_probe_text, titles={"probe_top1": "linear-probe top-1 (fast recipe)"},
+                    report_values=("top1", "top5"), table=TableSpec("probe", "d probe", "prb rand", (7, 8)))))
 
 RANK = register_metric(Metric(
-    name="rank", label="effective rank", compute=_rank, describe=lambda p: p["form"], headline="effective_rank",
-    column="rank_{feature}", table_feature="cls", extra_pools=RANK_EXTRA_POOLS,
-    protocol=lambda s: {"form": RANK_FORMS[s.rank_exp]},
-    titles={f"rank_{p}": f"effective rank (paper eq. 6, {words})" for p, words in POOL_WORDS.items()},
-    table=TableSpec("rank cls", "d rank", None, (8, 7))))
+    name="rank", compute=_rank, protocol=lambda s: {"form": RANK_FORMS[s.options_of("rank").exp]},
+    headline="effective_rank", extra_pools=RANK_EXTRA_POOLS, options=RankOptions(),
+    display=Display("effective rank", describe=lambda p: p["form"], column=Column("rank_", by_feature=True),
+                    table_feature="cls", table=TableSpec("rank cls", "d rank", None, (8, 7)),
+                    titles={f"rank_{p}": f"effective rank (paper eq. 6, {words})" for p, words in POOL_WORDS.items()})))
 
 
 # ----------------------------------------------------------------------------- blocks (per-layer profile)
@@ -86,15 +139,17 @@ def _shortcut_ratio(b: BlockStats, s: MetricSettings) -> list[Result]:
 
 
 TOKEN_NORM = register_metric(Metric(
-    name="token_norm", label="token norm", compute=_token_norm, describe=lambda p: p["norm_statistics"],
-    headline="feature_norm", column="{headline}", table_feature=None, applies_to=BLOCKS, where=frozenset({"profile"}),
-    protocol=lambda s: {"norm_statistics": STATS_CARD}, titles={"feature_norm": "mean token norm"}, log_scale=True))
+    name="token_norm", compute=_token_norm, protocol=lambda s: {"norm_statistics": STATS_CARD}, headline="feature_norm",
+    applies_to=BLOCKS, where=frozenset({"profile"}),
+    display=Display("token norm", describe=lambda p: p["norm_statistics"], column="feature_norm", table_feature=None,
+                    titles={"feature_norm": "mean token norm"}, log_scale=True)))
 
 SHORTCUT_RATIO = register_metric(Metric(
-    name="shortcut_ratio", label="shortcut / branch", compute=_shortcut_ratio, describe=lambda p: p["norm_statistics"],
-    headline="ratio", column="shortcut_ratio_{feature}", table_feature=None, applies_to=BLOCKS,
-    where=frozenset({"profile"}), protocol=lambda s: {"norm_statistics": STATS_CARD}, log_scale=True,
-    titles={f"shortcut_ratio_{br}": f"||a x|| / ||{br}(x)||" for br in BRANCHES}))
+    name="shortcut_ratio", compute=_shortcut_ratio, protocol=lambda s: {"norm_statistics": STATS_CARD},
+    headline="ratio", applies_to=BLOCKS, where=frozenset({"profile"}),
+    display=Display("shortcut / branch", describe=lambda p: p["norm_statistics"], table_feature=None, log_scale=True,
+                    column=Column("shortcut_ratio_", by_feature=True),
+                    titles={f"shortcut_ratio_{br}": f"||a x|| / ||{br}(x)||" for br in BRANCHES})))
 
 
 # ----------------------------------------------------------------------------- diffusion models
@@ -110,15 +165,17 @@ def _best_probe_cell(x: DiffusionSet, s: MetricSettings) -> list[Result]:
 
 
 FID = register_metric(Metric(
-    name="fid", label="FID", compute=_fid, describe=lambda p: p["label"], headline="value", column="{feature}_fid",
-    table_feature="proxy", higher_is_better=False, applies_to=SAMPLES, where=frozenset({"online"}),
-    protocol=lambda s: {}, titles={"proxy_fid": "proxy FID of EMA samples", "inception_fid": "FID of EMA samples"}))
+    name="fid", compute=_fid, protocol=lambda s: {}, headline="value", higher_is_better=False, applies_to=SAMPLES,
+    where=frozenset({"online"}),
+    display=Display("FID", describe=lambda p: p["label"], column=Column(suffix="_fid", by_feature=True),
+                    table_feature="proxy",
+                    titles={"proxy_fid": "proxy FID of EMA samples", "inception_fid": "FID of EMA samples"})))
 
 DIFFUSION_PROBE = register_metric(Metric(
-    name="diffusion_probe", label="best probe cell", compute=_best_probe_cell, column="probe_best_{headline}",
-    describe=lambda p: f"fast probe, best of blocks x noise levels {p['levels']}", applies_to=DIFFUSION,
-    where=frozenset({"online"}), protocol=lambda s: {"probe": FAST_RECIPE.card()},
-    titles={"probe_best_top1": "best probe cell top-1 (block x noise level)"}))
+    name="diffusion_probe", compute=_best_probe_cell, protocol=lambda s: {"probe": FAST_RECIPE.card()}, headline="top1",
+    applies_to=DIFFUSION, where=frozenset({"online"}),
+    display=Display("best probe cell", describe=lambda p: f"fast probe, best of blocks x noise levels {p['levels']}",
+                    column="probe_best_top1", titles={"probe_best_top1": "best probe cell top-1 (block x noise level)"})))
 
 
 # ----------------------------------------------------------------------------- unsupervised segmentation
@@ -141,8 +198,9 @@ def _segmentation_text(p: dict) -> str:
 
 
 SEGMENTATION_METRIC = register_metric(Metric(
-    name="segmentation", label="segmentation mIoU", compute=_segmentation, describe=_segmentation_text,
-    headline="miou", table_feature="tokens", applies_to=SEGMENTATION, where=frozenset({"eval", "baselines"}),
-    protocol=lambda s: {}, report_values=("miou", "pixel_acc", "miou_majority"),
-    titles={"segmentation_miou": "unsupervised segmentation mIoU (Hungarian)"},
-    table=TableSpec("seg mIoU", "d seg", None, (8, 7))))
+    name="segmentation", compute=_segmentation, protocol=lambda s: {}, headline="miou", applies_to=SEGMENTATION,
+    where=frozenset({"eval", "baselines"}), options=SegProtocol(),  # segmentation.solver etc. (also --seg-*)
+    display=Display("segmentation mIoU", describe=_segmentation_text, table_feature="tokens",
+                    report_values=("miou", "pixel_acc", "miou_majority"),
+                    titles={"segmentation_miou": "unsupervised segmentation mIoU (Hungarian)"},
+                    table=TableSpec("seg mIoU", "d seg", None, (8, 7)))))

@@ -65,7 +65,7 @@ def _compared_values(metric: str, rows) -> list[str]:
     every number for a metric not registered now (a report written with a plugin not loaded)."""
     m = get_metric(metric)
     if m is not None:
-        return list(m.shown_values())
+        return list(m.display.report_values)
     return list(dict.fromkeys(k for r in rows for k, v in r["values"].items() if isinstance(v, (int, float))))
 
 

@@ -7,10 +7,18 @@ registry; none of them names a metric. A new measurement is therefore one file t
 ``--plugin FILE``): it then appears in ``eval.json``, the report table, ``ablate``'s columns, the
 online log and the ``--evals`` choices. The built-in metrics are registered in ``builtin_metrics.py``.
 
+A ``Metric`` says what is measured: its name, how it is computed, its protocol card, its headline
+value (the one number tables, deltas and the online log follow; required, and checked against the
+first result the metric returns), its direction, the input it reads, and the options it owns
+(``eval/options.py``: ``--metric-option NAME.KEY=VALUE``). How it is shown (label, report text,
+column keys, axis titles, table headers) is its ``Display`` (``eval/display.py``).
+
 A metric applies to one kind of input, and each evaluator hands it that input:
 
 * ``features`` (kNN, linear probe, effective rank): a ``FeatureSet``, frozen pooled features of a
   labelled train and test split;
+* ``layers`` (e.g. CKA between two blocks): a ``LayerSet``, the same test images' pooled features at
+  every encoder block (opt-in: such a metric runs when ``--evals`` names it);
 * ``blocks`` (token norm, shortcut ratio): a ``BlockStats``, one encoder block's norm statistics;
 * ``samples`` (FID): a ``SampleSet``, generated images, reference statistics and an extractor;
 * ``diffusion`` (the diffusion probe grid): a ``DiffusionSet``, a diffusion model and labelled images;
@@ -31,10 +39,13 @@ from typing import Any
 import torch
 
 from ..errors import UserError
+from . import options as opts
+from .display import Column, Display, TableSpec
 from .protocol import MetricSettings
 
-FEATURES, BLOCKS, SAMPLES, DIFFUSION, SEGMENTATION = "features", "blocks", "samples", "diffusion", "segmentation"
-KINDS = (FEATURES, BLOCKS, SAMPLES, DIFFUSION, SEGMENTATION)
+FEATURES, LAYERS, BLOCKS, SAMPLES, DIFFUSION, SEGMENTATION = ("features", "layers", "blocks", "samples", "diffusion",
+                                                              "segmentation")
+KINDS = (FEATURES, LAYERS, BLOCKS, SAMPLES, DIFFUSION, SEGMENTATION)
 WHERE = ("eval", "profile", "baselines", "online")
 
 
@@ -55,6 +66,24 @@ class FeatureSet:
     train_labels: torch.Tensor
     test: dict[str, torch.Tensor]
     test_labels: torch.Tensor
+    feature: str
+
+
+@dataclass
+class LayerSet:
+    """What a ``layers`` metric reads: the same test images' pooled features at every encoder block,
+    so that a metric over two blocks (CKA between the first and the last) is one function.
+
+    Args:
+        layer: the block being evaluated (``--layer``; each block in turn for the profile).
+        blocks: block index -> (N, D) test features of the evaluation's pooling, every block of the encoder.
+        labels: (N,) class indices of the test images.
+        feature: the pooling (``--feature``).
+    """
+
+    layer: int
+    blocks: dict[int, torch.Tensor]
+    labels: torch.Tensor
     feature: str
 
 
@@ -122,93 +151,60 @@ class Result:
     extra: dict = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class TableSpec:
-    """How a metric shows in ``ablate``'s table: the headers of its value, delta and random-init
-    columns (None: no random-init column) and the value / delta column widths."""
-
-    header: str
-    delta: str
-    random: str | None = None
-    widths: tuple[int, int] = (7, 7)
-
 
 # ----------------------------------------------------------------------------- the metric
 @dataclass(frozen=True)
 class Metric:
-    """One measurement, everything the evaluators, reports and figures need to know about it.
+    """One measurement: what it measures, on which input, in which evaluators, and how it is shown.
 
     Args:
-        name: its name in ``eval.json`` ("metric"), in ``--evals`` and in column keys.
-        label: a short human name ("kNN", "linear probe").
+        name: its name in ``eval.json`` ("metric"), in ``--evals`` and ``--metric-option NAME.KEY=VALUE``.
         compute: ``compute(inputs, settings) -> list[Result]``; ``inputs`` is the ``applies_to`` kind's
-            input (``FeatureSet``, ``BlockStats``, ``SampleSet``, ``DiffusionSet``), ``settings`` a
-            ``protocol.MetricSettings``.
+            input (``FeatureSet``, ``LayerSet``, ``BlockStats``, ...), ``settings`` a ``protocol.MetricSettings``
+            (its own options: ``settings.options_of(name)``).
         protocol: ``protocol(settings) -> dict``: the metric's own protocol card (k, T, recipe, form);
             the evaluator adds data, split sizes, layer, feature and checkpoint.
-        describe: ``describe(card) -> str``: the report's protocol column, from a result's full card.
-        headline: the value tables, deltas and the online log follow (e.g. "top1").
-        column: the column key of a result, formatted with ``name``, ``headline`` and the result's
-            ``feature`` ("{name}_{headline}" -> knn_top1; "rank_{feature}" -> rank_cls, rank_mean).
-        table_feature: the feature whose value ``ablate``'s table shows (None: any).
-        titles: axis / panel labels per column key (default: the label).
-        report_values: the values the text report prints (default: the headline).
+        headline: the value tables, deltas and the online log follow (e.g. "top1"); every result must
+            hold it, which the first result of every run is checked for.
         higher_is_better: the direction of a better model; figures say "lower is better" otherwise.
         applies_to: one of ``KINDS``. where: the evaluators that run it (``WHERE``).
         extra_pools: poolings it reads on the test split besides the evaluation's feature (rank: cls).
-        log_scale: draw its profile panel on a log axis.
-        table: its ``ablate`` columns (default: from the label).
+        options: its own options' defaults: a dataclass instance (typed fields) or a dict (None: none).
         check: ``check(n_train, settings)``: refuse settings that cannot work with ``n_train`` training
             images (kNN: k larger than the bank) before any feature is extracted.
+        display: how it is shown (``display.Display``; default: labelled by its name). The column key
+            and the reported values default to ``<name>_<headline>`` and the headline.
     """
 
     name: str
-    label: str
     compute: Callable[[Any, MetricSettings], list[Result]]
     protocol: Callable[[MetricSettings], dict]
-    describe: Callable[[dict], str]
-    headline: str = "top1"
-    column: str = "{name}_{headline}"
-    table_feature: str | None = "mean"
-    titles: Mapping[str, str] = field(default_factory=dict)
-    report_values: tuple[str, ...] = ()
+    headline: str
     higher_is_better: bool = True
     applies_to: str = FEATURES
     where: frozenset[str] = frozenset(WHERE)
     extra_pools: tuple[str, ...] = ()
-    log_scale: bool = False
-    table: TableSpec | None = None
+    options: Any = None
     check: Callable[[int, MetricSettings], None] | None = None
+    display: Display | None = None
 
-    def column_of(self, feature: str) -> str:
-        """The column key of a result of this metric about ``feature`` (profile rows, online log, tables)."""
-        return self.column.format(name=self.name, headline=self.headline, feature=feature)
-
-    @property
-    def key(self) -> str:
-        """The column of its ``table_feature``: what ``ablate``'s table and deltas use (knn_top1, probe_top1,
-        rank_cls) and the online curve of a samples / diffusion metric (proxy_fid, probe_best_top1)."""
-        return self.column_of(self.table_feature or "")
+    def __post_init__(self) -> None:
+        if not isinstance(self.headline, str) or not self.headline:
+            raise UserError(f"metric {self.name!r}: headline must name the value its tables follow (e.g. 'top1')")
+        shown = self.display if self.display is not None else Display(self.name)
+        object.__setattr__(self, "display", shown.completed(self.name, self.headline))
 
     def columns(self, feature: str, values: Mapping) -> dict:
         """The named number one result gives a profile row, an online log row or a table: ``{column: headline}``."""
-        return {self.column_of(feature): values[self.headline]} if self.headline in values else {}
+        return {self.display.column_of(feature): values[self.headline]} if self.headline in values else {}
 
-    def title(self, column: str) -> str:
-        """Axis / panel label of one of this metric's columns, with its direction when lower is better."""
-        text = self.titles.get(column, f"{self.label} ({column})")
-        return text if self.higher_is_better or "lower is better" in text else f"{text} (lower is better)"
-
-    def shown_values(self) -> tuple[str, ...]:
-        """The values the text report and ``compare`` show."""
-        return self.report_values or (self.headline,)
-
-    def table_spec(self) -> TableSpec:
-        """Its ``ablate`` columns; by default headed by its label, with no random-init column."""
-        if self.table is not None:
-            return self.table
-        header = self.label[:10]
-        return TableSpec(header, f"d {header}", None, (max(7, len(header)), max(7, len(header) + 2)))
+    def check_headline(self, result: Result) -> None:
+        """One line when a result lacks the headline: the metric would otherwise have no column anywhere."""
+        if self.headline not in result.values:
+            got = ", ".join(map(str, result.values)) or "no values"
+            raise UserError(f"metric {self.name!r} returned a result without its headline {self.headline!r} "
+                            f"(it returned {got}): return {self.headline!r} in every result's values, or "
+                            f"register the metric with headline= one of the keys it returns")
 
 
 # ----------------------------------------------------------------------------- the registry
@@ -236,6 +232,7 @@ def register_metric(metric: Metric, replace: bool = False) -> Metric:
     if metric.name in _REGISTRY and not replace:
         raise UserError(f"a metric named {metric.name!r} is already registered; pick another name "
                         "(or register_metric(..., replace=True))")
+    opts.declare(metric.name, metric.options)  # refuses an option type a command line cannot write
     _REGISTRY[metric.name] = metric
     return metric
 
@@ -243,6 +240,7 @@ def register_metric(metric: Metric, replace: bool = False) -> Metric:
 def unregister_metric(name: str) -> None:
     """Remove a metric (tests and notebooks that registered one for a while)."""
     _REGISTRY.pop(name, None)
+    opts.forget(name)
 
 
 def get_metric(name: str) -> Metric | None:
@@ -264,17 +262,13 @@ def metric_names(applies_to: str = FEATURES) -> tuple[str, ...]:
 def column_metric(column: str) -> Metric | None:
     """The registered metric whose results have this column key (``online_`` prefix allowed), or None."""
     bare = column.removeprefix("online_")
-    for m in _REGISTRY.values():
-        parts = m.column.format(name=m.name, headline=m.headline, feature="\0").split("\0")
-        if bare in m.titles or re.fullmatch(".+".join(re.escape(p) for p in parts), bare):
-            return m
-    return None
+    return next((m for m in _REGISTRY.values() if m.display.holds(bare)), None)
 
 
 def column_title(column: str) -> str:
     """The axis / panel label of a column key (``online_`` prefix allowed); the key itself for an unknown one."""
     m = column_metric(column)
-    return m.title(column.removeprefix("online_")) if m is not None else column
+    return m.display.title(column.removeprefix("online_"), m.higher_is_better) if m is not None else column
 
 
 # ----------------------------------------------------------------------------- rows of eval.json
@@ -304,7 +298,10 @@ def measure(metrics: list[Metric], inputs, settings: MetricSettings, card: dict,
     rows, columns = [], {}
     for m in metrics:
         own = m.protocol(settings)
-        for r in m.compute(inputs, settings):
+        results = m.compute(inputs, settings)
+        if results:
+            m.check_headline(results[0])
+        for r in results:
             origin = {"source": source} if source is not None else {}
             protocol = {**card, **origin, "layer": layer, "feature": r.feature, **own, **r.card}
             rows.append(result_row(m.name, layer, r.feature, r.values, protocol, source))
@@ -325,7 +322,14 @@ def row_columns(row: dict, table_only: bool = False) -> dict:
     if m is None:
         return {}
     if table_only:
-        if m.table_feature is not None and row["feature"] not in (m.table_feature, "pixels"):
+        d = m.display
+        if d.table_feature is not None and row["feature"] not in (d.table_feature, "pixels"):
             return {}
-        return {m.key: row["values"][m.headline]} if m.headline in row["values"] else {}
+        return {d.key: row["values"][m.headline]} if m.headline in row["values"] else {}
     return m.columns(row["feature"], row["values"])
+
+
+__all__ = ["BLOCKS", "DIFFUSION", "FEATURES", "KINDS", "LAYERS", "SAMPLES", "SEGMENTATION", "WHERE", "BlockStats",
+           "Column", "DiffusionSet", "Display", "FeatureSet", "LayerSet", "Metric", "Result", "SampleSet",
+           "SegmentationSet", "TableSpec", "column_metric", "column_title", "get_metric", "measure", "metric_names",
+           "register_metric", "registered", "result_row", "row_columns", "unregister_metric"]

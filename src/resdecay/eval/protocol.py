@@ -14,9 +14,13 @@ non-affine BatchNorm as MAE's probe does (see ``eval/probe.py`` for why).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import InitVar, asdict, dataclass, field
+from typing import Any
 
 import torch
+
+from .options import resolve
 
 # ----------------------------------------------------------------------------- kNN (DINO / solo-learn)
 KNN_K = 20  # the paper's K
@@ -59,19 +63,31 @@ ONLINE_LEVELS = (0.0, 0.25)  # online tracking: clean and lightly noised, where 
 
 @dataclass(frozen=True)
 class MetricSettings:
-    """The resolved protocol one evaluation hands every metric's compute function.
+    """What one evaluation hands every metric's compute, protocol and check functions: where and how
+    it runs, and the options set for each metric (each metric declares its own: ``Metric.options``).
 
     Args:
-        knn_k, knn_temperature: the kNN vote.
-        probe: the linear-probe recipe (IN-100 for one layer, fast for profiles and online tracking).
-        rank_exp: report exp(effective rank) (Roy & Vetterli) instead of the paper's entropy.
+        probe: this evaluator's linear-probe recipe (IN-100 for one layer, fast for profiles, online
+            tracking and the diffusion grid); the probe metric's options (epochs, feature_norm) adjust it.
         device: where probes train and kNN similarities are computed.
         progress: progress bars (the 200-epoch probe shows one).
+        options: metric name -> {key: value}, the options set for this evaluation (typed: ``options.checked``);
+            a metric reads its own with ``options_of(name)``, its declared defaults filled in.
+        knn_k: shorthand for the option knn.k (online tracking shrinks k to its small bank).
     """
 
-    knn_k: int = KNN_K
-    knn_temperature: float = KNN_TEMPERATURE
     probe: ProbeRecipe = IN100_RECIPE
-    rank_exp: bool = False
     device: str | torch.device = "cpu"
     progress: bool = False
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    knn_k: InitVar[int | None] = None
+
+    def __post_init__(self, knn_k: int | None) -> None:
+        given = {name: dict(keys) for name, keys in self.options.items()}
+        if knn_k is not None:
+            given.setdefault("knn", {}).setdefault("k", knn_k)
+        object.__setattr__(self, "options", given)
+
+    def options_of(self, name: str) -> Any:
+        """Metric ``name``'s options in this evaluation: its declared defaults with the values set here."""
+        return resolve(name, self.options.get(name, {}))

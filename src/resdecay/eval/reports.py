@@ -14,13 +14,13 @@ from .metrics import get_metric
 def values_text(row: dict) -> str:
     """A result row's shown values, ``top1 0.7100, top5 0.9300`` (every numeric one for an unregistered metric)."""
     m = get_metric(row["metric"])
-    keys = m.shown_values() if m is not None else [k for k, v in row["values"].items() if isinstance(v, (int, float))]
+    keys = m.display.report_values if m is not None else [k for k, v in row["values"].items() if isinstance(v, (int, float))]
     return ", ".join(f"{k} {row['values'][k]:.4f}" for k in keys if k in row["values"])
 
 
 def _protocol_text(row: dict) -> str:
     m = get_metric(row["metric"])
-    return m.describe(row["protocol"]) if m is not None else "-"
+    return m.display.describe(row["protocol"]) if m is not None else "-"
 
 
 def protocol_text(row: dict) -> str:

@@ -57,7 +57,7 @@ def prepare(model, data, s, layers: list[int]) -> Segmentation | None:
     metrics = selected(s.evals)
     if not metrics:
         return None
-    p = s.segmentation
+    p = s.metric_settings().options_of("segmentation")  # --seg-* and --metric-option segmentation.*
     p.validate()
     if len(layers) != 1:
         raise UserError("segmentation measures one block: pass --layer N (or -1 for the last), not --layer all")

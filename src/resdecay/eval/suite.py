@@ -14,6 +14,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,8 +35,9 @@ from .feature_cache import FeatureCache
 from .features import POOLINGS, extract_block_features
 from .inputs import (bad_files_list, check_data_path, check_encoder_family, check_writable, eval_split,
                      replaced_count, replaced_list, restore_replaced, split_card)
-from .metrics import (BLOCKS, FEATURES, SEGMENTATION, BlockStats, FeatureSet, Metric, measure, metric_names, registered,
-                      row_columns)
+from .metrics import (BLOCKS, FEATURES, LAYERS, SEGMENTATION, BlockStats, FeatureSet, LayerSet, Metric, measure,
+                      metric_names, registered, row_columns)
+from .options import checked
 from . import segmentation_eval as seg_eval
 from .segmentation import SegProtocol
 from .protocol import FAST_RECIPE, IN100_RECIPE, KNN_K, KNN_TEMPERATURE, STATS_IMAGES, MetricSettings
@@ -69,9 +71,12 @@ class EvalSettings:
     segmentation: SegProtocol = field(default_factory=SegProtocol)  # --evals segmentation: its protocol
     seg_data: str | None = None  # label maps from: fashion-mnist-m | cocostuff27 | voc (default: the evaluation's data)
     seg_path: str | None = None  # the cocostuff27 / voc folder
+    # metric name -> {key: value}: the metrics' own options (--metric-option NAME.KEY=VALUE; they win over the
+    # built-in flags above, which set the same options: --k is knn.k, --seg-solver is segmentation.solver)
+    metric_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def validate(self) -> None:
-        names = metric_names(FEATURES) + metric_names(SEGMENTATION)  # segmentation is opt-in, never a default
+        names = metric_names(FEATURES) + metric_names(LAYERS) + metric_names(SEGMENTATION)  # the last two: opt-in
         bad = [e for e in self.evals if e not in names]
         if bad or not self.evals:
             raise UserError(f"unknown evaluation {bad[0] if bad else '(none)'!r}; choose from {', '.join(names)}")
@@ -85,24 +90,34 @@ class EvalSettings:
                             ("--probe-epochs", self.probe_epochs)):
             if value is not None and value < 1:
                 raise UserError(f"{flag} must be a positive integer, got {value}")
+        self.options()  # an unknown metric or key, or a value of the wrong type: refused before extracting
+
+    def options(self) -> dict[str, dict[str, Any]]:
+        """Every metric option this evaluation sets, typed: the built-in metrics' flags, then --metric-option's."""
+        flags = {"knn": {"k": self.knn_k, "temperature": self.knn_temperature}, "rank": {"exp": self.rank_exp},
+                 "probe": {"epochs": self.probe_epochs, "feature_norm": self.probe_norm},
+                 "segmentation": dataclasses.asdict(self.segmentation)}
+        given = checked(self.metric_options, [m.name for m in registered()])
+        return {name: {**flags.get(name, {}), **given.get(name, {})} for name in [*flags, *given]}
 
     def metrics(self) -> list[Metric]:
         """The selected ``features`` metrics, in registry order (the order of eval.json's rows)."""
         return [m for m in registered(FEATURES, "profile" if self.layer == "all" else "eval") if m.name in self.evals]
+
+    def layer_metrics(self) -> list[Metric]:
+        """The selected ``layers`` metrics (they read every block's test features), in registry order."""
+        return [m for m in registered(LAYERS, "profile" if self.layer == "all" else "eval") if m.name in self.evals]
 
     def pools(self) -> set[str]:
         """The poolings to extract: the feature, and those a selected metric also reads (rank: cls)."""
         return {self.feature, *(p for m in self.metrics() for p in m.extra_pools)}
 
     def metric_settings(self, device: str | torch.device = "cpu") -> MetricSettings:
-        """The protocol the metrics run under: the IN-100 probe for one layer, the fast one for the profile."""
+        """The protocol the metrics run under: the IN-100 probe for one layer, the fast one for the profile
+        (its epochs and feature norm are the probe metric's options), and every metric's options."""
         recipe = IN100_RECIPE if self.layer != "all" else FAST_RECIPE
-        if self.probe_epochs:
-            recipe = replace(recipe, epochs=self.probe_epochs)
-        if self.probe_norm:
-            recipe = replace(recipe, feature_norm=self.probe_norm)
-        return MetricSettings(knn_k=self.knn_k, knn_temperature=self.knn_temperature, probe=recipe, rank_exp=self.rank_exp,
-                              device=device, progress=self.progress and self.layer != "all")
+        return MetricSettings(probe=recipe, device=device, progress=self.progress and self.layer != "all",
+                              options=self.options())
 
 
 def cached_features(model, ckpt_sha: str, data: DataConfig, split: str, img_size: int, layers: list[int],
@@ -122,7 +137,7 @@ def cached_features(model, ckpt_sha: str, data: DataConfig, split: str, img_size
     total = len(dataset)
     dataset = balanced_subset(dataset, limit, data.subset_seed)  # an ImageFolder's first N are a class or two
     if split == "train":  # settings that cannot work on this bank are refused before extracting, not after
-        for m in s.metrics():
+        for m in [*s.metrics(), *s.layer_metrics()]:
             if m.check is not None:
                 m.check(len(dataset), s.metric_settings())
     card = split_card(data, split, len(dataset), total, img_size)  # a subset's draw is in the key: no first-N reuse
@@ -206,6 +221,11 @@ def feature_set(train: dict, train_y, test: dict, test_y, layer: int, pools: lis
     return FeatureSet({p: train[(layer, p)] for p in pools}, train_y, {p: test[(layer, p)] for p in pools}, test_y, feature)
 
 
+def layer_set(test: dict, test_y, blocks: list[int], layer: int, feature: str) -> LayerSet:
+    """The test features of every block as a ``layers`` metric reads them, evaluating ``layer``."""
+    return LayerSet(layer, {b: test[(b, feature)] for b in blocks}, test_y, feature)
+
+
 def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str | Path | None = None) -> dict | None:
     """Evaluate one checkpoint; returns the report (None on non-zero torchrun ranks).
 
@@ -221,7 +241,7 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str
     model, cfg = load_model(checkpoint, device, state=state)
     layers = _layers(model, s.layer)
     seg = seg_eval.prepare(model, data, s, layers)  # label maps read and settings checked before any extraction
-    if not s.metrics():
+    if not s.metrics() and not s.layer_metrics():
         return _segmentation_only(checkpoint, state, cfg, model, seg, s, layers, device)
     bad_files = _bad_files_folder(data, Path(report_dir) if report_dir else run_dir_of(checkpoint) / "eval")
     sha = file_sha256(checkpoint)
@@ -229,10 +249,12 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str
     pools, img = s.pools(), cfg.model.img_size
     train, train_y, train_card, hit_tr = cached_features(model, sha, data, "train", img, layers, pools, s.max_train, s,
                                                          cache, device, bad_files)
-    test, test_y, test_card, hit_te = cached_features(model, sha, data, "test", img, layers, pools, s.max_test, s,
+    blocks = list(range(len(model.blocks))) if s.layer_metrics() else layers  # a layers metric reads every block
+    test, test_y, test_card, hit_te = cached_features(model, sha, data, "test", img, blocks, pools, s.max_test, s,
                                                       cache, device, bad_files)
     # every torchrun rank helps extract the random encoder's features too; only rank 0 measures
-    untrained = random_init_features(cfg, data, s, layers, pools, cache, device, bad_files) if s.baselines else None
+    baselines = s.baselines and bool(s.metrics())  # the baselines measure the features metrics
+    untrained = random_init_features(cfg, data, s, layers, pools, cache, device, bad_files) if baselines else None
     if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
         return None
     if train_y.unique().numel() < 2:
@@ -243,8 +265,9 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str
     for layer in layers:
         rows, columns = measure(s.metrics(), feature_set(train, train_y, test, test_y, layer, sorted(pools), s.feature),
                                 ms, base, layer)
-        results += rows
-        profile.append({"layer": layer, **columns})
+        more, also = measure(s.layer_metrics(), layer_set(test, test_y, blocks, layer, s.feature), ms, base, layer)
+        results += rows + more
+        profile.append({"layer": layer, **columns, **also})
     report = {"resdecay_eval": 1, "checkpoint": str(checkpoint), "checkpoint_sha256": sha,
               "alphas": {name: list(a) for name, a in alphas_of(model)},  # in use (learned values if learnable)
               "step": state["train_state"]["step"], "preset": cfg.preset, "label": _label(cfg),
@@ -253,7 +276,7 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str
     if bad_files is not None:
         report["bad_files"] = {"policy": "data.on_bad_file=skip (the run's): an unreadable image is replaced by the next readable one",
                                **{split: str(bad_files_list(bad_files, split)) for split in ("train", "test")}}
-    if s.baselines:
+    if baselines:
         report["baselines"] = baseline_rows(cfg, data, s, layers, untrained, base, device, bad_files)
     if seg is not None:
         _add_segmentation(report, seg, cfg, model, s, layers, device)

@@ -70,7 +70,7 @@ def model_index(name: str, report: dict) -> list[dict]:
         data = str(test.get("data") or "unknown")
         task, task_name = TASKS.get(row["metric"], ("image-feature-extraction", f"{row['metric']} of frozen features"))
         m = get_metric(row["metric"])
-        keys = m.shown_values() if m is not None else list(row["values"])
+        keys = m.display.report_values if m is not None else list(row["values"])
         metrics = [{"type": f"{row['metric']}_{k}", "value": float(row["values"][k]),
                     "name": f"{row['metric']} {k} (block {row.get('layer')}, {row.get('feature')} features)"}
                    for k in keys if isinstance(row["values"].get(k), (int, float)) and not isinstance(row["values"][k], bool)]

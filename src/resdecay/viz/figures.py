@@ -27,7 +27,7 @@ KNN_KEY = "online_knn_top1"  # the accuracy a run without the online probe falls
 def diffusion_keys() -> tuple[str, ...]:
     """The diffusion families' online curves, one per registered samples / diffusion metric (proxy FID,
     best probe cell), read when asked: a plugin registers after this module is imported."""
-    return tuple(f"online_{m.key}" for kind in (SAMPLES, DIFFUSION) for m in registered(kind, "online"))
+    return tuple(f"online_{m.display.key}" for kind in (SAMPLES, DIFFUSION) for m in registered(kind, "online"))
 
 
 POOL_WORDS = {"mean": "mean of cls+patch tokens", "cls": "cls token", "patch_mean": "mean of patch tokens"}
@@ -342,7 +342,7 @@ def plot_diffusion_curves(runs: dict[str, list[dict]], path: Path) -> dict:
             ax.plot(*_series(rows, key), "o-", ms=3, color=line.get_color(), label=label)
     for ax, key in zip(axes, keys):
         metric = column_metric(key)
-        ax.set(xlabel="epoch", ylabel=_label(key), title=f"{metric.label if metric else key} during training")
+        ax.set(xlabel="epoch", ylabel=_label(key), title=f"{metric.display.label if metric else key} during training")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     note = f"{protocol.get('samples', '')}; sampler {protocol.get('sampler', '?')} ({protocol.get('steps', '?')} steps)"

@@ -113,7 +113,7 @@ def profile_panels(profiles: dict[str, list[dict]]) -> list[tuple[str, str, bool
     panels = []
     for key in keys:
         metric = column_metric(key)
-        panels.append((key, column_title(key), metric is not None and metric.log_scale))
+        panels.append((key, column_title(key), metric is not None and metric.display.log_scale))
     return panels
 
 
