@@ -10,8 +10,8 @@ from functools import lru_cache
 from pathlib import Path
 
 # folder (or root module) -> layer; a module may import only from layers below its own or its own folder
-LAYERS = {"errors": 0, "io": 0, "schedule": 0, "yaml_io": 0, "safe_pickle": 0, "nn": 1, "diffusion": 1, "models": 2, "data": 2, "train": 3,
-          "eval": 4, "viz": 5, "commands": 6, "api": 6, "interop": 6, "cli": 7}
+LAYERS = {"_version": 0, "errors": 0, "io": 0, "schedule": 0, "yaml_io": 0, "safe_pickle": 0, "nn": 1, "diffusion": 1, "models": 2, "data": 2, "train": 3,
+          "eval": 4, "viz": 5, "commands": 6, "api": 6, "interop": 6, "cli": 7, "facade": 8}
 OLD = {"blocks": "nn", "decayify": "nn", "fashion_mnist_m": "data", "latents": "data", "config": "train",
        "checkpoint": "train", "distributed": "train", "runlog": "train", "train": "train", "plots": "viz",
        "eval.figures": "viz", "eval.fid_cli": "commands", "demo": "commands", "demo_diffusion": "commands",
@@ -29,6 +29,8 @@ for f in root.rglob("*.py"):
 
 
 def folder(mod: str) -> str | None:
+    if mod == pkg:
+        return "facade"
     rel = mod[len(pkg) + 1:]
     if old:
         for key in sorted(OLD, key=len, reverse=True):
@@ -58,14 +60,16 @@ for m, f in mods.items():
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = resolve(m, f.name == "__init__.py", node.level, node.module or "")
-            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            # `from pkg import sub` reaches the submodule; `from pkg import name` reaches pkg itself
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
         else:
             continue
         hit = False
         for t in targets:
             while t and t not in mods:
                 t = t.rpartition(".")[0]
-            if t and t != m and t != pkg and not m.startswith(t + "."):
+            # the facade (the package root) sits on top of every layer: a module importing it reaches up
+            if t and t != m and (t == pkg or not m.startswith(t + ".")):
                 edges[m].add(t)
                 if id(node) not in inner:
                     top_edges[m].add(t)

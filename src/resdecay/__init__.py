@@ -4,8 +4,7 @@ from .schedule import alpha_schedule, effective_decay, solve_alpha_min
 from .nn.blocks import Block
 from .nn.residual import decayed_add, register_shortcut, residual_add, shortcut_names
 from .nn.decayify import alphas_of, decayify
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 # The notebook API (api.py) is loaded on first use, so ``import resdecay`` stays light.
 _API = ("create_model", "load_model", "extract_features", "knn_accuracy", "linear_probe", "effective_rank")

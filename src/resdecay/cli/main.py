@@ -36,7 +36,7 @@ from ..io import first_sentence
 from ..train.config import list_presets, load_config, preset_text
 from .alpha import add_alpha_command
 from .diffusion import add_commands as add_diffusion_commands
-from .. import __version__
+from .._version import __version__
 from .examples import add_examples
 from .interop import add_interop_commands
 from .plugins import ENV as PLUGIN_ENV, load_plugins

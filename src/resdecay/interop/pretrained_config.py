@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .. import __version__
+from .._version import __version__
 from ..errors import CheckpointError, UserError
 from ..models import FAMILIES, ModelConfig, build_model
 from ..nn.decayify import alphas_of, decayify
