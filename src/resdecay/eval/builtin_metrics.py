@@ -6,6 +6,11 @@ baselines, online tracking, ablate's table), the profile's token norm and shortc
 ``diffusion``: online tracking), then unsupervised segmentation (``segmentation``: eval and its
 baselines, opt-in with ``--evals segmentation``). The linear probe is one metric with two recipes (``protocol.py``):
 the IN-100 recipe for one layer, the fast recipe for profiles, online tracking and the diffusion grid.
+
+Each metric declares the options it reads (``eval/options.py``): kNN's k and temperature, the probe's
+epochs and feature norm, the rank's form, segmentation's protocol (``SegProtocol``). ``resdecay eval``'s
+long-standing flags (--k, --temperature, --probe-epochs, --probe-norm, --rank-exp, --seg-*) set them, and so
+does ``--metric-option NAME.KEY=VALUE``.
 """
 
 from __future__ import annotations
