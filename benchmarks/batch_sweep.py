@@ -3,7 +3,7 @@
 CUDA) at each batch of ``--batches``, interleaved, with img/s, ms/step and peak memory; a batch
 that does not fit is listed as "out of memory" (CUDA) instead of ending the sweep.
 
-This is how the ``mae-b16`` preset's ``train.batch_size`` is to be chosen (issue 14): the fastest
+This is how the ``mae-b16`` preset's ``train.batch_size`` is to be chosen: the fastest
 batch whose peak memory fits the card with headroom.
 
     python benchmarks/batch_sweep.py                                          # tiny preset, CPU

@@ -1,5 +1,5 @@
-"""ImageFolder data path throughput: images/s per worker core, the PIL path of before next to the
-uint8 path (issue 14), in one process, interleaved, on a folder of real-size JPEGs made here.
+"""ImageFolder data path throughput: images/s per worker core, the PIL path next to the uint8
+path (the default), in one process, interleaved, on a folder of real-size JPEGs made here.
 
 What is measured
     What one DataLoader worker does per batch of ``--batch`` images: read + decode each JPEG,

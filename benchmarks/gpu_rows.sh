@@ -69,10 +69,10 @@ if [ "${SHORT:-0}" = 1 ]; then
     exit 0
 fi
 
-# 1. The headline: mae-b16 vs the SDPA references, eager and compiled, MFU.
+# 1. The headline: mae-b16 vs the SDPA references, eager and compiled, MFU.
 row mae_throughput 570 $PY $B/mae_throughput.py --preset mae-b16 --device cuda --batch-size 256 --compile --naive \
     --json "$OUT/mae_throughput.json"
-# 2. Item 5: the decayed add on ViT-B shapes, eager and compiled.
+# 2. The decayed add on ViT-B shapes, eager and compiled.
 row block_overhead 240 $PY $B/block_overhead.py --device cuda --json "$OUT/block_overhead.json"
 row block_overhead_compiled 300 $PY $B/block_overhead.py --device cuda --compile --json "$OUT/block_overhead_compiled.json"
 # 3. The preset's batch per GPU.

@@ -15,10 +15,12 @@ What is measured
                                ``a * x + f(x)``, the U-Net skip fusion as concatenate-then-fc1 at
                                all 1+N tokens; the same AdamW
     ... (torch.compile)        both of the above through ``torch.compile`` (``--compile``)
-    resdecay before issue 14   U-Net only: the concatenating fusion and torch's default AdamW (the
-                               code before issue 14; on the CPU the per-tensor loop), eager: the
-                               "today's step" the targets compare to
-    before ... + fused AdamW   the same with fused AdamW: what the fusion rewrite adds on its own
+    resdecay U-Net, concat fusion
+                               U-Net only: the skip fusion as concatenate-then-fc1 (the older
+                               formulation) and torch's default AdamW (on the CPU the per-tensor
+                               loop), eager: the step the speed targets compare to
+    concat fusion + fused AdamW
+                               the same with fused AdamW: what the fusion rewrite adds on its own
     reference (naive attn)     ``--naive``: softmax(QK^T) materialised, the reference this script
                                used to have (it flattered resdecay)
 
@@ -37,7 +39,7 @@ How
     resdecay model, matmuls only: the work the architecture needs; the reference U-Net's
     concatenating fusion does 0.69 GFLOP/img more at B/16) x img/s / peak bf16 FLOP/s. "vs ref"
     divides by the reference of the same architecture and mode (eager by eager, compiled by
-    compiled); "before issue 14" is compared to resdecay eager.
+    compiled); the two "concat fusion" rows are compared to resdecay eager.
 
     python benchmarks/mae_throughput.py                                        # tiny presets, CPU
     python benchmarks/mae_throughput.py --preset mae-b16 --device cuda --batch-size 256 --compile
@@ -177,12 +179,12 @@ class RefMAE(nn.Module):
 
 # ============================================================================ measurement
 def concat_fusion(f, dec, enc, ids_restore):
-    """resdecay's skip fusion before issue 14: fill at encoder width, unshuffle, concatenate, fc1."""
+    """resdecay's older skip fusion: fill at encoder width, unshuffle, concatenate, fc1."""
     enc = fill_and_unshuffle(enc, ids_restore, f.mask_token)
     return dec + f.fc2(f.act(f.fc1(torch.cat([enc, dec], dim=-1))))
 
 
-def before_issue14(model):
+def with_concat_fusion(model):
     m = copy.deepcopy(model)
     for f in m.skip_fusions:  # a bound method: a later deepcopy (.to(device)) rebinds it to the copied module
         f.forward = types.MethodType(concat_fusion, f)
@@ -314,10 +316,10 @@ def main() -> int:
             variants.append(Variant(f"resdecay {arch}{tag}", arch, ref_label, on_device(models[arch], compiled), True,
                                     cfgs[arch], imgs[arch], device))
             variants.append(Variant(ref_label, arch, None, on_device(refs[arch], compiled), True, cfgs[arch], imgs[arch], device))
-    variants.append(Variant("resdecay U-Net before issue 14", "U-Net", "resdecay U-Net",
-                            on_device(before_issue14(models["U-Net"])), cuda, cfgs["U-Net"], imgs["U-Net"], device))
-    variants.append(Variant("before issue 14 + fused AdamW", "U-Net", "resdecay U-Net",  # splits the gain: optimizer vs fusion
-                            on_device(before_issue14(models["U-Net"])), True, cfgs["U-Net"], imgs["U-Net"], device))
+    variants.append(Variant("resdecay U-Net, concat fusion", "U-Net", "resdecay U-Net",
+                            on_device(with_concat_fusion(models["U-Net"])), cuda, cfgs["U-Net"], imgs["U-Net"], device))
+    variants.append(Variant("concat fusion + fused AdamW", "U-Net", "resdecay U-Net",  # splits the gain: optimizer vs fusion
+                            on_device(with_concat_fusion(models["U-Net"])), True, cfgs["U-Net"], imgs["U-Net"], device))
     if args.naive:
         naive = RefMAE(cfgs["U-Net"].model, naive=True)
         naive.load_state_dict(models["U-Net"].state_dict())
@@ -350,7 +352,7 @@ def main() -> int:
         mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "-"
         print(f"{row['variant']:<34}{row['img_per_s']:>10.1f}{row['ms_per_step']:>10.2f}{row['peak_mem_mb']:>28.0f}{mfu:>7}{ratio:>9}")
     print(f"'vs ref': img/s over the row named in 'reference' (the SDPA reference of the same architecture and mode; "
-          f"for the two 'before issue 14' rows: resdecay U-Net eager) | {time.perf_counter() - t0:.0f} s")
+          f"for the two 'concat fusion' rows: resdecay U-Net eager) | {time.perf_counter() - t0:.0f} s")
     if not cuda:
         print("CPU: memory is the growth of the peak resident set (approximate); MFU needs a GPU. "
               "GPU rows: not measured here unless run with --device cuda.")

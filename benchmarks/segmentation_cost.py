@@ -1,4 +1,4 @@
-"""What the segmentation metric costs (issue 33 item 6): wall seconds and peak memory of
+"""What the segmentation metric costs: wall seconds and peak memory of
 ``resdecay.eval.segmentation.segment`` with each solver, beside the kNN on the same features.
 
 What is measured

@@ -1,4 +1,4 @@
-"""Sharded inputs (issue 34.1): images/s per core read from tar shards (``data.name=wds``) and from a
+"""Sharded inputs: images/s per core read from tar shards (``data.name=wds``) and from a
 ``datasets`` folder (``data.name=hf``) next to the same JPEGs read from the folder tree, in one
 process, interleaved.
 

@@ -10,7 +10,7 @@ What is measured
     rounds. The decoders (``data.decoder``):
 
     pil      PIL decode, torchvision v1 RandomResizedCrop/flip, ToTensor + Normalize in the workers
-             (the path before issue 14): float32 batches.
+             (the older path): float32 batches.
     tensor   TorchCodec decode (PIL without it) + ``transforms.v2`` on uint8 in the workers, uint8
              batches, copied on a side stream and normalised on the device (the default).
     dali     NVIDIA DALI decodes the crop windows (nvJPEG on a GPU; DALI's CPU decoder otherwise);

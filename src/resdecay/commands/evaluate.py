@@ -36,7 +36,7 @@ def _report_dir(ckpt: str, out: str | None) -> Path:
 def check_eval_inputs(checkpoints: list[str], settings: EvalSettings, out: str | None = None) -> None:
     """Every checkpoint, option and output folder, checked before the first feature is extracted:
     a bad second checkpoint, a U-ViT among MAEs or a read-only run folder must not cost the first
-    checkpoint's evaluation (issue 23.8, 23.12/13).
+    checkpoint's evaluation.
 
     Args:
         checkpoints: the checkpoints to evaluate; settings: the evaluation settings; out: ``--out`` or None.
@@ -154,7 +154,8 @@ def run_eval_diffusion(checkpoint: str, data=None, out: str | None = None, layer
                        max_test: int | None = None, device: str = "auto", batch_size: int = 256,
                        progress: bool = True) -> dict:
     """``resdecay eval-diffusion``: the probe grid of one checkpoint (EMA weights where kept).
-    Every input is checked before the model is built or a feature extracted (issue 23.8).
+    Every input is checked before the model is built or a feature extracted, so bad input
+    costs a second, not an evaluation.
 
     Args:
         checkpoint: a U-ViT / SiT checkpoint; data: the data config (default: the run's);

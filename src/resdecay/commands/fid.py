@@ -12,7 +12,7 @@ The extractor is Inception-v3 from ``--inception-weights`` (real FID) or, with `
 CNN resdecay trains once on a dataset ("proxy FID"; ``--data`` names it when neither side is one).
 
 Every input is checked from headers and flags before the proxy network is trained or a feature is
-extracted (issue 23.8): a sample count too small for the features is a one-second error.
+extracted: a sample count too small for the features is a one-second error.
 """
 
 from __future__ import annotations

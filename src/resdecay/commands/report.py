@@ -76,7 +76,7 @@ def run_figures(checkpoints: list[str], out: str, data: DataConfig | None = None
         data: the images (default: the first checkpoint's data set, read from ``data_path`` if given);
         per_class, images, layer, seed: t-SNE points per class, reconstructions, block, seed.
     """
-    if data is not None:  # issue 23.13: a folder beside a data set that reads none is refused, not ignored
+    if data is not None:  # a folder beside a data set that reads none is refused, not silently ignored
         check_data_path(data.name, data.path)
     models, cfgs = {}, {}
     for c in checkpoints:

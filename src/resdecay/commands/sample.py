@@ -36,7 +36,7 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
                out: str | None = None, device: str = "auto", use_ema: bool = True, progress: bool = True,
                atol: float | None = None, rtol: float | None = None) -> dict:
     """``resdecay sample``: every input (checkpoint, sampler options, VAE, output folder) is checked
-    before the first network evaluation, so a typo never costs a sampling run (issue 23.8).
+    before the first network evaluation, so a typo never costs a sampling run.
 
     Args:
         checkpoint: a diffusion checkpoint; n: samples in all (split across torchrun ranks);

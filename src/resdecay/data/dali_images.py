@@ -1,4 +1,4 @@
-"""An optional GPU-decode path for ImageFolder training (issue 14): NVIDIA DALI decodes each JPEG's
+"""An optional GPU-decode path for ImageFolder training: NVIDIA DALI decodes each JPEG's
 crop window on the GPU (nvJPEG, ``device="mixed"``), resizes it and flips it there, for machines
 with many GPUs and few CPU cores. ``data.decoder=dali``; DALI is an optional dependency
 (``pip install nvidia-dali-cuda130``) and its absence is refused in one line.

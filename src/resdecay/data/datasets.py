@@ -166,7 +166,7 @@ def _cifar_fields(entry, f: Path, name: str):
     """(images, labels) of one unpickled CIFAR batch. Keys may be str (the files read with
     encoding="latin1", as torchvision does) or bytes (b"data": the same Python-2 pickles read with
     encoding="bytes", as CIFAR's own page shows, and copies re-pickled from such a load); both are
-    accepted (issue 23.13)."""
+    accepted, so a valid copy is never refused for how it was pickled."""
     if not isinstance(entry, dict):
         raise DataError(f"cannot read {f} as a {name} batch: it holds a {type(entry).__name__}, not the dict of "
                         "'data' and 'labels' of torchvision's format")

@@ -1,4 +1,4 @@
-"""The uint8 image path for ImageFolder data (issue 14): decode with torchvision's libjpeg-turbo /
+"""The uint8 image path for ImageFolder data, so that decoding keeps up with the step: decode with torchvision's libjpeg-turbo /
 libpng bindings straight into uint8 tensors, crop/resize/flip with ``transforms.v2`` on uint8,
 and leave the float conversion and normalisation to the device.
 
@@ -6,7 +6,7 @@ and leave the float conversion and normalisation to the device.
   TorchCodec's ``decode_image`` in RGB mode when TorchCodec (>= 0.16) is installed, everything
   else (and everything when it is not) through PIL's ``convert("RGB")``. torchvision's own image
   decoders (``torchvision.io.decode_image`` and friends) are deprecated since torchvision 0.29
-  (issue 23.13: they emit a DeprecationWarning on every call) and are not used; both decoders
+  (they emit a DeprecationWarning on every call) and are not used; both decoders
   here give the same pixels as PIL on JPEG and PNG (libjpeg-turbo / libpng underneath). A file
   neither reads raises the same ``DataError`` as the PIL path: ``cannot read image <path>:
   <PIL's reason>; remove or replace the file``.

@@ -1,4 +1,5 @@
-"""``data.name=wds``: WebDataset tar shards read as a map-style data set (issue 34.1).
+"""``data.name=wds``: WebDataset tar shards read as a map-style data set, so that a
+large data set is a few big files rather than many small ones.
 
 A shard is a plain (uncompressed) tar whose members are grouped into samples by key, as WebDataset
 does: ``<key>.jpg`` (or .png, .webp, ...) and ``<key>.cls`` (the class index as text). Each shard's

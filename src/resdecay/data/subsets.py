@@ -5,7 +5,7 @@ Every "use N images" setting goes through ``balanced_indices``: ``data.train_sub
 ``--max-test`` of ``resdecay eval`` / ``eval-diffusion`` (a grid's ``max_train``). Why not the first
 N: an ImageFolder lists its files class by class, so on a 10-class folder the first 2,000 training
 images were 1,971 of one class and 29 of another (a kNN of 0.50 that measured nothing), and
-``data.train_subset=6000`` trained on 3 classes (issue 30.1).
+``data.train_subset=6000`` trained on 3 classes.
 
 The draw: each class's indices are shuffled by a generator seeded with ``seed`` (``data.subset_seed``,
 0 by default, recorded in the run config), then classes take turns (class 0's first, class 1's

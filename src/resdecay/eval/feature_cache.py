@@ -2,7 +2,7 @@
 
 It is only a cache: a researcher evaluating someone else's read-only run, or a disk that fills up
 while a cache file is written, still gets the numbers, with one warning line saying the features
-were not kept (issue 23.12). Reads work in a read-only folder, so features cached by the run's owner
+were not kept. Reads work in a read-only folder, so features cached by the run's owner
 are still reused.
 """
 

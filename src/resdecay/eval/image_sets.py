@@ -4,7 +4,7 @@
 
 ``describe_set`` reads only headers (the array header inside the zip, each image file's header), so
 the number of images and their size are known, and refused when unusable, before any network is
-trained or any feature extracted (issue 23.8). ``ImageSet.source()`` then streams the images as
+trained or any feature extracted, so bad input costs a second. ``ImageSet.source()`` then streams the images as
 uint8 (N, C, H, W) chunks: a folder of 50k images is never held in memory at once.
 
 A folder is read like pytorch-fid reads one: the files with an image suffix directly inside it,
@@ -75,7 +75,8 @@ def is_image_set(path: str) -> bool:
 
 def array_fix(dtype, shape) -> str:
     """The fix for an array that is not uint8 NHWC images: the dtype conversion only when the dtype is
-    what is wrong; a wrong shape needs (N, H, W, C) with C 1 or 3, or (N, H, W) (issue 30.9)."""
+    what is wrong; a wrong shape needs (N, H, W, C) with C 1 or 3, or (N, H, W), and a dtype fix
+    alone would not help it."""
     if len(shape) not in (3, 4) or (len(shape) == 4 and shape[-1] not in (1, 3)):
         return "save the images as one (N, H, W, C) array with C = 1 or 3 (or (N, H, W) for grayscale)"
     return "convert with (x * 255).round().astype(np.uint8)"

@@ -1,4 +1,4 @@
-"""Checks the evaluation commands run on their inputs before any expensive work (issue 23.8), and
+"""Checks the evaluation commands run on their inputs before any expensive work, and
 the one-line wording of output failures (an unwritable folder, a full disk).
 
 A model trained for minutes, a proxy network trained for FID or features extracted from a whole
@@ -137,7 +137,7 @@ def split_card(data: DataConfig, split: str, n: int, total: int, img_size: int) 
     path = str(Path(data.path).resolve()) if data.path else None
     card = {"data": data.name, "data_path": path, "split": split, "images": n, "img_size": img_size,
             "augmentation": "none", "resize": data.resize}
-    if n < total:  # only then: keys of whole-split features written before issue 30 stay valid
+    if n < total:  # only then: keys of whole-split features written before subsets were recorded stay valid
         card["subset"] = describe_subset(n, total, split, data.subset_seed)
     if data.name == "imagefolder":  # "dataset" reads as the folder's statistics, but they are ImageNet's: say which
         card["normalize"] = normalization_card(data, DataInfo("imagefolder", 0, 3, None, *folder_stats(data)))

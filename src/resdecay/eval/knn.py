@@ -50,7 +50,7 @@ def check_labels(labels: torch.Tensor, what: str = "labels", fn: str = "knn_accu
 
 @contextlib.contextmanager
 def tf32_matmuls(device: torch.device | str):
-    """fp32 matmuls (and cuDNN convolutions) in TF32 on CUDA for the duration (issue 14: the
+    """fp32 matmuls (and cuDNN convolutions) in TF32 on CUDA for the duration (the
     1.28M-bank kNN went from 2.88 s to 1.48 s on an H100); restores the previous setting. A no-op
     elsewhere. TF32 keeps fp32's range with a 10-bit mantissa: cosine similarities move by ~1e-3,
     which can swap neighbours on near-ties only."""

@@ -173,7 +173,7 @@ def block_norms(model, dataset, n: int, device) -> list[dict]:
 
 def checked_checkpoint(checkpoint: str | Path, s: EvalSettings) -> tuple[dict, object, DataConfig]:
     """What can be checked before a feature is extracted: the settings, the file, the model family
-    and the data path (issue 23.8: bad input costs a second, not an evaluation).
+    and the data path (bad input costs a second, not an evaluation).
 
     Args:
         checkpoint: a resdecay checkpoint.

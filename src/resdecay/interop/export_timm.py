@@ -56,7 +56,7 @@ def spec_of(enc) -> dict:
     if getattr(enc, "shortcut", "decay") != "decay":
         raise UserError(f"model.shortcut={enc.shortcut} has no decayify form (only fixed decayed shortcuts do); "
                         "export a model trained with model.shortcut=decay")
-    # the structure only: the model's zero-init happened before training (issue 23.3)
+    # the structure only: the model's zero-init happened before training; replaying it would undo the weights
     return {"alpha_min": float(enc.alpha_min), "schedule": enc.schedule, "branches": getattr(enc, "decay_branches", "both")}
 
 
@@ -154,7 +154,7 @@ def export_to_timm(checkpoint: str | Path, out: str | Path, ema: bool = False) -
     meta = {"format": FORMAT, "timm_model": TIMM_MODEL, "timm_kwargs": json.dumps(kwargs),
             "resdecay_spec": json.dumps(spec), "source": str(checkpoint), "weights": "ema" if ema else "model"}
     # bytes written like every other output (atomically, mode 0666 & ~umask); safetensors' own
-    # save_file creates its file 0600 (issue 23.10)
+    # save_file would create its file 0600 (owner-only), whatever the umask
     write_bytes_atomically(save(vit.state_dict(), metadata=meta), out)
     return out
 

@@ -2,7 +2,8 @@
 
 ``import-weights`` takes the dimensions from the weights; the settings below from the file
 itself, where it states them, ahead of ``--preset``. A ``--alpha-min`` or ``model.*`` override that
-contradicts the file, or a file that contradicts its own weights, is refused in one line (issue 23.2):
+contradicts the file, or a file that contradicts its own weights, is refused in one line (taking
+the flag would write a model that differs from the one trained):
 
     resdecay_spec        ``save_decayified`` / ``resdecay export`` output: alpha_min, schedule, branches
     args.min_decay       the authors' U-Net MAE training script (an ``argparse.Namespace``; default 1.0)

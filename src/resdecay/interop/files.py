@@ -19,8 +19,8 @@ def unwritable(out: Path, e: OSError) -> UserError:
 
 def check_out_file(out: str | Path) -> Path:
     """``out``, once its nearest existing folder has been probed for writing, before any expensive
-    work: a folder given as ``out``, a file in the way, or an unwritable place is one line (issue
-    23.12). Nothing is created, so a command that fails later leaves no empty folder behind.
+    work: a folder given as ``out``, a file in the way, or an unwritable place is one line, not a
+    traceback after the work. Nothing is created, so a command that fails later leaves no empty folder behind.
 
     Args:
         out: the file a command will write.

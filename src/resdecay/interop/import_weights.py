@@ -147,7 +147,7 @@ def _alpha_flag(flag: float | None, override: object) -> tuple[float | None, str
 
 def _alpha_settings(fmt: str, alpha_min: float | None, stated: Stated, source: str, flag: str = "--alpha-min") -> dict:
     """alpha_min for the imported model when the file does not state it, from the flag; a flag
-    that contradicts the file is refused (issue 23.2: a wrong --alpha-min once wrote a wrong model)."""
+    that contradicts the file is refused (taking it would write a model other than the file's)."""
     if alpha_min is not None and not 0 < alpha_min <= 1:
         raise UserError(f"{flag} must lie in (0, 1], got {alpha_min}")
     if "alpha_min" in stated:

@@ -34,7 +34,7 @@ from .files import write_bytes_atomically
 
 FORMAT = "resdecay-decayified-v1"
 SPEC_KEYS = ("alpha_min", "schedule", "branches", "shortcut")  # shortcut: only where not "decay"
-LEGACY_SPEC_KEYS = ("zero_init",)  # written before issue 23.3; read and ignored (an init, not structure)
+LEGACY_SPEC_KEYS = ("zero_init",)  # in older files; read and ignored (an init, not structure)
 
 
 class SpecIgnoredWarning(UserWarning):
@@ -46,7 +46,7 @@ def check_spec(spec: Any, source: str) -> dict:
 
     The result holds the structure only (alpha_min, schedule, branches), so ``decayify(model,
     **spec)`` never re-initialises loaded weights; the ``zero_init`` that older files carry is
-    dropped (issue 23.3).
+    dropped (applying it would overwrite the loaded weights).
 
     Args:
         spec: the stored spec (a dict with alpha_min, schedule, branches).

@@ -126,7 +126,7 @@ class SkipFusion(nn.Module):
     concatenated with the decoder stream (encoder first) and added through Linear-SiLU-Linear.
     The last Linear starts at zero, so a new skip starts silent.
 
-    Computed without the concatenation (issue 14): ``fc1(cat[E, dec]) = E W_e^T + dec W_d^T + b``
+    Computed without the concatenation, which costs time and memory: ``fc1(cat[E, dec]) = E W_e^T + dec W_d^T + b``
     and a Linear commutes with fill-and-unshuffle, so the encoder half of ``fc1`` runs on the
     1+K visible tokens only, the removed places get the constant ``mask_token W_e^T``, and the
     unshuffle moves decoder-width rows in the compute dtype. Same parameters, same state_dict, the

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .residual import decayed_add as decayed_add  # re-exported: the add's name before issue 21
+from .residual import decayed_add as decayed_add  # re-exported: the add's older name, kept for callers
 from .residual import factors_of, factors_repr, residual_add, set_block_factors
 
 

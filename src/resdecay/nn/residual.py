@@ -66,7 +66,7 @@ def residual_add(x: torch.Tensor, branch: torch.Tensor, alpha: float | torch.Ten
     return torch.add(branch, x, alpha=alpha)
 
 
-decayed_add = residual_add  # the name before issue 21 (``resdecay.decayed_add``); the same function
+decayed_add = residual_add  # the older name (``resdecay.decayed_add``), kept for callers; the same function
 
 
 def residual_correction(x: torch.Tensor, branch: torch.Tensor, alpha: float, beta: float = 1.0) -> torch.Tensor:
