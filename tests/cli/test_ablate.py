@@ -121,8 +121,8 @@ def test_grid_runs_compares_and_resumes(tmp_path, capsys, monkeypatch):
     import resdecay.commands.ablate as ab
 
     trained = []
-    real = ab.train_with_online_eval
-    monkeypatch.setattr(ab, "train_with_online_eval", lambda cfg, **k: trained.append(cfg.out_dir.name) or real(cfg, **k))
+    real = ab.train
+    monkeypatch.setattr(ab, "train", lambda cfg, **k: trained.append(cfg.out_dir.name) or real(cfg, **k))
     code, text, err = run(capsys, "ablate", "--grid", str(path), "--out", str(out), "--no-progress")
     assert code == 0, err
     assert trained == ["learnable"]
@@ -166,8 +166,8 @@ def test_ablate_seeds_pools_seeds_and_reuses_the_manual_form(tmp_path, capsys, m
                        *SEED_GRID, "train.seed=0", "--no-progress")
     assert code == 0, err
     trained = []
-    real = ab.train_with_online_eval
-    monkeypatch.setattr(ab, "train_with_online_eval",
+    real = ab.train
+    monkeypatch.setattr(ab, "train",
                         lambda cfg, **k: trained.append((cfg.train.seed, cfg.out_dir.parent.name)) or real(cfg, **k))
     args = ["ablate", "--grid", "figure7-toy", "--only", SEED_ONLY, "--seeds", "0,1", "--out", str(out), *SEED_GRID, "--no-progress"]
     code, text, err = run(capsys, *args)

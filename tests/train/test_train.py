@@ -162,7 +162,7 @@ def test_epoch_hook_does_not_shift_the_training_rng(tmp_path):
     calls, finals = [], []
     for hook in (None, lambda model, epoch, step, log: calls.append(torch.rand(1000).sum())):
         cfg = load_config("mae-tiny-digits", [*TINY, f"train.out_dir={tmp_path / str(len(finals))}"])
-        finals.append(ckpt.load_checkpoint(train(cfg, progress=False, on_epoch_end=hook)["checkpoint"])["model"])
+        finals.append(ckpt.load_checkpoint(train(cfg, progress=False, hooks=[hook])["checkpoint"])["model"])
     assert len(calls) == 2
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
 
@@ -180,10 +180,10 @@ def test_a_run_killed_in_its_epoch_hook_runs_the_hook_again_on_resume(tmp_path):
         seen.append(epoch)
 
     with pytest.raises(KeyboardInterrupt):
-        train(load_config("mae-tiny-digits", common), progress=False, on_epoch_end=dies_at_epoch_1)
+        train(load_config("mae-tiny-digits", common), progress=False, hooks=[dies_at_epoch_1])
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "run" / "checkpoints")][-1] == "step_00000033.pt"
     summary = train(load_config("mae-tiny-digits", common), resume="auto", progress=False,
-                    on_epoch_end=lambda model, epoch, step, log: seen.append(epoch))
+                    hooks=[lambda model, epoch, step, log: seen.append(epoch)])
     assert seen == [0, 1, 2]
     ref = train(load_config("mae-tiny-digits", [*common[:-1], f"train.out_dir={tmp_path / 'ref'}"]), progress=False)
     a, b = (ckpt.load_checkpoint(s["checkpoint"])["model"] for s in (ref, summary))

@@ -41,11 +41,12 @@ from ..eval.suite import EvalSettings, evaluate_checkpoint
 from ..models import build_model
 from ..nn.shortcut_info import describe_model
 from ..train import distributed as dist_env
+from ..train import train
 from ..train.config import RunConfig, load_config
 from ..train.distributed import is_main_process
 from ..train.log.tracking import tracker_group
+from ..viz.online_figures import online_hooks
 from ..viz.plots import plot_bars, plot_rank_vs_depth
-from .pretrain import train_with_online_eval
 
 GRID_KEYS = ("name", "description", "preset", "overrides", "baseline", "eval", "paper", "variants")
 VARIANT_KEYS = ("name", "preset", "overrides", "paper")
@@ -200,7 +201,7 @@ def _run_variants(g: dict, cfgs: dict, only, settings, reference: dict, progress
         if not done.exists() and not summary_file.exists():
             if env.is_main:
                 print(f"\n=== {g['name']}: {name} ({describe_model(cfg.model)}) ===")
-            train_with_online_eval(cfg, resume="auto", progress=progress, init=shared_init(reference))  # rank 0 writes summary.json
+            train(cfg, hooks=online_hooks(), resume="auto", progress=progress, init=shared_init(reference))  # rank 0 writes summary.json
         dist_env.barrier(env)  # rank 0's summary.json is on disk for every rank
         if not done.exists():  # every rank gives the same answer: eval.json is written only before the next barrier
             # every torchrun rank helps extract features (eval.suite splits them); rank 0 alone gets the report

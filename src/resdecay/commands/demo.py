@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..train import train
 from ..train.checkpoint import load_model
 from ..train.config import load_config
 from ..data import build_dataset, fashion_mnist_available
@@ -25,11 +26,11 @@ from ..eval import effective_rank, extract_block_features, knn_accuracy
 from ..eval.inputs import check_writable
 from ..eval.protocol import KNN_K, KNN_TEMPERATURE as KNN_T, KNN_VOTE
 from ..viz.figures import plot_pca_maps
+from ..viz.online_figures import online_hooks
 from ..viz.plots import plot_alpha_schedules, plot_loss_curves, plot_reconstructions, reconstruct
 from ..train.log.runlog import read_log
 from ..train.run.environment import numerics_environment
 from .ablate import load_grid
-from .pretrain import train_with_online_eval
 
 # (preset, overrides, the decayed model's default alpha_min). digits and fashion-mnist are sized so that
 # both models together train in a few minutes on a 2-core CPU. fashion-mnist-m is the regime where the
@@ -147,7 +148,7 @@ def run_demo(data: str = "auto", out_dir: str = "runs/demo", epochs: int | None 
 def train_and_measure(cfg, progress: bool, label: str) -> dict:
     """Pretrain one model (a demo rerun redoes the demo: it says so) and measure its last block."""
     print(f"\n=== {label}: preset {cfg.preset} ===")
-    summary = train_with_online_eval(cfg, progress=progress, overwrite=True)
+    summary = train(cfg, hooks=online_hooks(), progress=progress, overwrite=True)
     model, cfg = load_model(summary["checkpoint"])
     return {"summary": summary, **measure(model, cfg, progress)}
 

@@ -18,13 +18,14 @@ import torch
 
 from ..errors import UserError
 from ..eval.fid import ProxyCNN
+from ..train import train
 from ..train.config import load_config
+from ..viz.online_figures import online_hooks
 from ..viz.plots import plot_sample_grids
 from .demo import pick_data
 from .evaluate import run_eval_diffusion
 from .fid import run_fid
 from .sample import run_sample
-from .pretrain import train_with_online_eval
 
 # Sized so both models train, sample and get probed in about 15 minutes on a 2-core CPU.
 DEMO_DATA = {
@@ -83,7 +84,7 @@ def run_diffusion_demo(data: str = "auto", out_dir: str = "runs/demo_diffusion",
     for label, (preset, own, slug) in variants.items():
         cfg = load_config(preset, [*common, *own, f"train.out_dir={out / slug}"])
         print(f"\n=== {label}: preset {preset} ===")
-        summary = train_with_online_eval(cfg, progress=progress, overwrite=True)  # a demo rerun redoes the demo (it says so)
+        summary = train(cfg, hooks=online_hooks(), progress=progress, overwrite=True)  # a demo rerun redoes the demo (it says so)
         ck = summary["checkpoint"]
         s = run_sample(ck, n=n_samples, sampler=SAMPLER, steps=STEPS, seed=seed, out=str(out / slug / "samples"), progress=progress)
         f = run_fid(s["npz"], ref=name, proxy=True, ref_out=str(out / f"fid_ref_{name}.pt"), progress=progress)

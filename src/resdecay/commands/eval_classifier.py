@@ -27,6 +27,7 @@ from ..errors import CheckpointError, UserError
 from ..io import atomic_save, atomic_write_text, file_sha256, progress_bar, run_dir_of
 from ..train.checkpoint import FORMAT, load_checkpoint, load_model, loaded_plugins
 from ..train.distributed import resolve_device
+from ..train.hooks import Hook, is_eval_epoch
 from ..train.log.runlog import read_log
 
 EVAL_BATCH = 256  # one batch size for every evaluation: the same images in the same batches, the same numbers
@@ -81,22 +82,26 @@ def best_in_log(out: Path) -> dict | None:
     return best
 
 
-class EpochEval:
-    """The fine-tuning run's epoch-end hook (``train(..., online_eval=...)``); ``last`` holds the
-    latest evaluation on every rank, for ``resdecay finetune``'s final report."""
+class EpochEval(Hook):
+    """The fine-tuning run's training hook: test top-1 / top-5 every ``train.online_eval_every``
+    epochs (none when it is 0); ``last`` holds the latest evaluation on every rank, for
+    ``resdecay finetune``'s final report."""
 
-    def __init__(self, cfg, device: torch.device):
-        self.cfg, self.device = cfg, device
-        self.every, self.epochs = cfg.train.online_eval_every, cfg.train.epochs
-        self.dataset, _ = build_dataset(cfg.data, "test", cfg.model.img_size, augment=False)
+    def __init__(self):
+        self.cfg, self.device, self.dataset = None, None, None
         self.last: dict | None = None
         self.best: dict | None = None
         self.started = False
 
-    def __call__(self, model, epoch: int, step: int, log) -> None:
-        done = epoch + 1
-        if done % self.every and done != self.epochs:
+    def start(self, cfg, device: torch.device) -> None:
+        if cfg.train.online_eval_every > 0:  # the test split is read only by runs that evaluate
+            self.cfg, self.device = cfg, device
+            self.dataset, _ = build_dataset(cfg.data, "test", cfg.model.img_size, augment=False)
+
+    def epoch_end(self, model, epoch: int, step: int, log) -> None:
+        if self.cfg is None or not is_eval_epoch(epoch, self.cfg.train):
             return
+        done = epoch + 1
         rank, world = _rank_world()
         if world > 1:  # BatchNorm statistics differ between ranks after their own last batch; rank 0's are saved
             for buffer in model.buffers():

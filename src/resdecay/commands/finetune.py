@@ -179,18 +179,13 @@ def run_finetune(checkpoint: str, preset: str = "finetune-mae", overrides: list[
                  import_overrides: list[str] | None = None) -> dict:
     pretrained = load_pretrained(checkpoint, fmt, import_preset, alpha_min, import_overrides)
     cfg, state = build_config(pretrained, preset, overrides or [])
-    hooks: list[EpochEval] = []
-
-    def evaluator(run_cfg, device):  # the loop builds it when train.online_eval_every > 0
-        hooks.append(EpochEval(run_cfg, device))
-        return hooks[-1]
-
-    summary = train(cfg, resume=resume, progress=progress, init=encoder_loader(state), online_eval=evaluator,
+    evaluation = EpochEval()  # test accuracy every train.online_eval_every epochs
+    summary = train(cfg, hooks=[evaluation], resume=resume, progress=progress, init=encoder_loader(state),
                     overwrite=overwrite, allow_changes=allow_changes)
     if not is_main_process():  # other torchrun ranks only helped train and evaluate
         return summary
     out = Path(summary["out_dir"])
-    last = hooks[0].last if hooks else None
+    last = evaluation.last
     if last is None or last["step"] != summary["steps"]:  # no evaluation at the last step: measure the final weights
         report = evaluate_checkpoint(summary["checkpoint"], "test", device=cfg.train.device, progress=progress)
         last = {**report["values"], "images": report["protocol"]["images"], "protocol": report["protocol"]}

@@ -27,7 +27,8 @@ from ..eval.rank import effective_rank
 from ..io import file_sha256
 from .finetune import test_accuracy
 from ..train.distributed import is_main_process
-from .pretrain import train_with_online_eval
+from ..train import train
+from ..viz.online_figures import online_hooks
 
 
 def run_supervised(preset: str, overrides: list[str] | None = None, resume: str | None = None, progress: bool = True,
@@ -35,7 +36,8 @@ def run_supervised(preset: str, overrides: list[str] | None = None, resume: str 
     cfg = load_config(preset, overrides or [])
     if cfg.model.family != "resnet":
         raise ConfigError(f"preset {preset!r} is a {cfg.model.family!r} model; train-supervised takes resnet presets")
-    summary = train_with_online_eval(cfg, resume=resume, progress=progress, overwrite=overwrite, allow_changes=allow_changes)
+    summary = train(cfg, hooks=online_hooks(), resume=resume, progress=progress, overwrite=overwrite,
+                    allow_changes=allow_changes)
     if not is_main_process():  # other torchrun ranks only helped train
         return summary
     device = resolve_device(cfg.train.device)

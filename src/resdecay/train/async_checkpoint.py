@@ -1,4 +1,5 @@
-"""Checkpoints written without stalling training (issue 14).
+"""Checkpoints written without stalling training: a write of a large model takes seconds that the
+optimizer steps need not wait for.
 
 ``CheckpointWriter.submit`` snapshots the state to CPU memory (clones, so the next optimizer
 step cannot change what is written), then one background thread writes it with

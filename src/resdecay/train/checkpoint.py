@@ -9,7 +9,7 @@ resdecay-checkpoint-v1``:
     scaler       the fp16 GradScaler's state_dict
     train_state  step, epoch, step_in_epoch, world_size, images (training-set size), and where
                  known train_time_s (summed over launches), final_loss and trackers (the W&B /
-                 MLflow runs a resumed launch continues: train/tracking.py)
+                 MLflow runs a resumed launch continues: train/log/tracking.py)
     rng          every rank's Python, NumPy, torch CPU and CUDA generator states
     loss_window  every rank's open log window (runlog.LossWindow), so a resumed run logs the
                  same rows as an uninterrupted one
@@ -263,40 +263,36 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", ema: bool =
 
 
 # ----------------------------------------------------------------------------- a run's state
-def save_training(cfg: RunConfig, env, trainee, data, ckpt_dir: Path, writer=None, progress: dict | None = None,
-                  window=None) -> Path:
-    """Save the run's state at ``trainee.step`` as ``<ckpt_dir>/step_<step>.pt``; every rank
-    contributes its RNG state and open loss window, rank 0 writes the file.
+def save_training(run, progress: dict | None = None) -> Path:
+    """Save ``run`` (``setup.Run``) at its step as ``<run>/checkpoints/step_<step>.pt``: every rank
+    contributes its RNG state and open loss window, rank 0 writes the file, in the background when
+    the run has a ``writer`` (``async_checkpoint.CheckpointWriter``: snapshot now, write later),
+    else here, atomically.
 
     Args:
-        cfg: the run's config (stored whole).
-        env: the process environment (``distributed.DistEnv``).
-        trainee: the ``setup.Trainee`` (bare model, optimizer, scaler, EMA, step).
-        data: the ``setup.Data`` (steps per epoch, training-set size).
-        writer: an ``async_checkpoint.CheckpointWriter`` that snapshots now and writes in the
-            background; None writes here, atomically.
-        progress: train_time_s over all launches and final_loss, kept in ``train_state``.
-        window: this rank's ``runlog.LossWindow``.
+        run: the launch's state: config (stored whole), environment, bare model, optimizer, scaler,
+            EMA, step, data (steps per epoch, training-set size), loss window.
+        progress: train_time_s over all launches, final_loss and the tracker runs, kept in ``train_state``.
     """
-    step = trainee.step
-    ranks = dist_env.gather_objects(env, (rng_state(), window.state() if window is not None else None))
+    env, step, data = run.env, run.step, run.data
+    ranks = dist_env.gather_objects(env, (rng_state(), run.window.state() if run.window is not None else None))
     rngs = [r for r, _ in ranks]
-    path = checkpoint_path(ckpt_dir, step)  # every rank returns it; rank 0 writes it
+    path = checkpoint_path(run.ckpt_dir, step)  # every rank returns it; rank 0 writes it
     if env.is_main:
-        state = {"model": trainee.raw.state_dict(), "optimizer": trainee.optimizer.state_dict(),
-                 "scaler": trainee.scaler.state_dict(),
+        state = {"model": run.raw.state_dict(), "optimizer": run.optimizer.state_dict(),
+                 "scaler": run.scaler.state_dict(),
                  "train_state": {"step": step, "epoch": step // data.steps_per_epoch,
                                  "step_in_epoch": step % data.steps_per_epoch, "world_size": env.world_size,
                                  "images": len(data.samples), **(progress or {})},
-                 "rng": rngs, "config": cfg.to_dict(), "plugins": loaded_plugins()}
-        if window is not None:
+                 "rng": rngs, "config": run.cfg.to_dict(), "plugins": loaded_plugins()}
+        if run.window is not None:
             state["loss_window"] = [w for _, w in ranks]
-        if trainee.ema is not None:
-            state["ema"] = trainee.ema.module.state_dict()
-        if writer is not None:
-            writer.submit(state, ckpt_dir, step, cfg.train.keep_last)
+        if run.ema is not None:
+            state["ema"] = run.ema.module.state_dict()
+        if run.writer is not None:
+            run.writer.submit(state, run.ckpt_dir, step, run.cfg.train.keep_last)
         else:
-            save_checkpoint(state, ckpt_dir, step, cfg.train.keep_last)
+            save_checkpoint(state, run.ckpt_dir, step, run.cfg.train.keep_last)
     dist_env.barrier(env)
     return path
 
@@ -307,7 +303,7 @@ def restore_training(cfg: RunConfig, env, path: Path, raw, optimizer, scaler, sa
     RNG. Refuses another model, and (unless ``allow_changes``) settings that would make the resumed
     run differ from an uninterrupted one.
 
-    Returns (step, EMA weights or None, the run's progress: ``setup.Trainee.progress``)."""
+    Returns (step, EMA weights or None, the run so far: ``setup.Run.so_far``)."""
     state = load_checkpoint(path) if state is None else state
     check_resumable(cfg, env, path, state, say, images, allow_changes)
     raw.load_state_dict(state["model"])
@@ -322,7 +318,8 @@ def restore_training(cfg: RunConfig, env, path: Path, raw, optimizer, scaler, sa
         torch.manual_seed(cfg.train.seed + env.rank + step)
     ts = state["train_state"]
     progress = {"train_time_s": ts.get("train_time_s"), "final_loss": ts.get("final_loss"),
-                "loss_window": windows[env.rank] if windows and len(windows) == env.world_size else None}
+                "loss_window": windows[env.rank] if windows and len(windows) == env.world_size else None,
+                "trackers": ts.get("trackers")}
     return step, state.get("ema"), progress
 
 

@@ -29,7 +29,7 @@ from ..errors import ConfigError, UserError, check_choice, check_fields
 from ..models import FAMILIES, model_config_class
 
 Device = Literal["auto", "cpu", "cuda"]
-Logger = Literal["tensorboard", "wandb", "mlflow", "csv"]  # train/tracking.py's back ends
+Logger = Literal["tensorboard", "wandb", "mlflow", "csv"]  # train/log/tracking.py's back ends
 
 
 @dataclass
@@ -66,7 +66,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         check_fields(self, "train", positive=("epochs", "batch_size", "accum_steps", "ckpt_every", "keep_last", "log_every"))
-        for f in dataclasses.fields(self):  # .nan passes every `<= 0` test below, .inf reaches the optimizer (issue 23.12)
+        for f in dataclasses.fields(self):  # .nan passes every `<= 0` test below, .inf reaches the optimizer
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"train.{f.name} must be a finite number, got {value}")

@@ -16,14 +16,10 @@ def scaled_lr(base_lr: float, eff_batch: int) -> float:
     return base_lr * eff_batch / LR_REFERENCE_BATCH
 
 
-def peak_lr(tc, eff_batch: int) -> float:
-    """The run's peak lr: ``train.lr`` when set, else ``train.base_lr`` scaled by the effective batch.
-
-    Args:
-        tc: the run's ``TrainConfig``.
-        eff_batch: batch_size x accum_steps x processes.
-    """
-    return tc.lr if tc.lr is not None else scaled_lr(tc.base_lr, eff_batch)
+def peak_lr(base_lr: float, eff_batch: int, lr: float | None = None) -> float:
+    """The run's peak lr: ``train.lr`` when set, else ``train.base_lr`` scaled by the effective batch
+    (``eff_batch``: batch_size x accum_steps x processes)."""
+    return lr if lr is not None else scaled_lr(base_lr, eff_batch)
 
 
 def lr_at(step: int, total: int, warmup: int, peak: float, floor: float, schedule: str = "cosine") -> float:

@@ -1,14 +1,15 @@
-"""What the training loop needs before its first step: the data pipeline and the step counts it
-implies (``Data``), and the model with everything that steps it (``Trainee``), restored from a
-checkpoint on resume. ``loop.train`` reads these top to bottom; the run folder, the optimizer, the lr
-schedule and checkpoints have their own modules (``run_folder``, ``optim``, ``lr_sched``,
-``checkpoint``)."""
+"""What the training loop needs before its first step, built once per launch, top to bottom: the
+data pipeline and the step counts it implies (``build_data`` -> ``Data``), then the network with
+everything that steps it, restored from a checkpoint on resume (``build_run`` -> ``Run``, the one
+state object of a launch). The optimizer, the lr schedule and checkpoints have their own modules
+(``optim``, ``lr_sched``, ``checkpoint``); the run folder is ``run/``."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -25,10 +26,13 @@ from ..models import Family, build_model, get_family
 from ..nn.shortcut_info import knob_warnings, shortcut_settings
 from . import checkpoint as ckpt
 from . import distributed as dist_env
-from .run.capacity import check_fits
+from .async_checkpoint import CheckpointWriter
 from .config import RunConfig
+from .log.runlog import LossWindow, RunLog
 from .lr_sched import peak_lr
 from .optim import autocast_dtype, make_optimizer, param_groups
+from .run.capacity import refuse_if_too_big
+from .stability import BlockNormMonitor
 
 
 @dataclass
@@ -76,7 +80,7 @@ def build_data(cfg: RunConfig, env: dist_env.DistEnv, out: Path | None = None) -
     eff_batch = tc.batch_size * tc.accum_steps * env.world_size
     return Data(samples, sampler, loader, steps_per_epoch, tc.epochs * steps_per_epoch,
                 int(round(tc.warmup_epochs * steps_per_epoch)), eff_batch,
-                peak_lr(tc, eff_batch), bad_files, normalization_card(cfg.data, info))
+                peak_lr(tc.base_lr, eff_batch, tc.lr), bad_files, normalization_card(cfg.data, info))
 
 
 def settings_warnings(cfg: RunConfig, data: Data) -> list[str]:
@@ -88,7 +92,7 @@ def settings_warnings(cfg: RunConfig, data: Data) -> list[str]:
                    f"the lr never reaches its peak {data.peak_lr:.2e} (it stops at "
                    f"{data.peak_lr * data.total_steps / data.warmup_steps:.2e}); lower train.warmup_epochs")
     dropped = dropped_per_epoch(len(data.samples), data.eff_batch)
-    if dropped >= 0.1 * len(data.samples):  # drop_last: a batch that does not fill is left out (issue 23.13)
+    if dropped >= 0.1 * len(data.samples):  # drop_last: a batch that does not fill is left out
         better = max((b for b in range(1, tc.batch_size + 1)
                       if dropped_per_epoch(len(data.samples), data.eff_batch * b // tc.batch_size) < 0.1 * len(data.samples)),
                      default=1)
@@ -106,42 +110,85 @@ def dropped_per_epoch(images: int, eff_batch: int) -> int:
 
 
 @dataclass
-class Trainee:
-    """The network in its wrappers, with everything that steps it and is saved with it."""
+class Run:
+    """One launch of a run: what it trains on, what it trains and where it stands. ``build_run``
+    makes it; the loop advances it; ``checkpoint.save_training`` saves the network part and the
+    position (the checkpoint's ``model``, ``optimizer``, ``scaler``, ``ema``, ``train_state``); the
+    header and ``summary.json`` read it (``run/summary.py``)."""
+    cfg: RunConfig
+    env: dist_env.DistEnv
+    out: Path  # the run folder, locked
+    say: Callable[..., None]  # print on rank 0, silent elsewhere
+    data: Data
+    # the network and what steps it
     raw: torch.nn.Module  # the bare network: state_dict, EMA and FLOPs read this one
     model: torch.nn.Module  # raw, compiled and/or DDP-wrapped: the forward pass calls this one
     family: Family
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     amp_dtype: torch.dtype | None
-    ema: object | None  # timm ModelEmaV3 when train.ema_decay > 0
+    autocast: dict  # the torch.autocast arguments of every forward
+    ema: Any  # timm ModelEmaV3 when train.ema_decay > 0, else None
+    # where the run stands
     step: int  # optimizer steps done (the resumed step, or 0)
     resumed_from: Path | None
     # what the resumed checkpoint says of the run so far: train_time_s (all launches), final_loss,
-    # loss_window (this rank's open log window); empty on a fresh start
-    progress: dict = field(default_factory=dict)
+    # loss_window (this rank's open log window), trackers (the W&B / MLflow runs to continue)
+    so_far: dict = field(default_factory=dict)
+    last_loss: float | None = None  # the last log row's loss: summary.json's final_loss
+    last_ckpt: Path | None = None
+    # this launch's instruments (``loop.open_instruments``). The loss and the divergence flag stay on the
+    # device (``window``): reading them every step would make the host wait for the GPU; they are read
+    # at log steps, and the flag at checkpoints.
+    log: RunLog | None = None
+    window: LossWindow | None = None
+    norms: BlockNormMonitor | None = None  # block output RMS at log steps
+    writer: CheckpointWriter = field(default_factory=CheckpointWriter)  # one background write at a time
+    bar: Any = None  # the progress bar
+    flops_per_image: float = 0.0  # forward + backward, for MFU
+    gpu_peak: float | None = None  # the device's peak FLOP/s (None on CPU)
+    started: float = 0.0  # perf_counter when this launch's training began
+    window_started: float = 0.0  # perf_counter when the open log window began
+    timed_steps: int = 0  # steps in the open log window
+    bad_seen: int = 0  # unreadable images replaced so far (data.on_bad_file=skip)
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out / "checkpoints"
 
 
-def build_trainee(cfg: RunConfig, env: dist_env.DistEnv, peak_lr: float, resumed_from: Path | None, init, say,
-                  images: int | None = None, allow_changes: bool = False, state: dict | None = None) -> Trainee:
-    """Seed, build the model (``init`` on fresh starts), its optimizer and scaler, restore a resumed
-    run's state (``state``: the checkpoint, already loaded) and wrap the model for compilation and DDP."""
+
+def build_run(cfg: RunConfig, env: dist_env.DistEnv, out: Path, say, resume: str | None = None, init=None,
+              allow_changes: bool = False) -> Run:
+    """The data, then the network (built once; ``init`` on fresh starts), its optimizer and scaler,
+    a resumed run's state, the EMA and the compiled / DDP wrappers.
+
+    Args:
+        resume: None (fresh run), "auto" (newest readable checkpoint in ``out``, if any) or a path.
+        init: ``init(model)``, called on fresh starts only, before the optimizer sees the weights.
+        allow_changes: resume even if settings changed that make the run differ from an uninterrupted one.
+    """
     tc = cfg.train
-    check_fits(cfg, env.device)  # a model that cannot fit is refused before minutes of allocation
+    data = build_data(cfg, env, out)
+    resumed_from, state = ckpt.load_resume(resume, out / "checkpoints", say)  # auto: skips a truncated newest file
     random.seed(tc.seed + env.rank)
     np.random.seed(tc.seed + env.rank)
     torch.manual_seed(tc.seed + env.rank)
-    raw = build_model(cfg.model).to(env.device)
+    with refuse_if_too_big(cfg, env.device):  # a model that cannot fit is refused after 16 MiB, not minutes
+        raw = build_model(cfg.model)
+    raw = raw.to(env.device)
     family = get_family(cfg.model.family)
     if init is not None and resumed_from is None:
         init(raw)  # e.g. pretrained encoder weights for fine-tuning; a resumed run has its own
-    optimizer = make_optimizer((family.param_groups or param_groups)(raw, tc.weight_decay), tc, peak_lr, env.device)
+    groups = (family.param_groups or param_groups)(raw, tc.weight_decay)
+    optimizer = make_optimizer(groups, tc.optimizer, data.peak_lr, (tc.beta1, tc.beta2))
     amp_dtype = autocast_dtype(tc.precision, env.device)
     scaler = torch.amp.GradScaler(env.device.type, enabled=amp_dtype == torch.float16)
-    step, ema_state, progress = 0, None, {}
+    step, ema_state, so_far = 0, None, {}
     if resumed_from is not None:
-        step, ema_state, progress = ckpt.restore_training(cfg, env, resumed_from, raw, optimizer, scaler, say, images,
-                                                          allow_changes, state)
+        step, ema_state, so_far = ckpt.restore_training(cfg, env, resumed_from, raw, optimizer, scaler, say,
+                                                        len(data.samples), allow_changes, state)
+    del state  # the weights are in the model now; do not hold a second copy through training
     ema = None
     if tc.ema_decay > 0:  # an exponential moving average of the weights, used for sampling (DiT, SiT, U-ViT)
         from timm.utils import ModelEmaV3
@@ -155,4 +202,6 @@ def build_trainee(cfg: RunConfig, env: dist_env.DistEnv, peak_lr: float, resumed
     if env.distributed:
         model = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
                     gradient_as_bucket_view=True)  # gradients live in the all-reduce buckets: no copy in or out
-    return Trainee(raw, model, family, optimizer, scaler, amp_dtype, ema, step, resumed_from, progress)
+    autocast = dict(device_type=env.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None)
+    return Run(cfg, env, out, say, data, raw, model, family, optimizer, scaler, amp_dtype, autocast, ema, step,
+               resumed_from, so_far, last_loss=so_far.get("final_loss"), last_ckpt=resumed_from)

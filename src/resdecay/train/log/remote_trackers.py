@@ -13,7 +13,7 @@ Where their runs go, and how a resumed launch finds its run again:
   ``resdecay``. The config goes in as parameters (``train.epochs``) and as ``config.yaml``. The
   checkpoint keeps the run id, the URI and the experiment.
 
-A resumed launch never logs a step twice (issue 30.6). Neither service can delete a point, so the
+A resumed launch never logs a step twice (a curve with two values at one step is not a curve). Neither service can delete a point, so the
 points a killed launch logged past its checkpoint stay, and the resumed launch logs a tag only at steps
 beyond the last one the run already holds for it: MLflow's own metric history says which; for W&B
 (whose offline files cannot be read back cheaply) each launch keeps ``<run>/wandb/resdecay-steps-<id>.json``,

@@ -122,8 +122,8 @@ class LossWindow:
     Log rows come at multiples of ``train.log_every`` and at the last step, never because of a
     checkpoint, and the open window is saved in every checkpoint (each rank's own) and restored on
     resume: the logged losses, the final loss among them, are the same whatever ``ckpt_every`` is
-    and wherever a run was interrupted (issue 23.13). Under torchrun a row holds the mean over all
-    ranks (all-reduced at log steps only), as MAE and timm log it (issue 23.6).
+    and wherever a run was interrupted. Under torchrun a row holds the mean over all ranks
+    (all-reduced at log steps only), as MAE and timm log it, not rank 0's share of the batch.
 
     Args:
         device: where the losses live (the training device).

@@ -116,7 +116,7 @@ class TensorBoardTracker(Tracker):
 
         check_writable_folder(Path(run_dir) / "tb", "TensorBoard")
         # purge_step drops events at steps >= it: the resumed-from step's row stays in log.jsonl,
-        # so it must stay in TensorBoard too (issue 23.5); only later steps are the killed run's
+        # so it must stay in TensorBoard too (the two must agree); only later steps are the killed run's
         purge = None if resume_step is None else resume_step + 1
         self.writer = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=purge)
         if resume_step is None and config is not None:
@@ -200,7 +200,7 @@ class CsvTracker(Tracker):
 
 def check_writable_folder(folder: Path, what: str) -> None:
     """Create ``folder`` and a file in it now, or raise one line: TensorBoard's writer thread opens its
-    event file later and would print its own 40-line traceback from that thread (issue 30.8)."""
+    event file later and would print its own 40-line traceback from that thread."""
     probe = Path(folder) / f".write-test-{os.getpid()}"
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)

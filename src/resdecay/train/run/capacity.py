@@ -1,6 +1,9 @@
-"""Will the model fit? Parameters and training memory estimated from the config before anything is
-allocated, so that ``model.depth=100000`` is one line in a second instead of minutes of allocation
-that end in the out-of-memory killer (issue 23.12).
+"""Will the model fit? The network is built once, for real; while it is built, its parameters are
+counted, and once they pass ``PROBE`` the whole model's parameters are counted on the meta device
+(no allocation) and checked against the memory free, so ``model.depth=100000`` is one line within
+seconds and 16 MiB of allocation, instead of minutes of allocation that end in the out-of-memory
+killer. A smaller model is never counted: its weights, gradients and optimizer state take under
+100 MiB.
 
 The estimate is a lower bound: the weights, their gradients, the optimizer's state and the EMA
 copy, 4 bytes per number each (fp32 master weights, as the loop keeps them). Activations come on
@@ -11,8 +14,10 @@ may still need a smaller ``train.batch_size``.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import torch
+from torch.nn.modules.module import register_module_parameter_registration_hook
 
 from ...errors import ConfigError
 from ...io import format_bytes
@@ -22,6 +27,7 @@ from ...models.common import count_parameters
 # fp32 numbers kept per parameter besides the weight and its gradient
 OPTIMIZER_STATE = {"adamw": 2, "lars": 1, "sgd": 1}  # AdamW: two moments; LARS and SGD: momentum
 SIZE_KEYS = ("depth", "decoder_depth", "embed_dim", "decoder_embed_dim", "width", "layers", "img_size")
+PROBE = 1 << 22  # parameters built before the whole model is counted: 16 MiB of fp32 weights
 
 
 def training_bytes(params: int, optimizer: str, ema: bool) -> int:
@@ -68,3 +74,34 @@ def check_fits(cfg, device: torch.device) -> int | None:
                           f"{cfg.train.optimizer} state alone need about {format_bytes(need)}, more than the "
                           f"{format_bytes(free)} of {what}; lower model.depth or the widths")
     return params
+
+
+@contextmanager
+def refuse_if_too_big(cfg, device: torch.device):
+    """``with refuse_if_too_big(cfg, device): build_model(cfg.model)`` builds the network once: when
+    its parameters built so far pass ``PROBE``, ``check_fits`` counts the whole model on the meta
+    device (on a forked RNG: the real build's random draws stay where they were) and refuses it, in
+    one line, if it cannot fit.
+
+    Args:
+        cfg: the RunConfig about to be trained.
+        device: the training device.
+    """
+    built, checked = 0, False
+
+    def count(module, name, param):
+        nonlocal built, checked
+        if checked or param is None:
+            return None
+        built += param.numel()
+        if built >= PROBE:
+            checked = True  # before the meta count, whose parameters pass through this hook too
+            with torch.random.fork_rng(devices=[]):
+                check_fits(cfg, device)
+        return None
+
+    handle = register_module_parameter_registration_hook(count)
+    try:
+        yield
+    finally:
+        handle.remove()

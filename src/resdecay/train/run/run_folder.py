@@ -34,7 +34,7 @@ def run_folder(path: Path, env: dist_env.DistEnv, say):
     lock, every rank learns of a refusal), with the temp files of killed checkpoint writers swept.
     A launch that fails before its first log row or checkpoint removes what it created (the lock
     file, ``tb/``, an empty ``checkpoints/``, the folder itself): a wrong data path or a refused
-    start leaves nothing behind (issue 23.13)."""
+    start leaves nothing behind that the next start would take for a run."""
     path = Path(path)
     created = not path.exists()
     prepare_out_dir(path)

@@ -14,18 +14,19 @@ from ...io import atomic_write_text
 from ...nn.shortcut_info import describe_model, shortcut_settings
 from ...schedule import effective_decay
 from .. import distributed as dist_env
-from ..config import RunConfig
 from .environment import numerics_environment
 from ..log.runlog import read_log
 
 
-def announce(cfg: RunConfig, env, data, trainee, resume: str | None, say) -> None:
-    """The run's header: model, data, device, batch and lr arithmetic, resume point."""
+def announce(run, resume: str | None) -> None:
+    """The run's header (``run``: the launch's ``setup.Run``): model, data, device, batch and lr
+    arithmetic, resume point."""
+    cfg, env, data, say = run.cfg, run.env, run.data, run.say
     tc = cfg.train
     say(f"resdecay train | preset {cfg.preset} | {cfg.model.family} depth {cfg.model.num_blocks} "
-        f"| alpha_min {cfg.model.alpha_min} | shortcut {describe_model(cfg.model)} | alpha_eff {effective_decay(trainee.raw.alphas):.3g}")
+        f"| alpha_min {cfg.model.alpha_min} | shortcut {describe_model(cfg.model)} | alpha_eff {effective_decay(run.raw.alphas):.3g}")
     say(f"data {cfg.data.name}: {len(data.samples)} images | device {env.device} x {env.world_size} | "
-        f"precision {trainee.amp_dtype or torch.float32} | params {sum(p.numel() for p in trainee.raw.parameters()) / 1e6:.2f} M")
+        f"precision {run.amp_dtype or torch.float32} | params {sum(p.numel() for p in run.raw.parameters()) / 1e6:.2f} M")
     if data.normalization:
         say(f"normalised with {data.normalization}")
     say(f"base lr {tc.base_lr:.2e} | effective batch {data.eff_batch} = {tc.batch_size} per device x {tc.accum_steps} accum "
@@ -33,24 +34,25 @@ def announce(cfg: RunConfig, env, data, trainee, resume: str | None, say) -> Non
         f"{data.steps_per_epoch} steps/epoch x {tc.epochs} epochs = {data.total_steps} steps, {data.warmup_steps} warmup")
     # where to look while it runs (tensorboard --logdir <run>/tb, tail -f <run>/log.jsonl)
     say(f"run folder {cfg.out_dir}: log.jsonl, checkpoints/, summary.json | trackers {', '.join(tc.loggers) or 'none'}")
-    if trainee.resumed_from is not None:
-        say(f"resumed from {trainee.resumed_from} at step {trainee.step}")
+    if run.resumed_from is not None:
+        say(f"resumed from {run.resumed_from} at step {run.step}")
     elif resume == "auto":
         say("no checkpoint to resume from yet; starting fresh")
 
 
-def run_summary(cfg: RunConfig, out, data, trainee, last_loss: float | None, last_ckpt, seconds: float | None) -> dict:
-    """What summary.json holds. ``final_loss``: the last log row's loss, the mean over the steps
-    since the previous multiple of train.log_every and over all ranks (None, JSON null, when no
-    row was logged); ``train_time_s``: summed over every launch of the run."""
+def run_summary(run, seconds: float | None) -> dict:
+    """What summary.json holds for ``run`` (``setup.Run``). ``final_loss``: the last log row's loss,
+    the mean over the steps since the previous multiple of train.log_every and over all ranks (None,
+    JSON null, when no row was logged); ``train_time_s``: ``seconds``, summed over every launch of the run."""
+    cfg, data, last_loss = run.cfg, run.data, run.last_loss
     last_loss = last_loss if last_loss is not None and math.isfinite(last_loss) else None  # never NaN in JSON
-    return {"preset": cfg.preset, "out_dir": str(out), "steps": trainee.step, "epochs": cfg.train.epochs,
+    return {"preset": cfg.preset, "out_dir": str(run.out), "steps": run.step, "epochs": cfg.train.epochs,
             "images": len(data.samples), "effective_batch": data.eff_batch, "lr": data.peak_lr, "final_loss": last_loss,
             "train_time_s": seconds, "alpha_min": cfg.model.alpha_min, "skips": cfg.model.skips,
             # the formula by name and the run's label (``nn.shortcut_info``): what compare, plot and ablate show
             "shortcut": shortcut_settings(cfg.model)["shortcut"], "shortcut_label": describe_model(cfg.model),
-            "alpha_eff": effective_decay(trainee.raw.alphas), "checkpoint": str(last_ckpt) if last_ckpt else None,
-            "resumed_from": str(trainee.resumed_from) if trainee.resumed_from else None,
+            "alpha_eff": effective_decay(run.raw.alphas), "checkpoint": str(run.last_ckpt) if run.last_ckpt else None,
+            "resumed_from": str(run.resumed_from) if run.resumed_from else None,
             "numerics": numerics_environment()}  # threads, CPU kernels, builds: what the exact numbers depend on
 
 
@@ -70,24 +72,23 @@ def not_json(constant: str):
     raise ValueError(f"{constant} is not valid JSON")
 
 
-def finished_summary(cfg: RunConfig, out: Path, data, trainee, say) -> dict:
-    """A resumed run that has nothing left to train (issue 23.4): say so and change nothing. The
+def finished_summary(run) -> dict:
+    """A resumed run (``setup.Run``) that has nothing left to train: say so and change nothing. The
     summary is the one the run wrote (rebuilt from the checkpoint, and written, only if it is
     missing); the returned dict carries ``already_finished: True``."""
-    total = data.total_steps
-    past = "" if trainee.step == total else f", past the {total} that train.epochs={cfg.train.epochs} gives"
-    say(f"{out} is already finished: {trainee.step} steps{past} (checkpoint {trainee.resumed_from}); nothing changed. "
-        f"To train longer, raise train.epochs and resume again")
-    try:  # a summary.json with NaN in it (written before issue 23.4 was fixed) is not valid JSON: rebuilt
+    out, step, total = run.out, run.step, run.data.total_steps
+    past = "" if step == total else f", past the {total} that train.epochs={run.cfg.train.epochs} gives"
+    run.say(f"{out} is already finished: {step} steps{past} (checkpoint {run.resumed_from}); nothing changed. "
+            f"To train longer, raise train.epochs and resume again")
+    try:  # a summary.json with NaN in it (older versions wrote the float as is) is not valid JSON: rebuilt
         summary = json.loads((out / "summary.json").read_text(), parse_constant=not_json)
-        if summary.get("steps") == trainee.step:
+        if summary.get("steps") == step:
             return {**summary, "already_finished": True}
     except (OSError, ValueError):
         pass
-    final_loss = trainee.progress.get("final_loss")  # older checkpoints do not hold it; their log does
-    if final_loss is None:
-        final_loss = next((r["loss"] for r in read_log(out) if r.get("step") == trainee.step and "loss" in r), None)
-    summary = run_summary(cfg, out, data, trainee, final_loss, trainee.resumed_from, trainee.progress.get("train_time_s"))
+    if run.last_loss is None:  # older checkpoints do not hold the final loss; their log does
+        run.last_loss = next((r["loss"] for r in read_log(out) if r.get("step") == step and "loss" in r), None)
+    summary = run_summary(run, run.so_far.get("train_time_s"))
     summary["resumed_from"] = None  # this launch trained nothing; the summary describes the finished run
     if dist_env.is_main_process():
         write_summary(out, summary)
