@@ -130,8 +130,38 @@ def test_listed_but_missing_file_and_data_without_masks(tmp_path):
     (tmp_path / "annotations" / "val2017" / f"{ids[1]}.png").unlink()
     with pytest.raises(DataError, match="is listed but missing"):
         masked_images("cocostuff27", None, str(tmp_path), 32, 100)
-    with pytest.raises(DataError, match="digits has no label maps, so segmentation cannot be scored on it"):
-        masked_images("digits", DataConfig(), None, 8, 100)
+    with pytest.raises(DataError, match="cifar10 has no label maps, so segmentation cannot be scored on it"):
+        masked_images("cifar10", DataConfig(name="cifar10"), None, 32, 100)
+
+
+def test_digits_ink_is_the_object_its_class_plus_one_the_label():
+    """The demos' data: the label map is class + 1 where the ink's grey level is >= 0.5, 0 elsewhere, computed
+    here from scikit-learn's own 0..16 images."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    m = masked_images("digits", DataConfig(), None, 8, 1000)
+    d = load_digits()
+    _, test = train_test_split(np.arange(len(d.images)), test_size=0.2, random_state=0, stratify=d.target)
+    test = np.sort(test)
+    assert m.images.shape == (len(test), 1, 8, 8) and m.labels.shape == (len(test), 8, 8) and m.classes == 11
+    ink = np.round(d.images[test] * (255.0 / 16.0)) / 255.0 >= 0.5
+    expected = np.where(ink, d.target[test][:, None, None] + 1, 0)
+    assert np.array_equal(m.labels.numpy(), expected)
+    assert 0.2 < (m.labels > 0).float().mean() < 0.6 and m.card["data"] == "digits"
+
+
+def test_fashion_mnist_ink_masks_and_another_data_set_named_by_seg_data(fake_fmnist):
+    cfg = DataConfig(name="fashion-mnist", path=str(fake_fmnist))
+    m = masked_images("fashion-mnist", cfg, None, 28, 20)
+    assert m.images.shape == (20, 1, 28, 28) and m.classes == 11
+    for label in m.labels:
+        garment = label[label > 0]
+        assert garment.numel() == 0 or len(garment.unique()) == 1  # one class per image, as the ink's
+    grey = m.images * torch.tensor(m.std).view(1, -1, 1, 1) + torch.tensor(m.mean).view(1, -1, 1, 1)
+    assert torch.equal(m.labels > 0, grey[:, 0] >= 0.5)
+    digits = masked_images("digits", cfg, None, 8, 30)  # --seg-data digits beside a fashion-mnist checkpoint
+    assert digits.images.shape == (30, 1, 8, 8) and digits.card["data"] == "digits"
 
 
 def test_eval_segments_a_cocostuff27_folder_and_refuses_data_without_masks(tmp_path, fake_fmnist, capsys):

@@ -1,6 +1,6 @@
 """Images with per-pixel label maps, for the unsupervised-segmentation evaluation (``eval/segmentation.py``).
 
-Three sources (``--seg-data``; the default is the evaluation's own data set):
+Five sources (``--seg-data``; the default is the evaluation's own data set):
 
     fashion-mnist-m  the test split's composites; the generator knows where it pasted each garment, so
                      the label map is 0 (background) and garment class + 1 (11 classes), at every
@@ -11,6 +11,9 @@ Three sources (``--seg-data``; the default is the evaluation's own data set):
                      labels are mapped to the 27 coarse categories (``COCO_FINE_TO_27``)
     voc              Pascal VOC: ``JPEGImages/<id>.jpg``, ``SegmentationClass/<id>.png`` (palette
                      indices 0..20, 255 = boundary) and ``ImageSets/Segmentation/val.txt`` when present
+    digits,          the demos' data sets, on a black background: the object is its ink, so the label map
+    fashion-mnist    is class + 1 where the grey level is >= 0.5 (the rule fashion-mnist-m's compositor
+                     uses for its garments' opacity) and 0 elsewhere (11 classes)
 
 Folder images are resized (short side to the model's input, bicubic) and centre-cropped; label maps
 the same way with nearest (labels must not be blended). 255 is the ignore label everywhere. Every
@@ -20,7 +23,7 @@ count) is one line naming the file and the fix, raised before any feature is ext
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,13 +31,13 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DataError
-from .datasets import _fashion_mnist_m_stats, _load_fashion_mnist
-from .fashion_mnist_m import composite
+from .datasets import _fashion_mnist_m_stats, _load_fashion_mnist, build_dataset
+from .fashion_mnist_m import MASK_OPACITY, composite
 from .info import IMAGENET_MEAN, IMAGENET_STD
 from .subsets import balanced_indices
 
 IGNORE = 255
-SEG_DATA = ("fashion-mnist-m", "cocostuff27", "voc")
+SEG_DATA = ("fashion-mnist-m", "cocostuff27", "voc", "digits", "fashion-mnist")
 COCO_CURATED = "Coco164kFull_Stuff_Coarse_7.txt"  # the val list STEGO and the authors' loader read (subset 7)
 # COCO-Stuff's 182 fine ids (0-based; things 0..90, stuff 91..181) -> the 27 coarse categories
 # (12 thing + 15 stuff supercategories), the mapping STEGO / PiCIE evaluate COCO-Stuff-27 with
@@ -44,7 +47,7 @@ COCO_FINE_TO_27 = np.array([int(v) for v in """
 12 12 17 17 23 15 15 17 15 21 15 25 13 13 13 13 13 22 26 14 14 15 22 21 21 24 20 22 15 17 16 15 22 24 21 17 25 16
 21 17 22 16 21 21 25 21 26 21 24 20 17 14 21 26 15 23 20 21 24 15 24 22 25 15 20 17 17 22 14 18 18 18 18 18 18 18
 26 26 19 19 24""".split()], dtype=np.uint8)
-NUM_CLASSES = {"fashion-mnist-m": 11, "cocostuff27": 27, "voc": 21}
+NUM_CLASSES = {"fashion-mnist-m": 11, "cocostuff27": 27, "voc": 21, "digits": 11, "fashion-mnist": 11}
 SEG_FIX = "use --seg-data fashion-mnist-m, or --seg-data cocostuff27|voc --seg-path DIR"
 
 
@@ -157,6 +160,23 @@ def _fashion_mnist_m(cfg, side: int, limit: int) -> MaskedImages:
     return MaskedImages(x, masks.long(), 11, card, mean, std)
 
 
+def _ink(name: str, cfg, side: int, limit: int) -> MaskedImages:
+    """digits / fashion-mnist test images as the evaluation reads them, labelled by their ink."""
+    if cfg.name != name:  # --seg-data names another data set than the checkpoint's: read that one
+        cfg = replace(cfg, name=name, path=None)
+    dataset, info = build_dataset(cfg, "test", side, augment=False)
+    classes = np.asarray(dataset.labels)
+    chosen = balanced_indices(classes, limit, cfg.subset_seed) if limit < len(classes) else np.arange(len(classes))
+    x = torch.stack([dataset[int(i)][0] for i in chosen])  # (N, 1, S, S), normalised
+    grey = x * torch.tensor(info.std).view(1, -1, 1, 1) + torch.tensor(info.mean).view(1, -1, 1, 1)
+    labels = torch.as_tensor(classes[chosen]).view(-1, 1, 1) + 1
+    masks = torch.where(grey[:, 0] >= MASK_OPACITY, labels, torch.zeros_like(labels))
+    card = {"data": name, "split": "test", "images": len(chosen), "classes": 11,
+            "chosen": f"class-balanced, subset_seed {cfg.subset_seed}", "resize": f"{side}x{side}",
+            "labels": f"0 background, class + 1 where the grey level >= {MASK_OPACITY}"}
+    return MaskedImages(x, masks.long(), 11, card, tuple(info.mean), tuple(info.std))
+
+
 def masked_images(name: str, cfg, path: str | None, side: int, limit: int) -> MaskedImages:
     """The evaluation images with label maps.
 
@@ -170,6 +190,8 @@ def masked_images(name: str, cfg, path: str | None, side: int, limit: int) -> Ma
         raise DataError(f"{name} has no label maps, so segmentation cannot be scored on it: {SEG_FIX}")
     if name == "fashion-mnist-m":
         return _fashion_mnist_m(cfg, side, limit)
+    if name in ("digits", "fashion-mnist"):
+        return _ink(name, cfg, side, limit)
     if not path:
         raise DataError(f"--seg-data {name} reads a folder: pass --seg-path DIR")
     root = Path(path).expanduser()
