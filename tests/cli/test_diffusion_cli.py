@@ -12,7 +12,7 @@ import torch
 from resdecay.train import checkpoint as ckpt
 from resdecay.cli import main
 from resdecay.train.config import load_config
-from resdecay.commands.pretrain import train_with_online_eval as train
+from helpers import train_online as train
 
 from helpers import assert_one_line_error, model_overrides, run
 

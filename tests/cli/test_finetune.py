@@ -90,7 +90,7 @@ def test_finetune_bad_input(tiny_checkpoints, tmp_path, capsys):
 
 
 def test_plot_and_figures_commands(tiny_checkpoints, tmp_path, capsys):
-    from resdecay.commands.pretrain import train_with_online_eval as train
+    from helpers import train_online as train
 
     from helpers import TINY
 
@@ -116,7 +116,7 @@ def test_plot_and_figures_commands(tiny_checkpoints, tmp_path, capsys):
 
 
 def test_figures_refuse_checkpoints_with_different_inputs(tiny_checkpoints, fake_fmnist, tmp_path, capsys):
-    from resdecay.commands.pretrain import train_with_online_eval as train
+    from helpers import train_online as train
 
     from helpers import TINY
 

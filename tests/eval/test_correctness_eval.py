@@ -19,7 +19,7 @@ from resdecay.eval import fid as fidmod
 from resdecay.eval import suite
 from resdecay.eval.fid import feature_stats, fid, proxy_extractor, reference_images
 from resdecay.train.config import load_config
-from resdecay.commands.pretrain import train_with_online_eval as train
+from helpers import train_online as train
 
 from helpers import TINY
 from helpers import assert_one_line_error, model_overrides, run

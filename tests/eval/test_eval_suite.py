@@ -11,7 +11,7 @@ import torch
 from resdecay.train.config import load_config
 from resdecay.eval import suite
 from resdecay.eval.suite import EvalSettings, evaluate_checkpoint
-from resdecay.commands.pretrain import train_with_online_eval as train
+from helpers import train_online as train
 
 from helpers import TINY
 from helpers import assert_one_line_error, run

@@ -74,3 +74,11 @@ def write_idx(path, array: np.ndarray) -> None:
     header = struct.pack(">HBB", 0, 0x08, array.ndim) + b"".join(struct.pack(">I", s) for s in array.shape)
     with gzip.open(path, "wb") as f:
         f.write(header + array.astype(np.uint8).tobytes())
+
+
+def train_online(cfg, **options) -> dict:
+    """What ``resdecay pretrain`` runs: the one loop with the online evaluation and its figures as hooks."""
+    from resdecay.train import train
+    from resdecay.viz.online_figures import online_hooks
+
+    return train(cfg, hooks=online_hooks(), **options)

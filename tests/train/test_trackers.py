@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from resdecay.commands.pretrain import train_with_online_eval
+from helpers import train_online
 from resdecay.errors import ConfigError
 from resdecay.eval.suite import EvalSettings, evaluate_checkpoint
 from resdecay.train import checkpoint as ckpt
@@ -48,7 +48,7 @@ def _offline(monkeypatch):
 
 
 def train_run(out: Path, *extra: str, resume: str | None = None) -> dict:
-    return train_with_online_eval(load_config("mae-tiny-digits", [*RUN, f"train.out_dir={out}", *extra]), resume=resume,
+    return train_online(load_config("mae-tiny-digits", [*RUN, f"train.out_dir={out}", *extra]), resume=resume,
                                   progress=False)
 
 
