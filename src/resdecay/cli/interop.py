@@ -1,53 +1,9 @@
-"""``resdecay import-weights`` and ``resdecay export``: the interop subcommands (interop/)."""
+"""``resdecay import-weights`` and ``resdecay export``: the parsers of the interop subcommands
+(``commands/interop.py`` runs them)."""
 
 from __future__ import annotations
 
-import warnings
-
-from ..errors import UserError, one_line
-from ..interop import export_to_hf, export_to_timm, import_weights
-from ..interop.hf_vitmae import DecayDroppedWarning, LayerNormEpsWarning, export_to_vitmae
-from ..interop.import_weights import AlphaUnknownWarning
-
-OURS = (AlphaUnknownWarning, LayerNormEpsWarning, DecayDroppedWarning)  # printed as one line each
-
-
-def _print_warnings(caught) -> None:
-    for w in caught:  # ours in one line (a Python warning prints its source line under it); others as Python shows them
-        if issubclass(w.category, OURS):
-            print(f"warning: {one_line(w.message)}")
-        else:
-            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-
-
-def cmd_import_weights(args) -> None:
-    with warnings.catch_warnings(record=True) as caught:
-        for category in OURS:
-            warnings.simplefilter("always", category)
-        out = import_weights(args.src, args.format, args.preset, args.out, alpha_min=args.alpha_min, overrides=args.overrides)
-    _print_warnings(caught)
-    print(f"wrote {out} (resdecay checkpoint; try: resdecay eval {out})")
-
-
-def cmd_export(args) -> None:
-    if args.to == "hf":
-        out = export_to_hf(args.checkpoint, args.out, ema=args.ema, eval_json=args.eval_json, license=args.license)
-        print(f"wrote {out}/ (config.json, model.safetensors, README.md; load it with resdecay.from_pretrained({str(out)!r}), "
-              f"share it with resdecay.push_to_hub({str(out)!r}, 'user/name'))")
-        return
-    for flag, value in (("--eval-json", args.eval_json), ("--license", args.license)):
-        if value is not None:
-            raise UserError(f"{flag} applies to --to hf (a model card); a {args.to} export has none")
-    if args.to == "hf-vitmae":
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", DecayDroppedWarning)
-            out = export_to_vitmae(args.checkpoint, args.out, ema=args.ema)
-        _print_warnings(caught)
-        print(f"wrote {out}/ (config.json, model.safetensors; load it with "
-              f"transformers.ViTMAEForPreTraining.from_pretrained({str(out)!r}))")
-        return
-    out = export_to_timm(args.checkpoint, args.out, ema=args.ema)
-    print(f"wrote {out} (load it with resdecay.interop.load_exported({str(out)!r}))")
+from ..commands.interop import run_export, run_import_weights
 
 
 def add_interop_commands(sub) -> None:
@@ -62,7 +18,8 @@ def add_interop_commands(sub) -> None:
     iw.add_argument("--preset", required=True, help="MAE preset for heads, data and training settings (dimensions come from the weights)")
     iw.add_argument("--out", required=True, help="the resdecay checkpoint to write (.pt)")
     iw.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. model.num_heads=6 data.path=/data/in100")
-    iw.set_defaults(func=cmd_import_weights)
+    iw.set_defaults(func=lambda a: run_import_weights(a.src, a.format, a.preset, a.out, alpha_min=a.alpha_min,
+                                                      overrides=a.overrides))
 
     ex = sub.add_parser("export", help="export a model: a decayified timm ViT (safetensors) or a huggingface_hub-style "
                                        "folder with a model card (hf)")
@@ -78,4 +35,4 @@ def add_interop_commands(sub) -> None:
     ex.add_argument("--eval-json", default=None,
                     help="--to hf: the eval.json whose numbers the card reports (default: <run>/eval/eval.json when there is one)")
     ex.add_argument("--license", default=None, help="--to hf: a license identifier for the card's metadata (mit, apache-2.0, ...)")
-    ex.set_defaults(func=cmd_export)
+    ex.set_defaults(func=lambda a: run_export(a.checkpoint, a.to, a.out, ema=a.ema, eval_json=a.eval_json, license=a.license))

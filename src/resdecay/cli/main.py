@@ -1,5 +1,5 @@
-"""``resdecay`` command line: demo, alpha, pretrain, finetune, train-supervised, eval, compare, plot, figures,
-ablate, presets.
+"""``resdecay`` command line: the parsers of demo, alpha, pretrain, finetune, train-supervised, eval, compare,
+plot, figures, ablate, presets and the rest, each dispatching to its command in ``resdecay.commands``.
 
 Errors a user can fix print one line and exit with code 2; a diverged run exits with 3.
 Under torchrun use the module form: ``torchrun --nproc_per_node 8 -m resdecay pretrain ...``.
@@ -11,29 +11,22 @@ import argparse
 import os
 import sys
 
-from ..commands.ablate import list_grids, run_grid
-from ..commands.ablate_seeds import parse_seeds, run_seeds
-from ..commands.check_data import check_data
-from ..commands.demo import check_demo_args, run_demo
-from ..commands.demo_diffusion import run_diffusion_demo
-from ..commands.evaluate import run_compare, run_eval, run_pixel_baseline
+from ..commands.ablate_seeds import run_ablate
+from ..commands.check_data import run_check_data
+from ..commands.demos import run_demo_command
+from ..commands.evaluate import eval_command, run_compare
 from ..commands.eval_classifier import add_eval_classifier_command
 from ..commands.finetune import SOURCE_FORMATS, finetune_source, run_finetune
+from ..commands.presets import print_presets
 from ..commands.pretrain import run_pretrain
-from ..commands.report import run_figures, run_plot
-from ..commands.segment_figures import run_segmentation_figures
+from ..commands.report import figures_command, run_plot
 from ..commands.shard import add_shard_command
 from ..commands.supervised import run_supervised
-from ..data import DataConfig
 from ..errors import TrainingDiverged, UserError, one_line
 from ..data.seg_masks import SEG_DATA
 from ..eval.metrics import FEATURES, metric_names
-from ..eval.options import parse_assignments
 from ..eval.segmentation import SOLVERS, SegProtocol
 from ..eval.protocol import KNN_K, KNN_TEMPERATURE
-from ..eval.suite import EvalSettings
-from ..io import first_sentence
-from ..train.config import list_presets, load_config, preset_text
 from .alpha import add_alpha_command
 from .diffusion import add_commands as add_diffusion_commands
 from .._version import __version__
@@ -50,23 +43,6 @@ def cmd_pretrain(args) -> None:
                  allow_changes=args.allow_changes)
 
 
-def cmd_check_data(args) -> None:
-    if args.workers is not None and args.workers < 1:
-        raise UserError(f"--workers must be a positive integer, got {args.workers}")
-    if args.preset:
-        cfg = load_config(args.preset, args.overrides)
-        data, img = cfg.data, cfg.model.img_size
-    elif args.data or args.data_path:
-        if args.overrides:
-            raise UserError(f"key=value overrides ({args.overrides[0]}) need --preset; with --data give the folder as --data-path")
-        # no model: in-memory data sets are read at their own size , image folders need none
-        data, img = DataConfig(name=args.data or "imagefolder", path=args.data_path), None
-    else:
-        raise UserError("check-data needs a data set: --data-path DIR (an ImageFolder), --data NAME --data-path DIR, "
-                        "or --preset NAME [data.path=DIR]")
-    check_data(data, img, workers=args.workers, progress=not args.no_progress)
-
-
 def cmd_finetune(args) -> None:
     source, overrides = finetune_source(args.checkpoint, args.source, run_overrides(args))
     run_finetune(source, args.preset, overrides, resume=args.resume, progress=not args.no_progress,
@@ -79,103 +55,26 @@ def cmd_supervised(args) -> None:
                    overwrite=args.overwrite, allow_changes=args.allow_changes)
 
 
-def cmd_ablate(args) -> None:
-    if args.list:
-        for g in list_grids():
-            print(g)
-        return
-    if not args.grid:
-        raise UserError("--grid is required (a shipped grid name or a YAML file); --list shows the shipped ones")
-    only = args.only.split(",") if args.only else None
-    if args.seeds is not None:  # the grid once per seed, into <out>/seed<N>, then mean ± std
-        run_seeds(args.grid, parse_seeds(args.seeds), args.out, only=only, extra=args.overrides, progress=not args.no_progress)
-        return
-    run_grid(args.grid, args.out, only=only, extra=args.overrides, progress=not args.no_progress)
-
-
-def cmd_demo(args) -> None:
-    if args.epochs is not None and args.epochs < 1:
-        raise UserError(f"--epochs must be a positive integer, got {args.epochs}")
-    alpha_min = args.alpha_min if args.alpha_min is not None or not args.diffusion else 0.7
-    if alpha_min is not None and not 0 < alpha_min <= 1:
-        raise UserError(f"--alpha-min must lie in (0, 1], got {alpha_min}")
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"--threads must be a positive integer, got {args.threads}")
-    if args.diffusion and args.threads is not None:
-        raise UserError("--threads is an option of the MAE demo; with --diffusion set OMP_NUM_THREADS=N instead")
-    check_demo_args(args.out or ("runs/demo_diffusion" if args.diffusion else "runs/demo"), args.seed)
-    if args.diffusion:
-        run_diffusion_demo(data=args.data, out_dir=args.out or "runs/demo_diffusion", epochs=args.epochs, alpha_min=alpha_min,
-                           seed=args.seed, progress=not args.no_progress, samples=args.samples, max_images=args.max_images)
-        return
-    for flag, value in (("--samples", args.samples), ("--max-images", args.max_images)):
-        if value is not None:
-            raise UserError(f"{flag} is an option of the diffusion demo: use it with --diffusion")
-    run_demo(data=args.data, out_dir=args.out or "runs/demo", epochs=args.epochs, alpha_min=alpha_min, seed=args.seed,
-             progress=not args.no_progress, threads=args.threads)
-
-
-def cmd_eval(args) -> None:
-    layer = "all" if args.layer == "all" else _int_arg(args.layer, "--layer")
-    data = None
-    if args.data:  # --data-path alone: the checkpoint's data set at another path
-        data = DataConfig(name=args.data, path=args.data_path, num_workers=args.num_workers)
-    evals = tuple(e.strip() for e in args.evals.split(",") if e.strip()) if args.evals else metric_names(FEATURES)
-    settings = EvalSettings(evals=evals, layer=layer,
-                            feature=args.feature, knn_k=args.k, knn_temperature=args.temperature,
-                            probe_epochs=args.probe_epochs, probe_norm=args.probe_norm, rank_exp=args.rank_exp, data=data, max_train=args.max_train,
-                            max_test=args.max_test, batch_size=args.batch_size, num_workers=args.num_workers,
-                            device=args.device, cache_dir=args.cache_dir, progress=not args.no_progress,
-                            baselines=not args.no_baselines, data_path=None if args.data else args.data_path,
-                            segmentation=_seg_protocol(args),
-                            seg_data=args.seg_data, seg_path=args.seg_path,
-                            metric_options=parse_assignments(args.metric_option))
-    if args.baseline:  # raw pixels alone: no checkpoint
-        if args.checkpoints:
-            raise UserError(f"--baseline pixels measures no checkpoint: drop {args.checkpoints[0]}, or drop --baseline "
-                            "(pixels are measured beside every checkpoint anyway)")
-        run_pixel_baseline(data, settings, args.img_size, args.out)
-        return
-    if not args.checkpoints:
-        raise UserError("eval needs checkpoint files (<run>/checkpoints/step_*.pt), or --baseline pixels --data NAME")
-    if args.img_size is not None:
-        raise UserError("--img-size applies to --baseline pixels; a checkpoint's images are read at its model.img_size")
-    run_eval(args.checkpoints, settings, args.out)
-
-
-def cmd_compare(args) -> None:
-    run_compare(args.runs, args.out, force=args.force)
-
-
-def cmd_plot(args) -> None:
-    run_plot(args.runs, args.out, args.accuracy)
-
-
-def cmd_figures(args) -> None:
-    data = DataConfig(name=args.data, path=args.data_path) if args.data else None
-    if args.segmentation:
-        run_segmentation_figures(args.checkpoints, args.out, _seg_protocol(args), data, args.seg_data, args.seg_path,
-                                 images=args.images, layer=_int_arg(args.layer, "--layer"))
-        return
-    run_figures(args.checkpoints, args.out, data, per_class=args.per_class, images=args.images,
-                layer=_int_arg(args.layer, "--layer"), seed=args.seed, data_path=None if args.data else args.data_path)
-
-
-def _int_arg(value: str, name: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise UserError(f"{name} must be a block index (e.g. -1 for the last) or 'all', got {value!r}") from None
-
-
-def cmd_presets(args) -> None:
-    for name in list_presets():
-        comment = []
-        for line in preset_text(name).splitlines():  # the leading comment, whose first sentence may wrap
-            if not line.startswith("#"):
-                break
-            comment.append(line.lstrip("# "))
-        print(f"{name:<24} {first_sentence(' '.join(comment).replace('- ', '-'), 200)}")
+def add_demo_command(sub) -> None:
+    """demo: a plain and a decayed model trained side by side on small data and compared."""
+    d = sub.add_parser("demo", parents=[progress_option()], help="pretrain a plain and a decayed U-Net MAE (or, --diffusion, U-ViT) on small data and compare them")
+    d.add_argument("--diffusion", action="store_true", help="train tiny U-ViTs instead; report proxy FID and the probe grid")
+    d.add_argument("--data", default="auto", help="auto (Fashion-MNIST if its IDX files are installed, else digits), digits, fashion-mnist, "
+                   "fashion-mnist-m (garments on photographs, where the decay wins: RESULTS §14's cell, 32 epochs, the two models "
+                   "side by side, one core each; about 12 minutes on 2 cores)")
+    d.add_argument("--out", default=None, help="output folder (default runs/demo, runs/demo_diffusion with --diffusion)")
+    d.add_argument("--epochs", type=int, default=None, help="override the demo's epochs for both models")
+    d.add_argument("--alpha-min", type=float, default=None, help="alpha_min of the decayed model (default 0.6; 0.8 on fashion-mnist-m; 0.7 with --diffusion)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--samples", type=int, default=None, help="with --diffusion: images sampled per model for the proxy FID "
+                   "(default 1000 on fashion-mnist, 500 on digits; at least 129)")
+    d.add_argument("--max-images", type=int, default=None, help="with --diffusion: cap the training images and the probe "
+                   "grid's train/test images (a quick run)")
+    d.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's, i.e. the cores); "
+                   "the decayed model's exact numbers depend on it (docs/reproducing.md, 'What the numbers depend on')")
+    d.set_defaults(func=lambda a: run_demo_command(a.diffusion, a.data, a.out, a.epochs, a.alpha_min, a.seed,
+                                                   progress=not a.no_progress, threads=a.threads, samples=a.samples,
+                                                   max_images=a.max_images))
 
 
 def add_ablate_command(sub) -> None:
@@ -189,7 +88,8 @@ def add_ablate_command(sub) -> None:
                     help="run the grid once per seed into <out>/seed<N> (as --out <out>/seed<N> train.seed=<N>), "
                          "then write mean ± std over the seeds to <out>")
     ab.add_argument("overrides", nargs="*", metavar="key=value", help="added to every variant, e.g. data.path=/data/in100")
-    ab.set_defaults(func=cmd_ablate)
+    ab.set_defaults(func=lambda a: run_ablate(a.grid, a.out, only=a.only, seeds=a.seeds, extra=a.overrides,
+                                              progress=not a.no_progress, list_only=a.list))
 
 
 def add_segmentation_options(p) -> None:
@@ -203,10 +103,6 @@ def add_segmentation_options(p) -> None:
     p.add_argument("--seg-data", default=None, choices=SEG_DATA,
                    help="label maps from (default: the evaluation's data set, which must be fashion-mnist-m)")
     p.add_argument("--seg-path", default=None, help="the cocostuff27 / voc folder (STEGO's curated layout / VOC's)")
-
-
-def _seg_protocol(args) -> SegProtocol:
-    return SegProtocol(solver=args.seg_solver, k=args.seg_k, images=args.seg_images, seed=args.seg_seed)
 
 
 def add_measurement_commands(sub) -> None:
@@ -239,20 +135,20 @@ def add_measurement_commands(sub) -> None:
     add_segmentation_options(e)
     e.add_argument("--no-baselines", action="store_true",
                    help="skip the raw-pixel and random-init-encoder rows (measured by default with the same protocol)")
-    e.set_defaults(func=cmd_eval)
+    e.set_defaults(func=eval_command)
 
     c = sub.add_parser("compare", help="runs side by side (table + bar PNG), refusing unlike protocols")
     c.add_argument("runs", nargs="+", help="run folders (with eval/eval.json) or eval.json files")
     c.add_argument("--force", action="store_true", help="show numbers with different protocols, marked")
     c.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
-    c.set_defaults(func=cmd_compare)
+    c.set_defaults(func=lambda a: run_compare(a.runs, a.out, force=a.force))
 
     pl = sub.add_parser("plot", help="Figure 4 and 5c from runs' logged online evaluations (rank, accuracy over epochs); "
                                           "for diffusion runs, proxy FID and best probe cell over epochs")
     pl.add_argument("runs", nargs="+", help="run folders pretrained with train.online_eval_every=N")
     pl.add_argument("--accuracy", default="probe", choices=["probe", "knn"], help="which logged accuracy to plot")
     pl.add_argument("--out", default="runs/plot", help="output folder (default runs/plot)")
-    pl.set_defaults(func=cmd_plot)
+    pl.set_defaults(func=lambda a: run_plot(a.runs, a.out, a.accuracy))
 
     fg = sub.add_parser("figures", parents=[data_options("dataset (default: the first checkpoint's)")], help="t-SNE, PCA feature maps and reconstructions of checkpoints side by side")
     fg.add_argument("checkpoints", nargs="+", help="checkpoints to show side by side (e.g. plain and decayed)")
@@ -264,7 +160,7 @@ def add_measurement_commands(sub) -> None:
     fg.add_argument("--segmentation", action="store_true",
                     help="instead: the segmentation figures (spectral_rgb.png, segmentation.png) with the --seg-* protocol")
     add_segmentation_options(fg)
-    fg.set_defaults(func=cmd_figures)
+    fg.set_defaults(func=figures_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -275,22 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"or {PLUGIN_ENV}=a.py{os.pathsep}b.py); docs/EXTENDING.md")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", parents=[progress_option()], help="pretrain a plain and a decayed U-Net MAE (or, --diffusion, U-ViT) on small data and compare them")
-    d.add_argument("--diffusion", action="store_true", help="train tiny U-ViTs instead; report proxy FID and the probe grid")
-    d.add_argument("--data", default="auto", help="auto (Fashion-MNIST if its IDX files are installed, else digits), digits, fashion-mnist, "
-                   "fashion-mnist-m (garments on photographs, where the decay wins: RESULTS §14's cell, 32 epochs, the two models "
-                   "side by side, one core each; about 12 minutes on 2 cores)")
-    d.add_argument("--out", default=None, help="output folder (default runs/demo, runs/demo_diffusion with --diffusion)")
-    d.add_argument("--epochs", type=int, default=None, help="override the demo's epochs for both models")
-    d.add_argument("--alpha-min", type=float, default=None, help="alpha_min of the decayed model (default 0.6; 0.8 on fashion-mnist-m; 0.7 with --diffusion)")
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--samples", type=int, default=None, help="with --diffusion: images sampled per model for the proxy FID "
-                   "(default 1000 on fashion-mnist, 500 on digits; at least 129)")
-    d.add_argument("--max-images", type=int, default=None, help="with --diffusion: cap the training images and the probe "
-                   "grid's train/test images (a quick run)")
-    d.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's, i.e. the cores); "
-                   "the decayed model's exact numbers depend on it (README, 'What the numbers depend on')")
-    d.set_defaults(func=cmd_demo)
+    add_demo_command(sub)
 
     add_alpha_command(sub)  # cli/alpha.py
 
@@ -335,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     cd.add_argument("--preset", default=None, help="check the data set of this preset (with key=value overrides)")
     cd.add_argument("--workers", type=int, default=None, help="decoding threads (default 2 x CPU cores, at most 64)")
     cd.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. data.path=/data/imagenet")
-    cd.set_defaults(func=cmd_check_data)
+    cd.set_defaults(func=lambda a: run_check_data(a.preset, a.overrides, a.data, a.data_path, workers=a.workers,
+                                                  progress=not a.no_progress))
 
     add_shard_command(sub)  # commands/shard.py: an ImageFolder as tar shards (data.name=wds)
 
@@ -346,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_submit_command(sub, main)  # every task of a submitted job calls main
 
     s = sub.add_parser("presets", help="list the shipped presets")
-    s.set_defaults(func=cmd_presets)
+    s.set_defaults(func=lambda a: print_presets())
     add_examples(p)
     return p
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import argparse
 from contextlib import contextmanager
-from pathlib import Path
 
-from ..commands.submit import (COMMANDS, EXECUTORS, JOBS_FILE, Resources, job_argv, parse_sbatch_option, run_folder, submit,
-                               wait_for_debug_job)
+from ..commands.submit import COMMANDS, EXECUTORS, Resources, parse_sbatch_option, submit_command
 from ..errors import UserError
 from .parents import run_overrides
 
@@ -53,16 +51,7 @@ def cmd_submit(args, parsers: dict, entry) -> None:
                     signal_delay_s=args.signal_delay, sbatch=dict(parse_sbatch_option(o) for o in args.sbatch),
                     setup=list(args.setup), submit_timeout_s=args.submit_timeout)
     command, job_args, argv = parse_job(parsers, args.job)
-    res.check()  # before the command's config is loaded: the cheap mistakes first
-    run_dir = run_folder(command, job_args)
-    plugins = [str(Path(p).resolve()) if Path(p).exists() else p for p in args.plugin]  # the job may start elsewhere
-    argv = [*(x for p in plugins for x in ("--plugin", p)), *job_argv(command, argv, job_args, run_dir)]
-    job = submit(entry, argv, run_dir, res)
-    print(f"submitted job {job.job_id} ({res.executor}, {res.nodes} node(s) x {res.tasks} task(s)): resdecay {' '.join(argv)}")
-    if res.executor == "debug":  # runs now, here, printing to this terminal
-        wait_for_debug_job(job)
-        return
-    print(f"logs: {job.paths.stdout}; job history: {run_dir / JOBS_FILE}")
+    submit_command(res, command, job_args, argv, args.plugin, entry)
 
 
 def add_submit_command(sub, entry) -> None:

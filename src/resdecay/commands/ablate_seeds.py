@@ -7,6 +7,8 @@ shell loop of that manual form made are reused. ``<out>/ablate.json`` and ``<out
 give, per variant and registered metric, the mean and the sample standard deviation (n - 1 in the
 denominator) over the seeds, of the value and of its delta against the baseline, with n, the
 number of seeds behind each cell.
+
+``run_ablate`` is ``resdecay ablate`` itself: ``--list``, the grid once (ablate.py) or once per seed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ..train import distributed as dist_env
 from ..train.distributed import is_main_process
 from ..train.log.tracking import tracker_group
 from ..viz.plots import plot_bars, plot_rank_vs_depth
-from .ablate import plan_grid, run_plan, table_metrics
+from .ablate import list_grids, plan_grid, run_grid, run_plan, table_metrics
 
 SEED_KEYS = ("train.seed", "seed")  # what --seeds sets; the same key in the overrides would contradict it
 STAT_NOTE = "mean ± sample std (n - 1) over seeds; n = seeds with that value"
@@ -81,6 +83,29 @@ def run_seeds(grid: str, seeds: list[int], out: str | None = None, only: list[st
     if not is_main_process():
         return {}
     return _write(summarize_seeds(first.grid, results, {s: p.out_dir for s, p in plans.items()}), out_dir)
+
+
+def run_ablate(grid: str | None, out: str | None = None, only: str | None = None, seeds: str | None = None,
+               extra: list[str] | None = None, progress: bool = True, list_only: bool = False) -> None:
+    """``resdecay ablate``: the shipped grids listed (``--list``), or a grid run once, or once per seed
+    (``--seeds 0,1,2``: into <out>/seed<N>, then mean ± std).
+
+    Args:
+        grid: a shipped grid name or a YAML file; out: the folder (default runs/ablate/<grid>);
+        only: comma list of variant names to run now; seeds: the ``--seeds`` text;
+        extra: key=value overrides added to every variant; progress: bars; list_only: ``--list``.
+    """
+    if list_only:
+        for g in list_grids():
+            print(g)
+        return
+    if not grid:
+        raise UserError("--grid is required (a shipped grid name or a YAML file); --list shows the shipped ones")
+    names = only.split(",") if only else None
+    if seeds is not None:
+        run_seeds(grid, parse_seeds(seeds), out, only=names, extra=extra, progress=progress)
+        return
+    run_grid(grid, out, only=names, extra=extra, progress=progress)
 
 
 def stat(values: list[tuple[int, float]]) -> dict:

@@ -13,7 +13,8 @@ from ..data import DataConfig, build_dataset
 from ..data.badfiles import image_files, scan_images
 from ..data.datasets import SHARDED
 from ..data.shards import NoSplit, scan_members
-from ..errors import DataError
+from ..errors import DataError, UserError
+from ..train.config import load_config
 
 
 def check_data(data: DataConfig, img_size: int | None = None, workers: int | None = None, progress: bool = True,
@@ -93,3 +94,23 @@ def _check_sharded(data: DataConfig, workers: int | None, progress: bool, stop: 
         print(f"check-data: {split}: {len(ds)} images, {len(found)} unreadable")
     _report(bad, total, t0, data.val_path and f"{data.path} and {data.val_path}" or data.path, stop)
     return bad
+
+
+def run_check_data(preset: str | None, overrides: list[str], data_name: str | None, data_path: str | None,
+                   workers: int | None = None, progress: bool = True) -> None:
+    """``resdecay check-data``: the data set of a preset (with key=value overrides) or of ``--data`` /
+    ``--data-path``, checked; the options refused in one line first."""
+    if workers is not None and workers < 1:
+        raise UserError(f"--workers must be a positive integer, got {workers}")
+    if preset:
+        cfg = load_config(preset, overrides)
+        data, img = cfg.data, cfg.model.img_size
+    elif data_name or data_path:
+        if overrides:
+            raise UserError(f"key=value overrides ({overrides[0]}) need --preset; with --data give the folder as --data-path")
+        # no model: in-memory data sets are read at their own size, image folders need none
+        data, img = DataConfig(name=data_name or "imagefolder", path=data_path), None
+    else:
+        raise UserError("check-data needs a data set: --data-path DIR (an ImageFolder), --data NAME --data-path DIR, "
+                        "or --preset NAME [data.path=DIR]")
+    check_data(data, img, workers=workers, progress=progress)

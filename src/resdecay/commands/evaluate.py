@@ -18,6 +18,8 @@ from ..eval.compare import compare_reports, format_comparison, load_report
 from ..eval.diffusion_probe import FAST_RECIPE, NOISE_LEVELS, check_levels, probe_grid
 from ..eval.baselines import default_baseline_cache, pixel_rows
 from ..eval.inputs import check_data_path, check_writable, write_failure
+from ..eval.metrics import FEATURES, metric_names
+from ..eval.options import parse_assignments
 from ..eval.reports import format_report, protocol_text, values_text
 from ..eval.suite import EvalSettings, checked_checkpoint, evaluate_checkpoint
 from ..io import run_dir_of
@@ -27,6 +29,7 @@ from ..train.checkpoint import load_checkpoint, load_model
 from ..train.config import from_dict
 from ..train.distributed import resolve_device
 from ..viz.plots import plot_bars, plot_grid, plot_profile
+from .options import block_index, data_config, noise_levels, seg_protocol
 
 
 def _report_dir(ckpt: str, out: str | None) -> Path:
@@ -252,3 +255,55 @@ def run_pixel_baseline(data: DataConfig | None, settings: EvalSettings, img_size
         print(f"{r['metric']:<8} {r['feature']:<8} {values_text(r):<32} {protocol_text(r)}")
     print(f"wrote {folder / 'pixels.json'} (pixel-baseline cache: {'hit' if hit['hit'] else 'new'}, {hit['file']})")
     return report
+
+
+def eval_command(args) -> None:
+    """``resdecay eval``: the parsed options as evaluation settings, then the checkpoints measured, or
+    (``--baseline pixels``) the raw pixels of a data set alone."""
+    layer = "all" if args.layer == "all" else block_index(args.layer, "--layer")
+    data = None
+    if args.data:  # --data-path alone: the checkpoint's data set at another path
+        data = DataConfig(name=args.data, path=args.data_path, num_workers=args.num_workers)
+    evals = tuple(e.strip() for e in args.evals.split(",") if e.strip()) if args.evals else metric_names(FEATURES)
+    settings = EvalSettings(evals=evals, layer=layer,
+                            feature=args.feature, knn_k=args.k, knn_temperature=args.temperature,
+                            probe_epochs=args.probe_epochs, probe_norm=args.probe_norm, rank_exp=args.rank_exp, data=data,
+                            max_train=args.max_train, max_test=args.max_test, batch_size=args.batch_size,
+                            num_workers=args.num_workers, device=args.device, cache_dir=args.cache_dir,
+                            progress=not args.no_progress, baselines=not args.no_baselines,
+                            data_path=None if args.data else args.data_path, segmentation=seg_protocol(args),
+                            seg_data=args.seg_data, seg_path=args.seg_path,
+                            metric_options=parse_assignments(args.metric_option))
+    if args.baseline:  # raw pixels alone: no checkpoint
+        if args.checkpoints:
+            raise UserError(f"--baseline pixels measures no checkpoint: drop {args.checkpoints[0]}, or drop --baseline "
+                            "(pixels are measured beside every checkpoint anyway)")
+        run_pixel_baseline(data, settings, args.img_size, args.out)
+        return
+    if not args.checkpoints:
+        raise UserError("eval needs checkpoint files (<run>/checkpoints/step_*.pt), or --baseline pixels --data NAME")
+    if args.img_size is not None:
+        raise UserError("--img-size applies to --baseline pixels; a checkpoint's images are read at its model.img_size")
+    run_eval(args.checkpoints, settings, args.out)
+
+
+def eval_diffusion_command(checkpoint: str, data: str | None, data_path: str | None, out: str | None, layers: str,
+                           levels: str, max_train: int | None = None, max_test: int | None = None, device: str = "auto",
+                           batch_size: int = 256, progress: bool = True) -> None:
+    """``resdecay eval-diffusion``: ``--layers`` and ``--noise-levels`` parsed, the probe grid measured,
+    the grid printed.
+
+    Args:
+        checkpoint: the diffusion checkpoint; data, data_path: ``--data`` / ``--data-path``;
+        layers: 'all' or comma-separated block indices; levels: comma-separated noise levels;
+        out, max_train, max_test, device, batch_size, progress: as ``run_eval_diffusion``.
+    """
+    try:
+        blocks = None if layers == "all" else [int(v) for v in layers.split(",")]
+    except ValueError:
+        raise UserError(f"--layers takes 'all' or comma-separated block indices, e.g. 0,3,6; got {layers!r}") from None
+    r = run_eval_diffusion(checkpoint, data=data_config(data, data_path, "symmetric"), out=out, layers=blocks,
+                           levels=noise_levels(levels), max_train=max_train, max_test=max_test,
+                           device=device, batch_size=batch_size, progress=progress)
+    print(format_grid(r))
+    print(f"wrote {r['paths']['json']} and {r['paths']['png']}")

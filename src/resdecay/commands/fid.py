@@ -17,6 +17,7 @@ extracted: a sample count too small for the features is a one-second error.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,3 +170,16 @@ def run_fid(samples: str, ref: str | None = None, data_path: str | None = None, 
     result["protocol"].update({"samples": str(samples), "reference": str(ref_path), "reference_kind": reference.kind,
                                "reference_split": split[reference.kind], "reference_built_now": built})
     return result
+
+
+def fid_command(samples: list[str], ref: str | None = None, **options) -> None:
+    """``resdecay fid A [B]``: one image set against ``--ref``, or two against each other; the value
+    and its protocol card printed. ``options``: the rest of ``run_fid``'s."""
+    if len(samples) > 2:
+        raise UserError(f"fid compares two image sets at most, got {len(samples)}: fid A B, or fid A --ref STATS|DATASET")
+    if len(samples) == 2 and ref:
+        raise UserError(f"two image sets are compared with each other, so --ref {ref} would be a third: "
+                        "drop --ref or the second set")
+    r = run_fid(samples[0], ref=samples[1] if len(samples) == 2 else ref, **options)
+    print(f"{r['label']}: {r['value']:.4f}")
+    print(json.dumps(r["protocol"], indent=1))

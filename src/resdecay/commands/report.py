@@ -21,6 +21,8 @@ from ..viz.figures import (diffusion_keys, online_rows, plot_correlation, plot_d
 from ..io import run_dir_of
 from ..viz.plots import plot_reconstructions, reconstruct
 from ..train.log.runlog import read_log
+from .options import block_index, seg_protocol
+from .segment_figures import run_segmentation_figures
 
 
 def run_label(run: Path) -> str:
@@ -109,3 +111,15 @@ def run_figures(checkpoints: list[str], out: str, data: DataConfig | None = None
     (out_dir / "figures.json").write_text(json.dumps(cards, indent=2, default=str))
     print(f"wrote {', '.join(Path(c['path']).name for c in cards.values())} and figures.json in {out_dir}")
     return cards
+
+
+def figures_command(args) -> None:
+    """``resdecay figures``: t-SNE, PCA maps and reconstructions of the checkpoints side by side, or
+    (``--segmentation``) their segmentation figures."""
+    data = DataConfig(name=args.data, path=args.data_path) if args.data else None
+    if args.segmentation:
+        run_segmentation_figures(args.checkpoints, args.out, seg_protocol(args), data, args.seg_data, args.seg_path,
+                                 images=args.images, layer=block_index(args.layer, "--layer"))
+        return
+    run_figures(args.checkpoints, args.out, data, per_class=args.per_class, images=args.images,
+                layer=block_index(args.layer, "--layer"), seed=args.seed, data_path=None if args.data else args.data_path)

@@ -106,3 +106,20 @@ def run_sample(checkpoint: str, n: int = 64, sampler: str | None = None, steps: 
     dist_env.barrier(env)
     dist_env.cleanup(env)
     return result
+
+
+def sample_command(checkpoint: str, labels: str | None = None, **options) -> None:
+    """``resdecay sample``: ``--labels`` parsed, the samples drawn (``options``: the rest of
+    ``run_sample``'s), one summary line printed on rank 0."""
+    classes = None
+    if labels:
+        try:
+            classes = [int(v) for v in labels.split(",")]
+        except ValueError:
+            raise UserError(f"--labels takes comma-separated class indices, got {labels!r}") from None
+    r = run_sample(checkpoint, labels=classes, **options)
+    if r:
+        steps = (f"adaptive (atol {r['atol']:g}, rtol {r['rtol']:g}, at most {r['steps']} steps)" if r["sampler"] == "dopri5"
+                 else f"{r['steps']} steps")
+        print(f"{r['n']} samples | sampler {r['sampler']}, {steps}, {r['nfe']:g} network evaluations per batch, "
+              f"guidance scale {r['cfg_scale']:g}, {r['weights']} weights, seed {r['seed']}\nwrote {r['png']} and {r['npz']}")

@@ -359,3 +359,24 @@ def wait_for_debug_job(job) -> None:
         raise UserError(f"the submitted command failed with exit code {error.code} (its error is above)")
     if error is not None:
         raise error
+
+
+def submit_command(res: Resources, command: str, job_args, argv: list[str], plugins: list[str],
+                   entry: Callable[[list[str]], int]) -> None:
+    """``resdecay submit``: the resources checked, the run folder named, the job submitted; a debug job
+    runs here and is waited for.
+
+    Args:
+        res: the job's resources; command, job_args, argv: the submitted command, its parsed arguments
+        and its argv; plugins: the ``--plugin`` files; entry: what every task of the job calls.
+    """
+    res.check()  # before the command's config is loaded: the cheap mistakes first
+    run_dir = run_folder(command, job_args)
+    plugins = [str(Path(p).resolve()) if Path(p).exists() else p for p in plugins]  # the job may start elsewhere
+    argv = [*(x for p in plugins for x in ("--plugin", p)), *job_argv(command, argv, job_args, run_dir)]
+    job = submit(entry, argv, run_dir, res)
+    print(f"submitted job {job.job_id} ({res.executor}, {res.nodes} node(s) x {res.tasks} task(s)): resdecay {' '.join(argv)}")
+    if res.executor == "debug":  # runs now, here, printing to this terminal
+        wait_for_debug_job(job)
+        return
+    print(f"logs: {job.paths.stdout}; job history: {run_dir / JOBS_FILE}")
