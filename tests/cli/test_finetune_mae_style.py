@@ -12,7 +12,7 @@ import sys
 import torch
 
 from resdecay.commands.eval_classifier import evaluate_checkpoint
-from resdecay.commands.finetune import load_pretrained
+from resdecay.commands.finetune import build_config, load_pretrained
 from resdecay.interop.hf_vitmae import export_to_vitmae
 from resdecay.io import file_sha256
 from resdecay.train import checkpoint as ckpt
@@ -89,6 +89,20 @@ def test_finetune_from_an_official_mae_file_is_the_run_from_its_resdecay_checkpo
     assert card["pretrained_format"] == "mae" and card["pretrained_sha256"] == summary["pretrained"]["sha256"]
     wa, wb = (ckpt.load_checkpoint(ckpt.list_checkpoints(tmp_path / n / "checkpoints")[-1])["model"] for n in "ab")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_data_path_given_as_key_value_is_where_an_imported_model_fine_tunes(tiny_checkpoints, fake_imagefolder, tmp_path):
+    """A weights file says nothing of where its data lives (mae-b16-plain: an ImageFolder without a path), so
+    ``finetune --from FILE --import-preset P data.path=DIR`` must read the test split (which sets num_classes)
+    from DIR: the key=value overrides win over the imported config, as everywhere, and as --import-override does."""
+    state = ckpt.load_checkpoint(tiny_checkpoints["plain"])
+    torch.save({"model": state["model"], "args": argparse.Namespace(mask_ratio=0.75, norm_pix_loss=False)}, tmp_path / "mae.pth")
+    pretrained = load_pretrained(tmp_path / "mae.pth", import_preset="mae-b16-plain",
+                                 import_overrides=["model.num_heads=2", "model.decoder_num_heads=2"])
+    assert pretrained.state["config"]["data"]["path"] is None  # nothing said where the data is
+    cfg, _ = build_config(pretrained, "finetune-mae", [f"data.path={fake_imagefolder}", "train.epochs=1"])
+    assert cfg.data.name == "imagefolder" and cfg.data.path == str(fake_imagefolder)
+    assert cfg.model.num_classes == 2  # the folder's cat and dog
 
 
 def test_every_epoch_is_measured_the_best_kept_and_a_resumed_run_keeps_it(tiny_checkpoints, tmp_path, capsys):

@@ -191,10 +191,6 @@ GRID = (*FMNIST, "data.train_subset=64", "--out", "{tmp}/grid")
 RESUMED = ("{tmp}/run/summary.json::step_00000004.pt",)  # resumed from the checkpoint the kill left (of 5 steps)
 FT_IMAGENET = (*_RUN, "train.batch_size=8")  # the ImageFolder stand-in has 24 training images
 IMPORTED = ("--import-override", "model.num_heads=2", "--import-override", "model.decoder_num_heads=2", *FT_IMAGENET)
-# finetune builds the test set from the pretrained config's data before key=value overrides apply, so an imported
-# model's data.path (which no weights file states) is never set: `finetune --from FILE --import-preset P data.path=DIR`
-# stops with "data.path is required"; `--import-override data.path=DIR` works
-FROM_DATA_PATH = "finetune --from a foreign file ignores data.path=DIR (src/resdecay/commands/finetune.py build_config)"
 GPU = "needs a CUDA GPU"
 BENCH = "tests/e2e/test_benchmarks.py::"
 SETUP = "sets up the environment this test runs in (CI runs it: .ci/run)"
@@ -267,11 +263,11 @@ PLANS: dict[str, Plan] = {
     "resdecay finetune --from runs/mae-b16/checkpoints/step_00500000.pt": Plan(add=FT_IMAGENET,
                                                                                 expect=("{tmp}/run/checkpoints/best.pt",)),
     "resdecay finetune --from mae_pretrain_vit_base.pth --import-preset mae-b16-plain data.path=/data/imagenet": Plan(
-        add=IMPORTED, expect=("{tmp}/run/summary.json::\"mae\"",), xfail=FROM_DATA_PATH),
+        add=IMPORTED, expect=("{tmp}/run/summary.json::\"mae\"",)),
     "resdecay finetune --from unet_mae.pth --import-preset mae-b16 --preset linprobe-mae data.path=/data/imagenet": Plan(
-        add=IMPORTED, expect=("{tmp}/run/summary.json::unet-mae",), xfail=FROM_DATA_PATH),
+        add=IMPORTED, expect=("{tmp}/run/summary.json::unet-mae",)),
     "resdecay finetune --from vit-mae-base/ --import-preset mae-b16-plain data.path=/data/imagenet": Plan(
-        add=FT_IMAGENET, expect=("{tmp}/run/summary.json::hf-vitmae",), xfail=FROM_DATA_PATH),
+        add=FT_IMAGENET, expect=("{tmp}/run/summary.json::hf-vitmae",)),
     "resdecay eval-classifier runs/mae-b16/finetune-mae/checkpoints/best.pt": Plan(
         setup="mae_b16_finetuned", add=("--out", "{tmp}/classifier.json", "--no-progress"), expect=("{tmp}/classifier.json",)),
     "resdecay eval-classifier CKPT --split train --data-path /data/imagenet --out ft.json": Plan(
@@ -446,6 +442,8 @@ PYTHON_BLOCKS: dict[str, dict[str, str] | tuple[str, str]] = {
                                     "MAEConfig(alpha_min=0.6)": "MAEConfig(alpha_min=0.6, img_size=32, embed_dim=32, depth=8, "
                                                                 "num_heads=2, decoder_embed_dim=32, decoder_depth=2, "
                                                                 "decoder_num_heads=2)"},
+    "docs/python-api.md: Training from Python: `train(cfg, hooks=[...])`": {  # a 4-block encoder: same steps, faster
+        '"train.epochs=2", ': '"train.epochs=2", "model.depth=4", "model.embed_dim=32", "model.num_heads=2", '},
     # plug-and-play.md's blocks build transformers / diffusers models and register an adapter: run as one page there
     "docs/plug-and-play.md: # Decayed shortcuts in the models you already have": (
         "tests/nn/test_adapters.py::test_docs_examples_run", "plug-and-play.md"),

@@ -134,15 +134,17 @@ def build_config(checkpoint: str | Path | Pretrained, preset: str, overrides: li
     raw = _read_preset(preset)
     if (raw.get("model") or {}).get("family") != "classifier":
         raise ConfigError(f"preset {preset!r} is not a fine-tuning recipe; use finetune-mae or linprobe-mae")
-    data = {**dataclasses.asdict(pre.data), "train_subset": None, **(raw.get("data") or {})}
-    _, info = build_dataset(pre.data, "test", pre.model.img_size, augment=False)
+    overridden = parse_overrides(overrides, "classifier")
+    # the overrides win here too: a foreign file's config states no data.path, so DIR may come only from them
+    data = {**dataclasses.asdict(pre.data), "train_subset": None, **(raw.get("data") or {}), **overridden.get("data", {})}
+    _, info = build_dataset(from_dict({"data": data}).data, "test", pre.model.img_size, augment=False)
     raw["model"] = {**raw["model"], "encoder": dataclasses.asdict(pre.model), "num_classes": info.num_classes,
                     "pretrained": str(path)}
     raw["data"] = data
     # beside the pretrained model: a checkpoint's run folder (or a weights file's folder), or inside a source folder
     home = path if path.is_dir() else run_dir_of(path)
     raw.setdefault("train", {})["out_dir"] = str(home / preset)
-    for section, values in parse_overrides(overrides, "classifier").items():
+    for section, values in overridden.items():
         raw.setdefault(section, {}).update(values)
     return from_dict(raw, preset=preset), state
 
