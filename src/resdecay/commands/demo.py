@@ -36,7 +36,7 @@ from .ablate import load_grid
 # both models together train in a few minutes on a 2-core CPU. fashion-mnist-m is the regime where the
 # decay wins (RESULTS §14): the where-map grid's cell with all four nuisances (garments on photographs; a
 # 64-wide, patch-8 encoder, 20k images, 32 epochs, alpha_min 0.8), where the decayed MAE beat the plain one
-# in each of 3 seeds. It is opt-in because it takes longer than the others (README states the time), and its
+# in each of 3 seeds. It is opt-in because it takes longer than the others (docs/reproducing.md states the time), and its
 # two models train side by side, one process and one thread each, as the study's runs did: on 2 cores that is
 # faster than one after the other with 2 threads each (this small encoder scales poorly to 2 threads), and the
 # plain model's numbers are the study's seed-N runs bit for bit (the decayed model starts from its own initial
@@ -113,7 +113,7 @@ def run_demo(data: str = "auto", out_dir: str = "runs/demo", epochs: int | None 
     common = [*extra, f"train.seed={seed}", "train.ckpt_every=100000"]
     if epochs is not None:
         common.append(f"train.epochs={epochs}")
-    if threads is not None:  # the decayed row's exact numbers depend on it (README, "what the numbers depend on")
+    if threads is not None:  # the decayed row's exact numbers depend on it (docs/reproducing.md, "What the numbers depend on")
         common.append(f"train.threads={threads}")
     variants = {
         "plain MAE": (f"{preset}-plain", []),
