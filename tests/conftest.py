@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from resdecay.io import atomic_save
 
-from helpers import TINY, write_idx
+from helpers import TINY, seed_proxy_cache, write_idx
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
@@ -38,15 +39,19 @@ def tiny_overrides(tmp_path):
     return [*TINY, f"train.out_dir={tmp_path / 'run'}"]
 
 
-@pytest.fixture
-def fake_fmnist(tmp_path):
-    root = tmp_path / "fmnist"
+def write_fake_fmnist(root: Path) -> Path:
+    """A Fashion-MNIST folder of random garments: 96 train and 32 test images, labels 0..9 in turn."""
     root.mkdir()
     rng = np.random.default_rng(0)
     for prefix, n in (("train", 96), ("t10k", 32)):
         write_idx(root / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
         write_idx(root / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
     return root
+
+
+@pytest.fixture
+def fake_fmnist(tmp_path):
+    return write_fake_fmnist(tmp_path / "fmnist")
 
 
 @pytest.fixture
@@ -84,12 +89,16 @@ def fake_imagefolder(tmp_path):
     return root
 
 
+# Trained tiny runs shared by the session: each is trained once, on first use, instead of once per test. They
+# are read-only: a test that resumes a run or writes into its folder works on a copy (helpers.copy_run).
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
-    """Two short digits runs (decayed and plain) shared by the evaluation tests."""
+    """Two short digits runs (decayed and plain): ``load_config(preset, [*TINY, f"train.out_dir=..."])``,
+    2 epochs of 22 steps, exactly the run a test would train with the ``tiny_overrides`` fixture."""
     from resdecay.train.config import load_config
     from resdecay.train import train
 
+    torch.set_num_threads(2)  # as every test runs (_threads): the same bits as a run trained inside a test
     root = tmp_path_factory.mktemp("ckpts")
     out = {}
     for name, preset in (("decayed", "mae-tiny-digits"), ("plain", "mae-tiny-digits-plain")):
@@ -98,8 +107,45 @@ def tiny_checkpoints(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_fmnistm_checkpoint(tmp_path_factory):
+    """A short U-Net MAE run on Fashion-MNIST-M built from the fake garments of ``fake_fmnist`` (seconds)."""
+    from resdecay.train.config import load_config
+    from resdecay.train import train
+
+    torch.set_num_threads(2)
+    root = tmp_path_factory.mktemp("fmnistm")
+    fmnist = write_fake_fmnist(root / "fmnist")
+    cfg = load_config("mae-tiny-fmnistm", [*TINY, "train.epochs=1", "train.batch_size=48",
+                                           f"train.out_dir={root / 'run'}", f"data.path={fmnist}"])
+    return train(cfg, progress=False)["checkpoint"]
+
+
+@pytest.fixture(scope="session")
+def digits_proxy(tmp_path_factory) -> Path:
+    """The digits proxy FID extractor's cache file, trained once for the session. A test that needs the proxy in
+    a cache folder of its own copies the file there (helpers.seed_proxy_cache) instead of training it again."""
+    from resdecay.eval.fid import proxy_extractor
+
+    torch.set_num_threads(2)
+    cache = tmp_path_factory.mktemp("digits-proxy")
+    proxy_extractor("digits", cache_dir=cache)
+    (path,) = cache.glob("proxy-cnn-digits-8px-*.pt")
+    return path
+
+
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """``gpu`` tests need CUDA: skipped (not failed) where there is none, so a plain run stays green."""
+    """Everything under tests/e2e/ (documented commands, benchmark and demo runs, kill -9, torchrun) is ``slow``:
+    ``pytest -m "not slow"`` is the fast tier. ``gpu`` tests need CUDA: skipped (not failed) where there is none,
+    so a plain run stays green."""
+    slow = pytest.mark.slow
+    for item in items:
+        if E2E in Path(item.fspath).resolve().parents:
+            item.add_marker(slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
@@ -120,7 +166,9 @@ def fake_latents(tmp_path):
 
 
 @pytest.fixture
-def diffusion_proxy_cache(tmp_path_factory, monkeypatch):
+def diffusion_proxy_cache(tmp_path_factory, monkeypatch, digits_proxy):
     """Proxy FID extractors are cached under $XDG_CACHE_HOME: the diffusion tests keep theirs in the session's
-    temporary folder, out of the home folder."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "cache"))
+    temporary folder, out of the home folder, where the session's digits proxy already lies."""
+    xdg = tmp_path_factory.getbasetemp() / "cache"
+    seed_proxy_cache(digits_proxy, xdg / "resdecay" / "fid")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))

@@ -164,17 +164,13 @@ def test_fashion_mnist_ink_masks_and_another_data_set_named_by_seg_data(fake_fmn
     assert digits.images.shape == (30, 1, 8, 8) and digits.card["data"] == "digits"
 
 
-def test_eval_segments_a_cocostuff27_folder_and_refuses_data_without_masks(tmp_path, fake_fmnist, capsys):
+def test_eval_segments_a_cocostuff27_folder_and_refuses_data_without_masks(tmp_path, fake_fmnist, capsys,
+                                                                           tiny_fmnistm_checkpoint):
     import json
 
-    from helpers import TINY
     from resdecay.cli import main
-    from resdecay.train import train
-    from resdecay.train.config import load_config
 
-    cfg = load_config("mae-tiny-fmnistm", [*TINY, "train.epochs=1", "train.batch_size=48",
-                                           f"train.out_dir={tmp_path / 'run'}", f"data.path={fake_fmnist}"])
-    ckpt = str(train(cfg, progress=False)["checkpoint"])
+    ckpt = str(tiny_fmnistm_checkpoint)
     _write_cocostuff(tmp_path / "coco")
     rc = main(["eval", ckpt, "--evals", "segmentation", "--seg-data", "cocostuff27", "--seg-path", str(tmp_path / "coco"),
                "--seg-solver", "kmeans", "--seg-k", "30", "--no-baselines", "--no-progress", "--out", str(tmp_path / "e")])

@@ -22,7 +22,7 @@ from resdecay.train.config import load_config
 from helpers import train_online as train
 
 from helpers import TINY
-from helpers import assert_one_line_error, model_overrides, run
+from helpers import assert_one_line_error, model_overrides, run, seed_proxy_cache
 
 FAST = ["--no-progress", "--evals", "knn", "--no-baselines"]
 UVIT = ["data.name=digits", *model_overrides("uvit", keys=("img_size", "patch_size", "embed_dim", "num_heads", "depth"),
@@ -31,10 +31,10 @@ UVIT = ["data.name=digits", *model_overrides("uvit", keys=("img_size", "patch_si
 
 
 @pytest.fixture(scope="module")
-def xdg(tmp_path_factory):
-    """A proxy FID cache of this module's own ($XDG_CACHE_HOME), with the digits proxy trained once."""
+def xdg(tmp_path_factory, digits_proxy):
+    """A proxy FID cache of this module's own ($XDG_CACHE_HOME) holding the session's digits proxy."""
     root = tmp_path_factory.mktemp("xdg")
-    proxy_extractor("digits", cache_dir=root / "resdecay" / "fid")
+    seed_proxy_cache(digits_proxy, root / "resdecay" / "fid")
     return root
 
 

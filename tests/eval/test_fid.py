@@ -15,6 +15,8 @@ from resdecay.io import file_sha256
 from resdecay.eval.fid import (compute_fid, feature_stats, fid, inception_extractor, load_stats, proxy_extractor,
                                reference_images, save_stats)
 
+from helpers import seed_proxy_cache
+
 
 def tiny_extractor(in_chans: int = 1, dim: int = 8) -> nn.Module:
     """A random extractor, for tests where what the features mean does not matter."""
@@ -23,10 +25,9 @@ def tiny_extractor(in_chans: int = 1, dim: int = 8) -> nn.Module:
 
 
 @pytest.fixture(scope="module")
-def proxy_cache(tmp_path_factory):
-    torch.set_num_threads(2)
-    cache = tmp_path_factory.mktemp("fid-cache")
-    return proxy_extractor("digits", cache_dir=cache), cache  # trains once: a few seconds
+def proxy_cache(tmp_path_factory, digits_proxy):
+    cache = seed_proxy_cache(digits_proxy, tmp_path_factory.mktemp("fid-cache"))  # the session's, trained once
+    return proxy_extractor("digits", cache_dir=cache), cache
 
 
 @pytest.fixture(scope="module")

@@ -166,32 +166,13 @@ def test_protocol_refuses_bad_settings():
 
 
 # ----------------------------------------------------------------------------- the metric in `resdecay eval`
-@pytest.fixture(scope="module")
-def fmnistm_checkpoint(tmp_path_factory):
-    """A one-step U-Net MAE on Fashion-MNIST-M built from fake garments (seconds), shared by this module."""
-    from helpers import TINY, write_idx
-    from resdecay.train import train
-    from resdecay.train.config import load_config
-
-    tmp_path = tmp_path_factory.mktemp("seg")
-    fake_fmnist = tmp_path / "fmnist"
-    fake_fmnist.mkdir()
-    rng = np.random.default_rng(0)
-    for prefix, n in (("train", 96), ("t10k", 32)):  # conftest's fake_fmnist, at module scope
-        write_idx(fake_fmnist / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
-        write_idx(fake_fmnist / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
-    cfg = load_config("mae-tiny-fmnistm", [*TINY, "train.epochs=1", "train.batch_size=48",
-                                           f"train.out_dir={tmp_path / 'run'}", f"data.path={fake_fmnist}"])
-    return train(cfg, progress=False)["checkpoint"]
-
-
-def test_eval_reports_segmentation_with_protocol_card_and_baselines(fmnistm_checkpoint, tmp_path, capsys):
+def test_eval_reports_segmentation_with_protocol_card_and_baselines(tiny_fmnistm_checkpoint, tmp_path, capsys):
     import json
 
     from resdecay.cli import main
 
     out = tmp_path / "ev"
-    rc = main(["eval", str(fmnistm_checkpoint), "--evals", "segmentation", "--seg-images", "12", "--seg-solver",
+    rc = main(["eval", str(tiny_fmnistm_checkpoint), "--evals", "segmentation", "--seg-images", "12", "--seg-solver",
                "kmeans", "--no-progress", "--out", str(out)])
     assert rc in (0, None)
     printed = capsys.readouterr().out
@@ -216,7 +197,7 @@ def test_eval_reports_segmentation_with_protocol_card_and_baselines(fmnistm_chec
     (["--seg-data", "voc"], "--seg-data voc reads a folder: pass --seg-path DIR"),
     (["--layer", "all"], "segmentation measures one block"),
 ])
-def test_eval_refuses_bad_segmentation_settings_before_extracting(fmnistm_checkpoint, tmp_path, capsys, monkeypatch,
+def test_eval_refuses_bad_segmentation_settings_before_extracting(tiny_fmnistm_checkpoint, tmp_path, capsys, monkeypatch,
                                                                   args, message):
     from resdecay.cli import main
     from resdecay.eval import segmentation_eval
@@ -225,7 +206,7 @@ def test_eval_refuses_bad_segmentation_settings_before_extracting(fmnistm_checkp
         raise AssertionError("tokens were extracted before the settings were checked")
 
     monkeypatch.setattr(segmentation_eval, "patch_tokens", no_extraction)
-    rc = main(["eval", str(fmnistm_checkpoint), "--evals", "segmentation", "--no-progress", "--out", str(tmp_path / "e"),
+    rc = main(["eval", str(tiny_fmnistm_checkpoint), "--evals", "segmentation", "--no-progress", "--out", str(tmp_path / "e"),
                *args])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and message in err[0]
@@ -246,13 +227,13 @@ def test_spectral_rgb_is_normalised_globally_and_skips_the_constant_eigenvector(
     assert np.allclose(flat, (u[:, 1:4] - u[:, 1:4].min(0)) / np.ptp(u[:, 1:4], 0))  # eigenvectors 1..3
 
 
-def test_figures_segmentation_draws_both_pngs(fmnistm_checkpoint, tmp_path, capsys):
+def test_figures_segmentation_draws_both_pngs(tiny_fmnistm_checkpoint, tmp_path, capsys):
     import json
 
     from resdecay.cli import main
 
     out = tmp_path / "fig"
-    rc = main(["figures", str(fmnistm_checkpoint), "--segmentation", "--seg-solver", "kmeans", "--seg-images", "12",
+    rc = main(["figures", str(tiny_fmnistm_checkpoint), "--segmentation", "--seg-solver", "kmeans", "--seg-images", "12",
                "--images", "4", "--out", str(out)])
     assert rc in (0, None)
     assert "segmentation mIoU" in capsys.readouterr().out

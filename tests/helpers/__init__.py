@@ -1,6 +1,6 @@
 """What many test files share: the tiny model sizes (``tiny_config``) and run overrides, the command-line runner
-and its one-line-error check, a free TCP port for torchrun, and the IDX writer behind the fake Fashion-MNIST
-folders.
+and its one-line-error check, copies of the session's shared runs and proxy extractor (``copy_run``,
+``seed_proxy_cache``), a free TCP port for torchrun, and the IDX writer behind the fake Fashion-MNIST folders.
 
 Modules beside this one: ``helpers.interop`` (foreign checkpoints in each format), ``helpers.adapter_models``
 (one tiny model per row of docs/plug-and-play.md) and ``helpers.readme_commands`` (how each documented command
@@ -9,6 +9,7 @@ is shrunk for the executable-docs test)."""
 from __future__ import annotations
 
 import gzip
+import shutil
 import socket
 import struct
 from pathlib import Path
@@ -62,6 +63,25 @@ def assert_one_line_error(code, err, *fragments):
     assert "Traceback" not in err
     for f in fragments:
         assert f in lines[0], lines[0]
+
+
+def copy_run(checkpoint, dest: Path) -> Path:
+    """A copy of the run folder that holds ``checkpoint`` (a shared fixture's run, which no test may change) at
+    ``dest``: the copied checkpoint's path, to resume or evaluate into."""
+    checkpoint = Path(checkpoint)
+    run_dir = checkpoint.parent.parent  # RUN/checkpoints/step_*.pt
+    shutil.copytree(run_dir, dest)
+    return dest / checkpoint.relative_to(run_dir)
+
+
+def seed_proxy_cache(proxy_file: Path, cache_dir: Path) -> Path:
+    """Put a trained proxy FID extractor (the ``digits_proxy`` fixture's file) into ``cache_dir``, where
+    ``proxy_extractor(..., cache_dir=cache_dir)`` finds it instead of training its own."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    target = cache_dir / proxy_file.name
+    if not target.exists():
+        shutil.copy2(proxy_file, target)
+    return cache_dir
 
 
 def free_port() -> int:

@@ -15,7 +15,7 @@ from resdecay.errors import CheckpointError, TrainingDiverged
 from resdecay.models import FAMILIES, Family
 from resdecay.train import lr_at, param_groups, train
 
-from helpers import TINY
+from helpers import TINY, copy_run
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
@@ -86,8 +86,8 @@ def test_sigkill_then_resume_auto_equals_uninterrupted_run(tmp_path):
     assert steps == sorted(set(steps))  # the log continues without duplicates
 
 
-def test_resume_from_a_different_model_is_refused(tmp_path, tiny_overrides):
-    train(load_config("mae-tiny-digits", [*tiny_overrides, "train.epochs=1"]), progress=False)
+def test_resume_from_a_different_model_is_refused(tmp_path, tiny_overrides, tiny_checkpoints):
+    copy_run(tiny_checkpoints["decayed"], tmp_path / "run")  # a run of this config lies in train.out_dir
     for change, field in (("alpha_min=0.8", "model.alpha_min"), ("model.depth=6", "model.depth")):
         with pytest.raises(CheckpointError, match=f"different model .*{field}: checkpoint"):
             train(load_config("mae-tiny-digits", [*tiny_overrides, "train.epochs=2", change]), resume="auto", progress=False)
@@ -157,14 +157,18 @@ def test_gradient_accumulation_matches_the_big_batch(tmp_path):
         assert torch.allclose(a, b, atol=1e-6), k
 
 
-def test_epoch_hook_does_not_shift_the_training_rng(tmp_path):
-    """Online evaluation (issue: evaluation suite) runs at epoch ends; it must not change training."""
-    calls, finals = [], []
-    for hook in (None, lambda model, epoch, step, log: calls.append(torch.rand(1000).sum())):
-        cfg = load_config("mae-tiny-digits", [*TINY, f"train.out_dir={tmp_path / str(len(finals))}"])
-        finals.append(ckpt.load_checkpoint(train(cfg, progress=False, hooks=[hook])["checkpoint"])["model"])
+def test_epoch_hook_does_not_shift_the_training_rng(tmp_path, tiny_checkpoints):
+    """Online evaluation runs at epoch ends; it must not change training: the run with a hook that draws random
+    numbers ends with the weights of the same run without one (the session's tiny decayed run)."""
+    calls = []
+    cfg = load_config("mae-tiny-digits", [*TINY, f"train.out_dir={tmp_path / 'hooked'}"])
+    hooked = ckpt.load_checkpoint(train(cfg, progress=False, hooks=[
+        lambda model, epoch, step, log: calls.append(torch.rand(1000).sum())])["checkpoint"])
+    plain = ckpt.load_checkpoint(tiny_checkpoints["decayed"])
+    same_run = [{**state["config"], "train": {**state["config"]["train"], "out_dir": None}} for state in (plain, hooked)]
+    assert same_run[0] == same_run[1]  # the shared run is this run but for its folder
     assert len(calls) == 2
-    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+    assert all(torch.equal(plain["model"][k], hooked["model"][k]) for k in plain["model"])
 
 
 def test_a_run_killed_in_its_epoch_hook_runs_the_hook_again_on_resume(tmp_path):
