@@ -466,6 +466,12 @@ def check_decayify(scope: dict) -> None:
     assert Path("vit.pt").is_file()
 
 
+def check_train_hooks(scope: dict) -> None:
+    assert scope["steps"].seen == [(0, 22), (1, 44)]  # 1,437 digits, batch 64: 22 steps an epoch
+    assert scope["summary"]["checkpoint"].endswith("runs/hooks-demo/checkpoints/step_00000044.pt")
+    assert Path(scope["summary"]["checkpoint"]).is_file()
+
+
 def check_library(scope: dict) -> None:
     r = scope["resdecay"]
     assert f"{r.effective_decay(scope['a']):.2e}" == "3.58e-03" and f"{r.solve_alpha_min(24, 5e-3):.4f}" == "0.7951"
@@ -498,4 +504,5 @@ def check_front_door(scope: dict) -> None:
 
 CHECKS = {"README.md: Decayed shortcuts in your model": check_front_door,
           "docs/interop.md: Decayed shortcuts in models you already have": check_decayify,
-          "docs/python-api.md: Library": check_library, "docs/trackers-and-sharing.md: Sharing a model": check_sharing}
+          "docs/python-api.md: Library": check_library, "docs/trackers-and-sharing.md: Sharing a model": check_sharing,
+          "docs/python-api.md: Training from Python: `train(cfg, hooks=[...])`": check_train_hooks}
