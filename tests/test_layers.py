@@ -43,11 +43,13 @@ print(json.dumps({"imported": len(names), "problems": problems}))
 """
 
 
+@pytest.mark.slow
 def test_imports_only_go_down():
     out = subprocess.run([sys.executable, str(TOOL), str(PKG)], capture_output=True, text=True, check=True).stdout
     assert "upward_imports 0 " in out and "circular_imports 0 " in out and "imports_inside_functions 0" in out, out
 
 
+@pytest.mark.slow
 def test_every_module_imports_in_dependency_order_in_a_fresh_interpreter():
     res = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "src"), str(TOOL.parent)],
                          capture_output=True, text=True, timeout=600)
@@ -76,6 +78,7 @@ def test_the_command_line_starts_without_the_heavy_optional_libraries():
     assert eval(out) == [], out
 
 
+@pytest.mark.slow
 def test_lazy_pyplot_draws_headless():
     """The stand-in selects the Agg backend before pyplot loads, so figures work without a display."""
     code = ("import sys; from resdecay.viz.backend import plt; fig, ax = plt.subplots(); "

@@ -155,6 +155,7 @@ SEED_GRID = ["data.name=digits", "model.img_size=8", "model.width=8", "train.epo
 SEED_ONLY = "8 blocks alpha 1.0,8 blocks alpha 0.7"
 
 
+@pytest.mark.slow
 def test_ablate_seeds_pools_seeds_and_reuses_the_manual_form(tmp_path, capsys, monkeypatch):
     """Issue 20.4: ``--seeds 0,1`` runs the grid once per seed into <out>/seed<N> exactly as
     ``--out <out>/seed<N> train.seed=<N>`` would (a folder made that way is read back, not retrained),

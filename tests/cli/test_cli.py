@@ -171,6 +171,7 @@ def test_resume_mismatch_and_unwritable_out(capsys, tmp_path):
     assert_one_line_error(code, err, "is not writable", "train.out_dir=")
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_on_cpu(tmp_path):
     """The DDP code path (gloo on CPU), as `torchrun --nproc_per_node 2 -m resdecay pretrain` runs it."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

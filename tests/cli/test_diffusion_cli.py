@@ -215,6 +215,7 @@ def test_latents_round_trip_with_a_local_vae(tmp_path, capsys):
     assert np.load(next((tmp_path / "s").glob("*.npz")))["arr_0"].shape == (3, 8, 8, 3)
 
 
+@pytest.mark.slow
 def test_torchrun_sampling_splits_n_across_ranks(diffusion_runs, tmp_path):
     """Two CPU ranks (gloo) share N = 5 samples: rank r draws samples r, r+2, ... with seed + r; rank 0
     writes all 5, in order, with no sample doubled."""

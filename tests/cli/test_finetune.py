@@ -54,6 +54,7 @@ def test_linear_probe_freezes_the_encoder_and_uses_lars(tiny_checkpoints):
     assert not model.blocks[0].training and model.fc_norm.training  # frozen encoder stays in eval mode
 
 
+@pytest.mark.slow
 def test_finetune_and_linprobe_end_to_end(tiny_checkpoints, tmp_path, capsys):
     before = {k: v.clone() for k, v in ckpt.load_checkpoint(tiny_checkpoints["decayed"])["model"].items()}
     common = ["train.epochs=2", "train.warmup_epochs=1", "train.batch_size=64", "--no-progress"]
@@ -89,6 +90,7 @@ def test_finetune_bad_input(tiny_checkpoints, tmp_path, capsys):
     assert_one_line_error(code, err, "layer_decay must lie in (0, 1]")
 
 
+@pytest.mark.slow
 def test_plot_and_figures_commands(tiny_checkpoints, tmp_path, capsys):
     from helpers import train_online as train
 

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from resdecay.commands.eval_classifier import evaluate_checkpoint
@@ -149,6 +150,7 @@ def test_eval_classifier_prints_the_number_the_run_printed(tiny_checkpoints, tmp
     assert_one_line_error(*run(capsys, "eval-classifier", str(tmp_path / "lp"))[::2], "is a folder", "best.pt")
 
 
+@pytest.mark.slow
 def test_torchrun_splits_the_evaluation_and_equals_one_process(tiny_checkpoints, tmp_path):
     """MAE's --dist_eval: each of 2 ranks (gloo, CPU) measures its share, the counts are summed; the logged
     numbers equal a one-process evaluation of the checkpoints the run saved."""

@@ -35,6 +35,7 @@ HOLD_LOCK = ("import sys, time\nfrom resdecay.train.run import runlock\nrunlock.
              "print('locked', flush=True)\ntime.sleep(120)")
 
 
+@pytest.mark.slow
 def test_second_run_in_a_busy_folder_is_refused_and_a_killed_holder_leaves_no_stale_lock(capsys, tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -69,6 +70,7 @@ KILLED_WRITER = ("import sys, time, torch\nfrom resdecay.io import atomic_save\n
                  "torch.save = slow\natomic_save({}, sys.argv[1])")
 
 
+@pytest.mark.slow
 def test_temp_files_of_writers_killed_mid_checkpoint_are_swept_on_resume(capsys, tmp_path):
     ckpt_dir = tmp_path / "run" / "checkpoints"
     ckpt_dir.mkdir(parents=True)
@@ -102,6 +104,7 @@ def test_sweep_keeps_temp_files_of_live_writers_unless_the_folder_is_owned(tmp_p
 
 
 # ----------------------------------------------------------------------------- 3. a damaged feature cache heals
+@pytest.mark.slow
 def test_truncated_or_empty_feature_cache_is_named_recomputed_and_rewritten(tiny_checkpoints, tmp_path, capsys):
     cache = tmp_path / "cache"
     argv = ["eval", tiny_checkpoints["decayed"], "--evals", "knn", "--no-baselines", "--no-progress",
@@ -200,6 +203,7 @@ def test_pretrain_check_data_stops_before_training_and_leaves_no_run_folder(caps
     assert "junk.png" in stdout and "9.png" in stdout and not out.exists()
 
 
+@pytest.mark.slow
 def test_bad_files_stop_by_default_and_skip_replaces_them_deterministically(bad_imagefolder, tmp_path, capsys):
     from resdecay.errors import DataError
     from resdecay.train import checkpoint as ckpt
@@ -229,6 +233,7 @@ def test_bad_files_stop_by_default_and_skip_replaces_them_deterministically(bad_
 
 
 # ----------------------------------------------------------------------------- 6. settings that silently do nothing
+@pytest.mark.slow
 def test_warmup_longer_than_the_run_and_a_decoder_fed_by_few_blocks_warn_once(capsys, tmp_path):
     code, out, err = run(capsys, "pretrain", "--preset", "mae-tiny-digits", "--no-progress", *SMALL, "train.warmup_epochs=3",
                          "model.depth=12", f"train.out_dir={tmp_path / 'r'}")
@@ -257,6 +262,7 @@ def test_data_path_errors_leave_no_empty_run_folder(capsys, tmp_path):
     assert code == 2 and kept.is_dir()
 
 
+@pytest.mark.slow
 def test_eval_data_path_alone_uses_the_checkpoints_data_set(capsys, tmp_path, fake_fmnist):
     summary = train(load_config("mae-tiny-fmnist", [*TINY, "train.epochs=1", f"data.path={fake_fmnist}",
                                                     f"train.out_dir={tmp_path / 'run'}"]), progress=False)

@@ -185,6 +185,7 @@ def test_plugins_travel_with_the_job(capsys, tmp_path, fake_slurm, monkeypatch):
 
 
 # ----------------------------------------------------------------------------- a requeue, for real
+@pytest.mark.slow
 def test_a_timed_out_local_job_is_requeued_and_ends_bit_identical(capsys, tmp_path):
     """The issue's "done when": a job that gets the end-of-job signal mid-training is requeued by its
     checkpoint() and resumes with --resume auto; weights and log rows equal an uninterrupted run's."""
@@ -218,6 +219,7 @@ def test_a_timed_out_local_job_is_requeued_and_ends_bit_identical(capsys, tmp_pa
     assert untimed_rows(out) == untimed_rows(tmp_path / "ref")
 
 
+@pytest.mark.slow
 def test_a_local_job_of_two_tasks_trains_as_torchrun_would(capsys, tmp_path):
     """Two tasks on one node: each gets RANK / WORLD_SIZE / MASTER_* and they train as one gloo group."""
     out = tmp_path / "ddp"

@@ -63,6 +63,7 @@ def test_each_nuisance_changes_what_it_should_and_nothing_else():
     assert torch.equal(no_colour.permute(1, 0, 2, 3)[:, outside], all_on.permute(1, 0, 2, 3)[:, outside])
 
 
+@pytest.mark.slow
 def test_splits_come_from_their_own_garments(fake_fmnist):
     """Train images are made from the train IDX file's garments and test images from the test file's."""
     from resdecay.data.datasets import _load_fashion_mnist
@@ -90,6 +91,7 @@ def test_bad_knobs_are_one_line(capsys, tmp_path, override, fragment):
     assert_one_line_error(code, err, fragment)
 
 
+@pytest.mark.slow
 def test_baselines_in_eval_json_with_protocol_cards(tiny_checkpoints, tmp_path, capsys):
     code, text, err = run(capsys, "eval", tiny_checkpoints["decayed"], "--probe-epochs", "3", "--no-progress",
                           "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "out"))
@@ -120,6 +122,7 @@ def test_random_init_baseline_is_the_runs_first_weights(tmp_path):
     assert first.keys() == ref.keys() and all(torch.equal(v, ref[k]) for k, v in first.items())
 
 
+@pytest.mark.slow
 def test_where_grids_load_and_one_cell_runs(fake_fmnist, tmp_path, capsys):
     for name in ("where-fmnistm", "where-fmnistm-long", "where-fmnist-long"):
         assert load_grid(name)["variants"]

@@ -195,6 +195,7 @@ distributed.cleanup(env)
 """
 
 
+@pytest.mark.slow
 def test_torchrun_splits_the_shards_with_no_sample_twice(sources, tmp_path):
     """2 processes (gloo, CPU), 2 DataLoader workers each: every training image of the shards comes out of
     exactly one rank, the same number on each (120 images = 2 ranks x 60, batches of 12)."""
@@ -286,6 +287,7 @@ def test_a_corrupt_member_stops_in_one_line_or_is_skipped_and_listed(tmp_path, c
     assert "check-data: train: 16 images, 1 unreadable" in text and f"{shard}:0003.png" in text
 
 
+@pytest.mark.slow
 def test_shard_benchmark_smoke_run():
     """benchmarks/shard_throughput.py on its smallest setting: one row per source, rates > 0 (not its timings)."""
     root = Path(__file__).resolve().parents[2]

@@ -55,6 +55,7 @@ def test_feature_cache_is_reused_and_invalidated(tiny_checkpoints, tmp_path, mon
     assert calls["n"] == 5  # another checkpoint: both splits again
 
 
+@pytest.mark.slow
 def test_per_layer_profile_has_one_row_per_block(tiny_checkpoints, tmp_path):
     rep = evaluate_checkpoint(tiny_checkpoints["decayed"], EvalSettings(layer="all", cache_dir=str(tmp_path), **FAST))
     prof = rep["profile"]
@@ -78,6 +79,7 @@ def test_shortcut_ratio_matches_a_hand_computation():
         float((0.8 * x).norm(dim=-1).mean() / f.detach().norm(dim=-1).mean()), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_eval_cli_and_compare(tiny_checkpoints, tmp_path, capsys):
     out = tmp_path / "ev"
     for name in ("decayed", "plain"):

@@ -52,6 +52,7 @@ def registries_restored():
             del sys.modules[name]
 
 
+@pytest.mark.slow
 def test_a_residual_formula_in_one_file_runs_through_ablate(capsys, tmp_path, registries_restored):
     cmd = shown("resdecay --plugin docs/examples/extending/two_minus.py ablate --grid "
                 "docs/examples/extending/two_minus-digits.yaml --out runs/ablate/two-minus").split()[1:]
@@ -72,6 +73,7 @@ def test_a_residual_formula_in_one_file_runs_through_ablate(capsys, tmp_path, re
     assert model.blocks[-1].alpha_mlp == 0.6 and model.blocks[-1].beta_mlp == 1.4
 
 
+@pytest.mark.slow
 def test_a_family_in_one_file_trains_resumes_and_is_evaluated_by_the_cli(capsys, tmp_path, registries_restored):
     pretrain = shown("resdecay --plugin docs/examples/extending/mixer.py pretrain --preset "
                      "docs/examples/extending/mixer-digits.yaml").split()[1:]

@@ -219,6 +219,7 @@ def image_npz(path, n, seed, **extra):
     return path
 
 
+@pytest.mark.slow
 def test_pytorch_fid_and_adm_statistics_are_accepted_as_the_reference(tmp_path, monkeypatch):
     """pytorch-fid's --save-stats .npz (mu, sigma) and ADM's reference batch (arr_0 with mu, sigma) were refused
     as --ref; now they are the reference, and give the FID the same reference images give."""
@@ -245,6 +246,7 @@ def test_pytorch_fid_and_adm_statistics_are_accepted_as_the_reference(tmp_path, 
         run_fid(str(samples), ref=str(tmp_path / "bad.npz"), **settings)
 
 
+@pytest.mark.slow
 def test_inception_weights_that_are_not_the_published_file_are_not_called_fid(tmp_path):
     """The weights' digest was recorded but never compared: any Inception-shaped file gave "FID"."""
     weights = random_inception_weights(tmp_path / "pt_inception-2015-12-05-6726825d.pth")  # the name does not make it so

@@ -69,6 +69,7 @@ def test_result_row_is_the_one_shape_of_eval_json_rows():
     assert list(row) == ["metric", "source", "layer", "feature", "values", "protocol"] and row["source"] == "pixels"
 
 
+@pytest.mark.slow
 def test_plugin_metric_reaches_eval_json_report_compare_and_ablate(rankme, tiny_checkpoints, tmp_path, capsys):
     """Issue 21.3 / 21.6c: one file + one registration -> eval.json, the report, compare, ablate's columns."""
     assert "rankme" in metric_names() and "rankme" in EvalSettings().evals  # default: every registered metric
@@ -100,6 +101,7 @@ def test_plugin_metric_reaches_eval_json_report_compare_and_ablate(rankme, tiny_
     assert "RankMe" in table.splitlines()[1] and "d RankMe" in table.splitlines()[1]
 
 
+@pytest.mark.slow
 def test_plugin_metric_is_logged_online(rankme, tmp_path):
     from resdecay.eval.online import OnlineEval
     from resdecay.models import build_model

@@ -128,6 +128,7 @@ def test_exact_solver_matches_dense_eigh():
     assert np.array_equal(u, again)  # fixed start vector and signs: deterministic
 
 
+@pytest.mark.slow
 def test_learned_solver_reaches_exact_subspace_and_is_deterministic():
     torch.set_num_threads(1)  # tiny matrices: thread hand-offs cost more than the arithmetic
     x, _ = _tokens(n=12, grid=3)
@@ -143,7 +144,7 @@ def test_learned_solver_reaches_exact_subspace_and_is_deterministic():
     assert not torch.equal(z, other)
 
 
-@pytest.mark.parametrize("solver", S.SOLVERS)
+@pytest.mark.parametrize("solver", [pytest.param(s, marks=pytest.mark.slow) if s == "learned" else s for s in S.SOLVERS])
 def test_segment_recovers_planted_regions(solver):
     torch.set_num_threads(1)
     x, kinds = _tokens(n=12, grid=3)

@@ -112,6 +112,7 @@ def evaluated_run(tmp_path_factory):
     return root / "run", ckpt
 
 
+@pytest.mark.slow
 def test_card_of_a_trained_run_names_every_numbers_protocol(evaluated_run, tmp_path):
     run_dir, ckpt = evaluated_run
     model, cfg = load_model(ckpt)
@@ -137,6 +138,7 @@ def test_card_of_a_trained_run_names_every_numbers_protocol(evaluated_run, tmp_p
     assert torch.equal(_features(back, "mae"), _features(model, "mae"))
 
 
+@pytest.mark.slow
 def test_card_says_when_eval_measured_other_weights_and_refuses_another_model(evaluated_run, tmp_path):
     run_dir, ckpt = evaluated_run
     report = json.loads((run_dir / "eval" / "eval.json").read_text())
@@ -158,6 +160,7 @@ def test_card_says_when_eval_measured_other_weights_and_refuses_another_model(ev
     _one_line(info, "measured another model", "model.alpha_min")
 
 
+@pytest.mark.slow
 def test_export_to_hf_cli_and_back_to_timm(evaluated_run, tmp_path, capsys):
     run_dir, ckpt = evaluated_run
     code, out, err = run(capsys, "export", str(ckpt), "--to", "hf", "--out", str(tmp_path / "hf"))
@@ -176,6 +179,7 @@ def test_export_to_hf_cli_and_back_to_timm(evaluated_run, tmp_path, capsys):
     assert vit.resdecay_spec["alpha_min"] == 0.6
 
 
+@pytest.mark.slow
 def test_export_cli_refuses_bad_inputs_in_one_line(evaluated_run, tmp_path, capsys):
     run_dir, ckpt = evaluated_run
     (tmp_path / "bad.pt").write_bytes(Path(ckpt).read_bytes()[:3000])

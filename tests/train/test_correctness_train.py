@@ -140,6 +140,7 @@ DRIVER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_torchrun_logs_the_global_mean_and_rank_0_alone_reports(tmp_path):
     """Issue 23.6: the logged loss was rank 0's own, every rank printed "done" and wrote summary.json."""
     (tmp_path / "driver.py").write_text(DRIVER)

@@ -16,6 +16,7 @@ from resdecay.train import checkpoint as ckpt
 from helpers import TINY, free_port
 
 
+@pytest.mark.slow
 def test_torchrun_online_eval_runs_once_with_the_single_process_numbers(tmp_path, capsys):
     out = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),

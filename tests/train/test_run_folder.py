@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from resdecay.train.config import load_config
 
 from helpers import TINY
@@ -10,6 +12,7 @@ from helpers import assert_one_line_error, run
 QUICK = [*TINY, "train.epochs=1", "data.train_subset=64"]
 
 
+@pytest.mark.slow
 def test_second_fresh_start_is_refused_and_overwrite_starts_over(capsys, tmp_path):
     out = tmp_path / "run"
     args = ["pretrain", "--preset", "mae-tiny-digits", *QUICK, f"train.out_dir={out}", "--no-progress"]

@@ -14,6 +14,7 @@ from resdecay.train.stability import BlockNormMonitor, named_blocks
 from helpers import TINY
 
 
+@pytest.mark.slow
 def test_unstable_config_warns_before_the_nan_stop(tmp_path, capsys):
     # alpha_min 0.05 without zero-initialised branches at a huge lr: norms explode within steps
     cfg = load_config("mae-tiny-digits", ["alpha_min=0.05", "model.zero_init=false", "train.lr=1.0", "train.warmup_epochs=0",
@@ -30,6 +31,7 @@ def test_unstable_config_warns_before_the_nan_stop(tmp_path, capsys):
     assert rows and all(len(r["block_rms"]) == 12 + 6 for r in rows)  # 12 encoder + 6 decoder blocks of the preset
 
 
+@pytest.mark.slow
 def test_stable_run_logs_block_rms_without_warning(tmp_path, capsys):
     cfg = load_config("mae-tiny-digits", [*TINY, "train.epochs=1", "train.log_every=2", f"train.out_dir={tmp_path / 'run'}"])
     train(cfg, progress=False)

@@ -323,6 +323,7 @@ def grid_runs(out: Path) -> dict:
     return {r.info.run_name: r.data.metrics.get("eval/knn_top1") for r in runs}
 
 
+@pytest.mark.slow
 def test_ablate_variants_and_seeds_share_one_mlflow_experiment_with_their_evaluations(capsys, tmp_path):
     needs("mlflow")
     out = tmp_path / "g"

@@ -33,6 +33,7 @@ def test_no_weight_decay_on_biases_and_1d_params():
     assert no_decay["weight_decay"] == 0.0 and len(no_decay["params"]) == 3
 
 
+@pytest.mark.slow
 def test_tiny_run_learns_and_writes_everything(tmp_path, tiny_overrides):
     cfg = load_config("mae-tiny-digits", [*tiny_overrides, "train.epochs=6", "train.ckpt_every=40", "train.keep_last=2"])
     summary = train(cfg, progress=False)
@@ -57,6 +58,7 @@ def _cli(args, **kw):
                             text=True, env=env, **kw)
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_auto_equals_uninterrupted_run(tmp_path):
     common = ["pretrain", "--preset", "mae-tiny-digits", "--no-progress", *TINY, "train.epochs=12", "train.ckpt_every=25",
               "train.threads=2", "data.augment=mae"]
@@ -93,11 +95,13 @@ def test_resume_from_a_different_model_is_refused(tmp_path, tiny_overrides, tiny
             train(load_config("mae-tiny-digits", [*tiny_overrides, "train.epochs=2", change]), resume="auto", progress=False)
 
 
+@pytest.mark.slow
 def test_resume_auto_without_checkpoint_starts_fresh(tmp_path, tiny_overrides, capsys):
     train(load_config("mae-tiny-digits", [*tiny_overrides, "train.epochs=1"]), resume="auto", progress=False)
     assert "starting fresh" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_cleanly_and_keeps_last_good_checkpoint(tmp_path, tiny_overrides, monkeypatch):
     calls = {"n": 0}
 
@@ -139,6 +143,7 @@ def test_atomic_save_leaves_no_partial_file(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["step_00000001.pt"]
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_matches_the_big_batch(tmp_path):
     """2 micro-batches of 32 with accumulation == one batch of 64 (same samples, same masks)."""
     finals = []
@@ -171,6 +176,7 @@ def test_epoch_hook_does_not_shift_the_training_rng(tmp_path, tiny_checkpoints):
     assert all(torch.equal(plain["model"][k], hooked["model"][k]) for k in plain["model"])
 
 
+@pytest.mark.slow
 def test_a_run_killed_in_its_epoch_hook_runs_the_hook_again_on_resume(tmp_path):
     """The epoch's last checkpoint is written after its hook (online eval): a run that dies inside the
     hook resumes from the checkpoint before, so no epoch loses its evaluation row for good, and the
@@ -194,6 +200,7 @@ def test_a_run_killed_in_its_epoch_hook_runs_the_hook_again_on_resume(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_ema_and_constant_lr_resume_exactly(tmp_path, tiny_overrides):
     """EMA weights live in the checkpoint and continue exactly after a resume; constant lr stays at peak."""
     from resdecay.train import lr_at
