@@ -191,3 +191,14 @@ def test_bad_metric_options_stop_eval_before_any_feature_is_extracted(tiny_check
                             ("knn.k=5000", ("--k 5000 is larger than the kNN bank",)),
                             ("probe.epochs=0", ("probe.epochs must be a positive integer, got 0",))):
         assert_one_line_error(*run(capsys, "eval", ck, "--metric-option", option, *where)[::2], *needles)
+
+
+def test_an_option_of_a_metric_not_evaluated_is_one_warning_not_silence(tiny_checkpoints, capsys, tmp_path):
+    assert EvalSettings(evals=("rank",), metric_options={"knn": {"k": "5"}}).unused_options() == ["knn.k"]
+    assert EvalSettings(evals=("knn",), metric_options={"knn": {"k": "5"}}).unused_options() == []
+    code, out, err = run(capsys, "eval", tiny_checkpoints["plain"], "--evals", "rank", "--metric-option", "knn.k=5",
+                         "--no-baselines", "--max-test", "64", "--no-progress", "--out", tmp_path)
+    assert code == 0, err
+    warnings = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: --metric-option knn.k set for a metric not in --evals (rank): ignored; "
+                        "add it to --evals to run it"], out

@@ -27,7 +27,7 @@ from ..models import is_diffusion
 from ..train import distributed as dist_env
 from ..train.checkpoint import load_checkpoint, load_model
 from ..train.config import from_dict
-from ..train.distributed import resolve_device
+from ..train.distributed import is_main_process, resolve_device
 from ..viz.plots import plot_bars, plot_grid, plot_profile
 from .options import block_index, data_config, noise_levels, seg_protocol
 
@@ -91,6 +91,9 @@ def run_eval(checkpoints: list[str], settings: EvalSettings, out: str | None = N
     """
     layer = settings.layer
     check_eval_inputs(checkpoints, settings, out)
+    if settings.unused_options() and is_main_process():
+        print(f"warning: --metric-option {', '.join(settings.unused_options())} set for a metric not in --evals "
+              f"({', '.join(settings.evals)}): ignored; add it to --evals to run it")
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     env = dist_env.setup("cpu" if settings.device == "cpu" else "auto") if distributed else None
     profiles, reports = {}, {}

@@ -100,6 +100,11 @@ class EvalSettings:
         given = checked(self.metric_options, [m.name for m in registered()])
         return {name: {**flags.get(name, {}), **given.get(name, {})} for name in [*flags, *given]}
 
+    def unused_options(self) -> list[str]:
+        """--metric-option names of metrics this evaluation does not run: set, but ignored."""
+        return [f"{name}.{key}" for name, values in self.metric_options.items() if name not in self.evals
+                for key in values]
+
     def metrics(self) -> list[Metric]:
         """The selected ``features`` metrics, in registry order (the order of eval.json's rows)."""
         return [m for m in registered(FEATURES, "profile" if self.layer == "all" else "eval") if m.name in self.evals]
