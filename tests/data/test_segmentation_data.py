@@ -164,7 +164,7 @@ def test_fashion_mnist_ink_masks_and_another_data_set_named_by_seg_data(fake_fmn
     assert digits.images.shape == (30, 1, 8, 8) and digits.card["data"] == "digits"
 
 
-def test_eval_segments_a_cocostuff27_folder_and_refuses_data_without_masks(tmp_path, fake_fmnist, capsys,
+def test_eval_segments_a_cocostuff27_folder_and_refuses_data_without_masks(tmp_path, fake_cifar10, capsys,
                                                                            tiny_fmnistm_checkpoint):
     import json
 
@@ -179,7 +179,7 @@ def test_eval_segments_a_cocostuff27_folder_and_refuses_data_without_masks(tmp_p
     assert row["protocol"]["test"]["data"] == "cocostuff27" and row["protocol"]["k"] == 30
     assert row["protocol"]["test"]["resize"].startswith("short side to 32")
     capsys.readouterr()
-    rc = main(["eval", ckpt, "--evals", "segmentation", "--data", "fashion-mnist", "--data-path", str(fake_fmnist),
+    rc = main(["eval", ckpt, "--evals", "segmentation", "--data", "cifar10", "--data-path", str(fake_cifar10),
                "--no-progress", "--out", str(tmp_path / "e2")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "fashion-mnist has no label maps" in err[0]
+    assert rc == 2 and len(err) == 1 and "cifar10 has no label maps" in err[0]
