@@ -48,9 +48,8 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from resdecay.data import DataConfig, SeededSamples, build_dataset
-
 from _measure import bad_input
+from resdecay.data import DataConfig, SeededSamples, build_dataset
 
 SIZES = [(500, 375), (375, 500), (500, 333), (640, 480), (400, 300), (500, 400)]
 
@@ -95,7 +94,7 @@ def dali_pass(samples: SeededSamples, epoch: int, batch: int, size: int, device:
     loader = DaliLoader(folder_samples(samples), sampler, batch, crops.size, crops.scale, 0, crops.mean, crops.std, device,
                         threads=1)
     t0 = time.perf_counter()
-    for images, _ in loader:
+    for _images, _ in loader:
         pass
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -20,14 +20,13 @@ import time
 
 import torch
 
-from resdecay.train.config import load_config
+from _measure import MEM_LABEL, mem_peak, mem_start, sync, timed_steps
 from resdecay.diffusion import diffusion_loss
 from resdecay.diffusion.samplers import sample
 from resdecay.models import build_model
-from resdecay.train.log.runlog import peak_flops
 from resdecay.train import param_groups
-
-from _measure import MEM_LABEL, mem_peak, mem_start, sync, timed_steps
+from resdecay.train.config import load_config
+from resdecay.train.log.runlog import peak_flops
 
 FIXED_STEP_SAMPLER = {"ddpm-eps": "dpm-solver++", "interp-v": "euler-maruyama"}
 

@@ -90,7 +90,7 @@ def main() -> int:
     head = f"{'preset':<12}{'checkpointing':>15}{'s/step':>10}{MEM_LABEL[variants[0].method]:>28}{'time x':>9}{'memory x':>10}"
     print(head)
     print("-" * len(head))
-    for plain, ckpt in zip(variants[::2], variants[1::2]):
+    for plain, ckpt in zip(variants[::2], variants[1::2], strict=True):
         for v in (plain, ckpt):
             t, m = statistics.median(v.times), statistics.median(v.peaks)
             rows.append({"preset": v.preset, "grad_checkpointing": v.checkpointed, "seconds_per_step": t, "peak_mb": m,

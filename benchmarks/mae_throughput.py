@@ -61,14 +61,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from resdecay.train.config import load_config
+from _measure import MEM_LABEL, mem_peak, mem_start, sync, timed_steps
 from resdecay.models import build_model
 from resdecay.models.mae import choose_skip_sources, fill_and_unshuffle
-from resdecay.train.log.runlog import peak_flops
 from resdecay.schedule import alpha_schedule
 from resdecay.train import param_groups
-
-from _measure import MEM_LABEL, mem_peak, mem_start, sync, timed_steps
+from resdecay.train.config import load_config
+from resdecay.train.log.runlog import peak_flops
 
 
 # ============================================================================ naive reference

@@ -82,10 +82,9 @@ def planted(images: int, tokens: int, dim: int, classes: int, seed: int):
 def run_row(args) -> dict:
     import torch
 
+    from _measure import mem_peak, mem_start
     from resdecay.eval import segmentation as seg
     from resdecay.io import progress_bar
-
-    from _measure import mem_peak, mem_start
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -31,11 +31,10 @@ from pathlib import Path
 
 import torch
 
-from resdecay.commands.shard import run_shard
-from resdecay.data import DataConfig, SeededSamples, build_dataset
-
 from _measure import bad_input
 from data_throughput import make_jpegs, one_pass
+from resdecay.commands.shard import run_shard
+from resdecay.data import DataConfig, SeededSamples, build_dataset
 
 
 def save_as_hf(folder: Path, out: Path) -> bool:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import TINY, seed_proxy_cache, write_idx
 from resdecay.io import atomic_save
 
-from helpers import TINY, seed_proxy_cache, write_idx
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
@@ -95,8 +95,8 @@ def fake_imagefolder(tmp_path):
 def tiny_checkpoints(tmp_path_factory):
     """Two short digits runs (decayed and plain): ``load_config(preset, [*TINY, f"train.out_dir=..."])``,
     2 epochs of 22 steps, exactly the run a test would train with the ``tiny_overrides`` fixture."""
-    from resdecay.train.config import load_config
     from resdecay.train import train
+    from resdecay.train.config import load_config
 
     torch.set_num_threads(2)  # as every test runs (_threads): the same bits as a run trained inside a test
     root = tmp_path_factory.mktemp("ckpts")
@@ -110,8 +110,8 @@ def tiny_checkpoints(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_fmnistm_checkpoint(tmp_path_factory):
     """A short U-Net MAE run on Fashion-MNIST-M built from the fake garments of ``fake_fmnist`` (seconds)."""
-    from resdecay.train.config import load_config
     from resdecay.train import train
+    from resdecay.train.config import load_config
 
     torch.set_num_threads(2)
     root = tmp_path_factory.mktemp("fmnistm")

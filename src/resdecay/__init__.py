@@ -1,10 +1,10 @@
 """resdecay: decayed identity shortcuts, x_{l+1} = alpha_l * x_l + f_l(x_l) (Zhang et al., CVPR 2026)."""
 
-from .schedule import alpha_schedule, effective_decay, solve_alpha_min
-from .nn.blocks import Block
-from .nn.residual import decayed_add, register_shortcut, residual_add, shortcut_names
-from .nn.decayify import alphas_of, decayify
 from ._version import __version__
+from .nn.blocks import Block
+from .nn.decayify import alphas_of, decayify
+from .nn.residual import decayed_add, register_shortcut, residual_add, shortcut_names
+from .schedule import alpha_schedule, effective_decay, solve_alpha_min
 
 # The notebook API (api.py) is loaded on first use, so ``import resdecay`` stays light.
 _API = ("create_model", "load_model", "extract_features", "knn_accuracy", "linear_probe", "effective_rank")

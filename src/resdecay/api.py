@@ -34,14 +34,14 @@ from .eval.features import POOLINGS
 from .eval.features import extract_block_features as _extract
 from .eval.knn import knn_accuracy as _knn_accuracy
 from .eval.probe import IN100_RECIPE, ProbeRecipe
-from .eval.protocol import KNN_K, KNN_TEMPERATURE
 from .eval.probe import linear_probe as _linear_probe
+from .eval.protocol import KNN_K, KNN_TEMPERATURE
 from .eval.rank import effective_rank as _effective_rank
+from .interop.pretrained import attach_hub_methods
 from .models import build_model
 from .models.common import BlockIndexError, resolve_blocks
 from .train.checkpoint import load_model as _load_model
 from .train.config import RunConfig, load_config
-from .interop.pretrained import attach_hub_methods
 
 __all__ = ["create_model", "load_model", "extract_features", "knn_accuracy", "linear_probe", "effective_rank"]
 

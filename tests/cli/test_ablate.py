@@ -8,12 +8,11 @@ import pytest
 import torch
 import yaml
 
-from resdecay.commands.ablate import load_grid, list_grids, shared_init
-from resdecay.train.config import load_config
+from helpers import DIGITS_IMAGE, TINY, assert_one_line_error, run, tiny_config
+from resdecay.commands.ablate import list_grids, load_grid, shared_init
 from resdecay.models import MaskedAutoencoder, build_model
 from resdecay.nn.residual import shortcut_factors
-
-from helpers import DIGITS_IMAGE, TINY, assert_one_line_error, run, tiny_config
+from resdecay.train.config import load_config
 
 
 @pytest.mark.parametrize("shortcut,alpha,beta", [("scaled_sum", math.sqrt(0.5), math.sqrt(0.5)),

@@ -18,14 +18,12 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import TINY, assert_one_line_error, run
 from resdecay.cli import plugins
 from resdecay.errors import CheckpointError, ConfigError
 from resdecay.train import checkpoint as ckpt
 from resdecay.train.config import load_config
 from resdecay.train.run.runlock import run_lock
-
-from helpers import TINY
-from helpers import assert_one_line_error, run
 
 FAST_EVAL = ["--no-progress", "--evals", "knn", "--no-baselines", "--max-train", "200", "--max-test", "100"]
 

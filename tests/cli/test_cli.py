@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from resdecay.train import checkpoint as ckpt
 from helpers import TINY, assert_one_line_error, run
+from resdecay.train import checkpoint as ckpt
 
 
 def test_alpha_prints_table_and_plot(capsys, tmp_path):

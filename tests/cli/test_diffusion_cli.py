@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from resdecay.train import checkpoint as ckpt
-from resdecay.cli import main
-from resdecay.train.config import load_config
-from helpers import train_online as train
-
 from helpers import assert_one_line_error, model_overrides, run
+from helpers import train_online as train
+from resdecay.cli import main
+from resdecay.train import checkpoint as ckpt
+from resdecay.train.config import load_config
 
 # the tiny U-ViT/SiT geometry and width on the 8x8 digits; each test picks its depth
 DIGITS = ["data.name=digits", *model_overrides("uvit", keys=("img_size", "patch_size", "embed_dim", "num_heads")),

@@ -5,13 +5,12 @@ import json
 import pytest
 import torch
 
-from resdecay.train import checkpoint as ckpt
-from resdecay.train.config import load_config
+from helpers import assert_one_line_error, run
 from resdecay.commands.finetune import build_config, encoder_loader
 from resdecay.models import build_model
 from resdecay.models.classifier import classifier_param_groups
-
-from helpers import assert_one_line_error, run
+from resdecay.train import checkpoint as ckpt
+from resdecay.train.config import load_config
 
 
 def test_classifier_rebuilds_the_pretrained_encoder(tiny_checkpoints):
@@ -92,9 +91,8 @@ def test_finetune_bad_input(tiny_checkpoints, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_plot_and_figures_commands(tiny_checkpoints, tmp_path, capsys):
-    from helpers import train_online as train
-
     from helpers import TINY
+    from helpers import train_online as train
 
     runs = []
     for a in ("0.6", "1.0"):
@@ -118,9 +116,8 @@ def test_plot_and_figures_commands(tiny_checkpoints, tmp_path, capsys):
 
 
 def test_figures_refuse_checkpoints_with_different_inputs(tiny_checkpoints, fake_fmnist, tmp_path, capsys):
-    from helpers import train_online as train
-
     from helpers import TINY
+    from helpers import train_online as train
 
     cfg = load_config("mae-tiny-digits", [*TINY, "train.epochs=1", "train.batch_size=32", "data.name=fashion-mnist",
                                           f"data.path={fake_fmnist}", "model.img_size=28", "model.patch_size=4",

@@ -12,15 +12,13 @@ import sys
 import pytest
 import torch
 
+from helpers import assert_one_line_error, free_port, run
+from helpers.interop import authors_unet_layout
 from resdecay.commands.eval_classifier import evaluate_checkpoint
 from resdecay.commands.finetune import build_config, load_pretrained
 from resdecay.interop.hf_vitmae import export_to_vitmae
 from resdecay.io import file_sha256
 from resdecay.train import checkpoint as ckpt
-
-from helpers.interop import authors_unet_layout
-from helpers import assert_one_line_error, run
-from helpers import free_port
 
 # a few seconds a run: 256 training images (4 steps an epoch), the 360 test images measured every epoch;
 # lr high enough, and no mixup, that the accuracy moves from epoch to epoch

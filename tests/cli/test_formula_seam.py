@@ -10,12 +10,10 @@ import textwrap
 
 import pytest
 
+from helpers import TINY, assert_one_line_error, run
 from resdecay.nn import residual
 from resdecay.nn.residual import factors_of
 from resdecay.train import checkpoint as ckpt
-
-from helpers import TINY
-from helpers import assert_one_line_error, run
 
 FAST = ["train.epochs=1", "train.warmup_epochs=0", "train.threads=1", "--no-progress"]
 

@@ -12,13 +12,11 @@ import sys
 import pytest
 import torch
 
+from helpers import TINY, assert_one_line_error, run
 from resdecay.io import sweep_stale_temps
 from resdecay.train import train
-from resdecay.train.run import runlock
 from resdecay.train.config import load_config
-
-from helpers import TINY
-from helpers import assert_one_line_error, run
+from resdecay.train.run import runlock
 
 SMALL = [*TINY, "train.epochs=1", "data.train_subset=256", "train.threads=2"]  # 4 steps
 

@@ -18,13 +18,10 @@ import pytest
 import submitit  # the `test` extra installs it (pip install -e '.[test]')
 import torch
 
+from helpers import TINY, assert_one_line_error, run
 from resdecay.commands.submit import JOBS_FILE, read_jobs, torchrun_variables
 from resdecay.train import checkpoint as ckpt
 from resdecay.train.log.runlog import read_log
-
-from helpers import TINY
-from helpers import assert_one_line_error, run
-
 
 TIMED = ("img_per_s", "time_s", "peak_mem_mb")
 

@@ -13,13 +13,11 @@ import pytest
 import torch
 from PIL import Image
 
-from resdecay.data import DataConfig, build_dataset
-from resdecay.data import fast_images
+from helpers import assert_one_line_error, run
+from resdecay.data import DataConfig, build_dataset, fast_images
 from resdecay.data.fast_images import decode_uint8
 from resdecay.data.transforms import Uint8View
 from resdecay.errors import ConfigError, DataError
-
-from helpers import assert_one_line_error, run
 
 
 def cifar_batch(n: int, rng, label_key: str = "labels") -> dict:

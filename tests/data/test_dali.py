@@ -7,14 +7,13 @@ import sys
 import pytest
 import torch
 
+from helpers import assert_one_line_error, run
 from resdecay.data.dali_images import crop_window, folder_samples
 from resdecay.data.datasets import DataConfig, build_dataset
 from resdecay.data.fast_images import normalize
 from resdecay.data.resumable import ResumableSampler, SeededSamples
 from resdecay.data.transforms import create_transform
 from resdecay.errors import ConfigError
-
-from helpers import assert_one_line_error, run
 
 
 @pytest.fixture

@@ -6,14 +6,12 @@ import json
 import pytest
 import torch
 
+from helpers import TINY, assert_one_line_error, run
 from resdecay.commands.ablate import load_grid, run_grid
 from resdecay.data import DataConfig, build_dataset
-from resdecay.eval.baselines import baseline_value, random_init_model
 from resdecay.data.fashion_mnist_m import composite
 from resdecay.data.subsets import balanced_indices
-
-from helpers import TINY
-from helpers import assert_one_line_error, run
+from resdecay.eval.baselines import baseline_value, random_init_model
 
 
 def _square_garments(n=6):

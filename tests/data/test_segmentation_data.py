@@ -54,7 +54,7 @@ def _write_cocostuff(root, sizes=((40, 48), (48, 40), (36, 36)), curated=True):
     (root / "annotations" / "val2017").mkdir(parents=True)
     ids = [f"0000000{i}" for i in range(len(sizes))]
     fine = []
-    for i, (h, w) in zip(ids, sizes):
+    for i, (h, w) in zip(ids, sizes, strict=True):
         Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / "images" / "val2017" / f"{i}.jpg")
         lab = rng.choice(np.r_[np.arange(182), IGNORE], (h, w)).astype(np.uint8)
         Image.fromarray(lab).save(root / "annotations" / "val2017" / f"{i}.png")

@@ -19,6 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
+from helpers import TINY, assert_one_line_error, free_port, run
 from resdecay.commands.shard import run_shard
 from resdecay.data import DataConfig, build_dataset
 from resdecay.data.datasets import _load_digits
@@ -26,10 +27,6 @@ from resdecay.data.hf_export import save_hf_dataset
 from resdecay.data.shards import expand_braces
 from resdecay.train import train
 from resdecay.train.config import load_config
-
-from helpers import TINY
-from helpers import assert_one_line_error, run
-from helpers import free_port
 
 N = 120  # images of each split
 SMALL = [*TINY, "model.in_chans=3", "train.epochs=1", "train.warmup_epochs=0", "train.batch_size=32", "train.threads=1"]
@@ -39,7 +36,7 @@ def write_digits_folder(root: Path, limit: int) -> Path:
     """The first ``limit`` digits of each split as an ImageFolder (8-bit grey PNGs, as save_hf_dataset encodes them)."""
     for split, folder in (("train", "train"), ("test", "val")):
         images, labels = _load_digits(split == "train")
-        for i, (img, label) in enumerate(zip(images[:limit], labels[:limit])):
+        for i, (img, label) in enumerate(zip(images[:limit], labels[:limit], strict=True)):
             d = root / folder / str(int(label))
             d.mkdir(parents=True, exist_ok=True)
             Image.fromarray(img[0].numpy()).save(d / f"{i:05d}.png")

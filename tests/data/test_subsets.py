@@ -8,6 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
+from helpers import assert_one_line_error, run
 from resdecay.commands.ablate import plan_grid
 from resdecay.data import DataConfig, build_dataset
 from resdecay.data.subsets import balanced_indices, dataset_labels
@@ -20,8 +21,6 @@ from resdecay.eval.protocol import FAST_RECIPE, MetricSettings
 from resdecay.eval.suite import EvalSettings, cached_features
 from resdecay.models import build_model
 from resdecay.train.config import load_config
-
-from helpers import assert_one_line_error, run
 
 CLASSES, PER_CLASS, SIDE = 4, 10, 8
 COLOURS = [(230, 20, 20), (20, 230, 20), (20, 20, 230), (230, 230, 20)]

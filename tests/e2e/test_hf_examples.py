@@ -43,7 +43,7 @@ def test_vitmae_trains_in_the_hf_trainer_and_reloads_through_from_pretrained_and
 
     run = example("hf_trainer_vitmae.py")["main"](["--steps", "30", "--out", str(tmp_path / "run"), "--seed", "0"])
     out = capsys.readouterr().out
-    steps, losses = zip(*run["losses"])
+    steps, losses = zip(*run["losses"], strict=True)
     assert list(steps) == list(range(1, 31))  # the Trainer logged every step
     assert mean(losses[-5:]) < 0.7 * mean(losses[:5]), losses
     assert " step  loss" in out and "    1  " in out and "   30  " in out
@@ -90,7 +90,7 @@ def test_dit_trains_with_ddpm_and_samples_with_the_scheduler_loop(tmp_path, caps
     run = ex["main"](["--steps", "60", "--batch-size", "32", "--sample-steps", "10", "--rows", "1",
                       "--out", str(tmp_path / "run"), "--seed", "0"])
     out = capsys.readouterr().out
-    steps, losses = zip(*run["losses"])
+    steps, losses = zip(*run["losses"], strict=True)
     assert list(steps) == list(range(1, 61))
     assert mean(losses[-10:]) < 0.5 * mean(losses[:10]), losses
     assert " step  loss" in out and "    1  " in out and "   60  " in out and "all finite" in out

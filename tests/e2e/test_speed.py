@@ -8,11 +8,10 @@ import copy
 import pytest
 import torch
 
+from helpers import DIGITS_IMAGE, tiny_config
 from resdecay.models import MaskedAutoencoder, build_model
 from resdecay.models.mae import SkipFusion, fill_and_unshuffle
 from resdecay.train.config import load_config
-
-from helpers import DIGITS_IMAGE, tiny_config
 
 # the tiny MAE on digits-sized images, narrower (24 wide, a 16-wide 3-block decoder)
 SMALL = dict(DIGITS_IMAGE, embed_dim=24, decoder_embed_dim=16, decoder_depth=3)

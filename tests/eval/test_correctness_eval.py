@@ -15,14 +15,12 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import TINY, assert_one_line_error, model_overrides, run, seed_proxy_cache
+from helpers import train_online as train
 from resdecay.eval import fid as fidmod
 from resdecay.eval import suite
 from resdecay.eval.fid import feature_stats, fid, proxy_extractor, reference_images
 from resdecay.train.config import load_config
-from helpers import train_online as train
-
-from helpers import TINY
-from helpers import assert_one_line_error, model_overrides, run, seed_proxy_cache
 
 FAST = ["--no-progress", "--evals", "knn", "--no-baselines"]
 UVIT = ["data.name=digits", *model_overrides("uvit", keys=("img_size", "patch_size", "embed_dim", "num_heads", "depth"),

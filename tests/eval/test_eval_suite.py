@@ -8,13 +8,11 @@ import sys
 import pytest
 import torch
 
-from resdecay.train.config import load_config
+from helpers import TINY, assert_one_line_error, run
+from helpers import train_online as train
 from resdecay.eval import suite
 from resdecay.eval.suite import EvalSettings, evaluate_checkpoint
-from helpers import train_online as train
-
-from helpers import TINY
-from helpers import assert_one_line_error, run
+from resdecay.train.config import load_config
 
 FAST = dict(probe_epochs=5, progress=False)
 

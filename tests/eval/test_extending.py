@@ -14,14 +14,12 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import TINY, assert_one_line_error, run
 from resdecay.eval.metrics import registered, unregister_metric
 from resdecay.models import FAMILIES
 from resdecay.nn import residual
 from resdecay.nn.residual import factors_of
 from resdecay.train import checkpoint as ckpt
-
-from helpers import TINY
-from helpers import assert_one_line_error, run
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLES = ROOT / "docs" / "examples" / "extending"

@@ -7,15 +7,22 @@ import pytest
 import torch
 import torch.nn as nn
 
+from helpers import seed_proxy_cache
 from resdecay.commands.fid import run_fid
 from resdecay.errors import UserError
 from resdecay.eval import fid as fidmod
 from resdecay.eval import fid_published
+from resdecay.eval.fid import (
+    compute_fid,
+    feature_stats,
+    fid,
+    inception_extractor,
+    load_stats,
+    proxy_extractor,
+    reference_images,
+    save_stats,
+)
 from resdecay.io import file_sha256
-from resdecay.eval.fid import (compute_fid, feature_stats, fid, inception_extractor, load_stats, proxy_extractor,
-                               reference_images, save_stats)
-
-from helpers import seed_proxy_cache
 
 
 def tiny_extractor(in_chans: int = 1, dim: int = 8) -> nn.Module:
@@ -272,7 +279,7 @@ def test_the_proxy_id_does_not_depend_on_how_long_its_training_took(tmp_path, mo
     ids = []
     for seconds in (1.0, 9.0):  # a quiet and a loaded machine
         clock = iter([100.0, 100.0 + seconds])
-        monkeypatch.setattr(fidmod.time, "perf_counter", lambda: next(clock))
+        monkeypatch.setattr(fidmod.time, "perf_counter", lambda clock=clock: next(clock))
         ext = proxy_extractor("digits", cache_dir=tmp_path / f"cache{seconds:g}")
         assert ext.meta["train_seconds"] == seconds
         ids.append(ext.card.id)

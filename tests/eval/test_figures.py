@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import DIGITS_IMAGE, tiny_config
 from resdecay.data import DataConfig, build_dataset
+from resdecay.models.mae import MaskedAutoencoder
 from resdecay.viz.figures import (
     balanced_indices,
     online_rows,
@@ -17,9 +19,6 @@ from resdecay.viz.figures import (
     plot_tsne,
     rank_accuracy_correlation,
 )
-from resdecay.models.mae import MaskedAutoencoder
-
-from helpers import DIGITS_IMAGE, tiny_config
 
 
 def _png(path) -> None:
@@ -107,7 +106,7 @@ def test_online_rows_filter_sort_dedupe():
 def _run(ranks, accs, probe=True):
     key = "online_probe_top1" if probe else "online_knn_top1"
     rows = [{"step": 0, "loss": 2.0}]
-    for i, (r, a) in enumerate(zip(ranks, accs)):
+    for i, (r, a) in enumerate(zip(ranks, accs, strict=True)):
         rows.append({"step": 100 * (i + 1), "loss": 1.0 / (i + 1), "lr": 1e-4})
         rows.append({"step": 100 * (i + 1), "epoch": float(5 * (i + 1)), key: a, "online_rank_cls": r,
                      "online_rank_mean": r + 0.1})

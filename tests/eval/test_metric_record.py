@@ -14,17 +14,26 @@ from typing import Literal
 import pytest
 import torch
 
+from helpers import assert_one_line_error, run
 from resdecay.errors import UserError
 from resdecay.eval import options as opts
 from resdecay.eval import suite
 from resdecay.eval.display import Column, Display
-from resdecay.eval.metrics import (FEATURES, FeatureSet, Metric, Result, column_metric, get_metric, measure,
-                                   register_metric, registered, unregister_metric)
+from resdecay.eval.metrics import (
+    FEATURES,
+    FeatureSet,
+    Metric,
+    Result,
+    column_metric,
+    get_metric,
+    measure,
+    register_metric,
+    registered,
+    unregister_metric,
+)
 from resdecay.eval.protocol import MetricSettings
 from resdecay.eval.segmentation import SegProtocol
 from resdecay.eval.suite import EvalSettings
-
-from helpers import assert_one_line_error, run
 
 
 def _nothing(inputs, settings):

@@ -11,14 +11,22 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import TINY, assert_one_line_error, run
 from resdecay.errors import UserError
-from resdecay.eval.metrics import (FEATURES, Metric, Result, column_title, get_metric, metric_names, register_metric,
-                                   registered, result_row, unregister_metric)
+from resdecay.eval.metrics import (
+    FEATURES,
+    Metric,
+    Result,
+    column_title,
+    get_metric,
+    metric_names,
+    register_metric,
+    registered,
+    result_row,
+    unregister_metric,
+)
 from resdecay.eval.reports import format_report
 from resdecay.eval.suite import EvalSettings
-
-from helpers import TINY
-from helpers import assert_one_line_error, run
 
 PLUGIN = Path(__file__).parent.parent.parent / "docs" / "examples" / "extending" / "rankme.py"
 
@@ -93,7 +101,7 @@ def test_plugin_metric_reaches_eval_json_report_compare_and_ablate(rankme, tiny_
     from resdecay.commands import ablate as ab
 
     rows = {name: {"measures": ab._measure(json.loads(p.read_text())), "random_init": {}, "paper": None}
-            for name, p in zip(("decayed", "plain"), reports)}
+            for name, p in zip(("decayed", "plain"), reports, strict=True)}
     assert set(rows["plain"]["measures"]) == {"knn_top1", "rankme"}
     result = ab.summarize({"name": "g", "baseline": "plain", "preset": "x"}, rows)
     assert result["rows"]["plain"]["delta"]["rankme"] == 0.0

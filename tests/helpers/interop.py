@@ -5,12 +5,11 @@ import re
 import timm
 import torch
 
+from helpers import model_overrides
 from resdecay.io import atomic_save
+from resdecay.models import build_model
 from resdecay.train.checkpoint import FORMAT
 from resdecay.train.config import load_config
-from resdecay.models import build_model
-
-from helpers import model_overrides
 
 SMALL = model_overrides("mae")  # the preset's model at the tiny MAE's widths and depths
 

@@ -19,12 +19,11 @@ import timm
 import torch
 import torchvision
 
+from helpers import assert_one_line_error, run
+from helpers.interop import authors_unet_layout, resdecay_checkpoint, same_mae_outputs, timm_blocks, tiny_timm
 from resdecay import alphas_of, decayify
 from resdecay.interop import load_decayified, load_exported, save_decayified
 from resdecay.train.checkpoint import load_model
-
-from helpers.interop import authors_unet_layout, resdecay_checkpoint, same_mae_outputs, timm_blocks, tiny_timm
-from helpers import assert_one_line_error, run
 
 RGB = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
 HEADS = ["model.num_heads=2", "model.decoder_num_heads=2"]  # the tiny test models' heads, where a file does not say
@@ -265,7 +264,7 @@ def test_data_parallel_replicas_run_in_threads():
     inputs = [RGB, RGB.flip(0)]
     with torch.no_grad():
         want = [model(x) for x in inputs]
-        assert all(torch.equal(r(x), w) for r, x, w in zip(replicas, inputs, want))
+        assert all(torch.equal(r(x), w) for r, x, w in zip(replicas, inputs, want, strict=True))
     torch.set_num_threads(1)
     assert not _threaded_outputs(replicas[0], inputs, threads=2, calls=10)
 

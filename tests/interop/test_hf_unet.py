@@ -11,11 +11,10 @@ import dataclasses
 import pytest
 import torch
 
+from helpers import tiny_config
 from resdecay.errors import UserError
 from resdecay.interop.hf_unet import restore, unet_skips
 from resdecay.models.mae import MaskedAutoencoder
-
-from helpers import tiny_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -84,7 +83,7 @@ def test_resdecay_unet_mae_and_the_skipped_hf_vitmae_are_the_same_model():
     torch.manual_seed(0)
     ours = MaskedAutoencoder(dataclasses.replace(TINY, alpha_min=0.6, skips=True, zero_init=False)).double().eval()
     with torch.no_grad():  # no zero layer anywhere: every path counts
-        for name, p in ours.named_parameters():
+        for p in ours.parameters():
             p.add_(0.05 * torch.randn_like(p))
     hf = unet_skips(hf_model(), alpha_min=0.6).double()
     hf.load_state_dict(resdecay_to_hf(ours.state_dict(), 4, 2, hf.state_dict()), strict=True)

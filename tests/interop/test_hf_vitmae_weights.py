@@ -9,14 +9,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import ViTMAEConfig, ViTMAEForPreTraining
 
+from helpers import assert_one_line_error, run
+from helpers.interop import resdecay_checkpoint
 from resdecay.errors import CheckpointError, UserError
 from resdecay.interop.hf_vitmae import LayerNormEpsWarning, mae_to_vitmae_state, vitmae_to_mae_state
 from resdecay.models import build_model
 from resdecay.models.mae import MAEConfig
 from resdecay.train.checkpoint import load_model
-
-from helpers.interop import resdecay_checkpoint
-from helpers import assert_one_line_error, run
 
 # a digits-sized ViTMAE (8x8 grey images, patch 2): the preset mae-tiny-digits-plain gives data and training
 HF = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=128, image_size=8, patch_size=2,
@@ -30,7 +29,7 @@ def tiny_vitmae(seed=0, **kw):
     torch.manual_seed(seed)
     model = ViTMAEForPreTraining(ViTMAEConfig(**{**HF, "layer_norm_eps": 1e-6, **kw})).eval()
     with torch.no_grad():  # random biases and LayerNorm affines, so that every weight matters in a comparison
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     return model

@@ -5,13 +5,12 @@ import warnings
 import pytest
 import torch
 
+from helpers import assert_one_line_error, run
+from helpers.interop import resdecay_checkpoint, timm_blocks, tiny_timm
 from resdecay import alphas_of, decayify
 from resdecay.errors import CheckpointError
-from resdecay.interop.weights import SpecIgnoredWarning
 from resdecay.interop import load_decayified, load_exported, load_weights, save_decayified
-
-from helpers.interop import resdecay_checkpoint, timm_blocks, tiny_timm
-from helpers import assert_one_line_error, run
+from resdecay.interop.weights import SpecIgnoredWarning
 
 X = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
 

@@ -11,20 +11,25 @@ import pytest
 import torch
 
 import resdecay
+from helpers import TINY, assert_one_line_error, run
+from helpers.interop import tiny_timm
 from resdecay import alphas_of, decayify
 from resdecay.errors import CheckpointError, UserError
 from resdecay.eval.reports import protocol_text, values_text
 from resdecay.eval.suite import EvalSettings
-from resdecay.interop import (export_to_timm, from_pretrained, load_decayified, load_exported, load_weights, save_decayified,
-                              save_pretrained)
+from resdecay.interop import (
+    export_to_timm,
+    from_pretrained,
+    load_decayified,
+    load_exported,
+    load_weights,
+    save_decayified,
+    save_pretrained,
+)
 from resdecay.interop.import_weights import AlphaUnknownWarning, import_weights
 from resdecay.interop.weights import SpecIgnoredWarning
 from resdecay.models import FAMILIES, build_model, get_family, tiny_config
 from resdecay.train.checkpoint import load_model
-
-from helpers import TINY
-from helpers.interop import tiny_timm
-from helpers import assert_one_line_error, run
 
 TIMM_KW = {"img_size": 32, "patch_size": 8, "depth": 4}
 X32 = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
@@ -69,7 +74,7 @@ def test_round_trip_every_family_equal_features(family, tmp_path):
     # the family's own class, with save_pretrained / push_to_hub methods (tests/interop/test_sharing.py)
     assert not back.training and type(back)._resdecay_base is type(model) and isinstance(back, type(model))
     assert torch.equal(_features(back, family), _features(model, family))
-    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), model.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), model.state_dict().values(), strict=True))
     assert config["family"] == family and config["resdecay_version"] == resdecay.__version__
     assert config["alpha"]["factors"] == [[n, list(f)] for n, f in alphas_of(model)]
     assert config["alpha"]["alpha_eff"] == pytest.approx(resdecay.effective_decay(model.alphas))
@@ -269,9 +274,10 @@ def test_missing_alpha_spec_is_refused_or_warned_in_one_line(tmp_path, capsys):
 
 
 def test_timm_export_carries_alpha_and_import_without_it_warns(tmp_path, capsys):
-    from helpers.interop import resdecay_checkpoint
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
+
+    from helpers.interop import resdecay_checkpoint
 
     resdecay_checkpoint(tmp_path / "c.pt", "mae-tiny-digits", ["model.in_chans=3", "model.img_size=32", "model.patch_size=8"])
     export_to_timm(tmp_path / "c.pt", tmp_path / "v.safetensors")

@@ -10,11 +10,10 @@ import shutil
 import pytest
 import torch
 
+from helpers import assert_one_line_error, run
 from resdecay.errors import CheckpointError
 from resdecay.interop import from_pretrained, save_pretrained
 from resdecay.models import build_model, tiny_config
-
-from helpers import assert_one_line_error, run
 
 
 @pytest.fixture(autouse=True)

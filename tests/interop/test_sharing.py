@@ -14,13 +14,12 @@ import torch
 import yaml
 
 import resdecay
+from helpers.interop import tiny_timm
 from resdecay import decayify
 from resdecay.interop import from_pretrained, save_pretrained
 from resdecay.interop.model_card import model_card
 from resdecay.models import build_model, tiny_config
-from resdecay.models.mae import MAEConfig, TINY_MAE
-
-from helpers.interop import tiny_timm
+from resdecay.models.mae import TINY_MAE, MAEConfig
 
 X = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
 
@@ -132,8 +131,8 @@ def test_timm_hub_loader_refuses_a_resdecay_folder_in_its_own_words(tmp_path):
 def test_a_folder_saved_before_the_architecture_moved_still_loads(tmp_path):
     """Folders written before this change keep the architecture dict under "architecture" (config.json and
     the weights' metadata alike): they load as they did."""
-    from safetensors.torch import load_file, save_file
     from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
 
     vit = decayify(tiny_timm(), alpha_min=0.6)
     folder = save_pretrained(vit, tmp_path / "vit", model_kwargs={"img_size": 32, "patch_size": 8, "depth": 4})

@@ -17,8 +17,16 @@ import torch.nn as nn
 
 from resdecay.cli.plugins import load_plugins
 from resdecay.errors import ConfigError
-from resdecay.models import (FAMILIES, MAEConfig, ModelConfig, ResidualModel, build_model, get_family, register_family,
-                             tiny_config)
+from resdecay.models import (
+    FAMILIES,
+    MAEConfig,
+    ModelConfig,
+    ResidualModel,
+    build_model,
+    get_family,
+    register_family,
+    tiny_config,
+)
 from resdecay.models.contract import missing_members
 from resdecay.train import checkpoint as ckpt
 from resdecay.train.config import from_dict, list_presets, load_config

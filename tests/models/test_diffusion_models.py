@@ -4,12 +4,11 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from resdecay.nn.blocks import Block
+from helpers import tiny_config
 from resdecay.models.sit import AdaLNBlock, SiT, SiTConfig
 from resdecay.models.uvit import UViT, UViTConfig
+from resdecay.nn.blocks import Block
 from resdecay.schedule import alpha_schedule
-
-from helpers import tiny_config
 
 FMNIST = dict(img_size=28, in_chans=1, patch_size=4, embed_dim=96, num_heads=3)  # the -tiny-fmnist presets
 # the tiny U-ViT (5 blocks) and SiT (4 blocks) on two-channel 8x8 inputs, unconditional and undecayed unless a
@@ -70,7 +69,7 @@ def test_alphas_follow_the_schedule_over_the_whole_network(family, depth, schedu
 def test_uvit_zero_init_blocks_start_as_scaled_identity():
     model = uvit(depth=7, alpha_min=0.6)
     x = torch.randn(2, 5, 32)
-    for blk, (a, m) in zip(model.blocks, model.alphas.tolist()):
+    for blk, (a, m) in zip(model.blocks, model.alphas.tolist(), strict=True):
         assert isinstance(blk, Block)
         torch.testing.assert_close(blk(x), a * m * x)
     plain = uvit(depth=7, alpha_min=0.6, zero_init=False)
@@ -82,7 +81,7 @@ def test_sit_starts_at_zero_output_and_scaled_identity_blocks():
     x, t = inputs()
     assert torch.equal(model(x, t, torch.tensor([0, 1, 2])), torch.zeros_like(x))  # adaLN-Zero + zero final layer
     tokens, c = torch.randn(3, 16, 32), torch.randn(3, 32)
-    for blk, (a, m) in zip(model.blocks, model.alphas.tolist()):
+    for blk, (a, m) in zip(model.blocks, model.alphas.tolist(), strict=True):
         assert isinstance(blk, AdaLNBlock)
         torch.testing.assert_close(blk(tokens, c), a * m * tokens)
     assert not any(torch.all(lin.weight == 0) for lin in model.skip_linears)  # the authors' xavier default

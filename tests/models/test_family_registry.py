@@ -15,11 +15,10 @@ import pytest
 import torch
 
 import resdecay.models as models
+from helpers import run
 from resdecay.models import FAMILIES, build_model, is_diffusion, tiny_config
 from resdecay.train import checkpoint as ckpt
 from resdecay.train.stability import named_blocks
-
-from helpers import run
 
 MIXER = Path(__file__).parent.parent.parent / "docs" / "examples" / "extending" / "mixer.py"  # docs/EXTENDING.md (b)
 SRC = Path(models.__file__).parent.parent

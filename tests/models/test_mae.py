@@ -1,11 +1,10 @@
 import pytest
 import torch
 
-from resdecay.train.config import load_config
+from helpers import DIGITS_IMAGE, tiny_config
 from resdecay.models import MaskedAutoencoder, build_model
 from resdecay.models.mae import choose_skip_sources, fill_and_unshuffle
-
-from helpers import DIGITS_IMAGE, tiny_config
+from resdecay.train.config import load_config
 
 # the tiny MAE on digits-sized images, deeper (6 blocks, a 4-block decoder) for the skip and depth tests
 SMALL = dict(DIGITS_IMAGE, depth=6, decoder_depth=4)

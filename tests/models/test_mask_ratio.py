@@ -2,9 +2,8 @@
 
 import pytest
 
-from resdecay.models import MAEConfig
-
 from helpers import assert_one_line_error, run
+from resdecay.models import MAEConfig
 
 
 @pytest.mark.parametrize("ratio,visible", [("0.95", "0 of 16"), ("0.99", "0 of 16"), ("0", "16 of 16"), ("0.0", "16 of 16")])

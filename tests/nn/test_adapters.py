@@ -13,10 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers.adapter_models import MODELS
 from resdecay import alpha_schedule, alphas_of, decayify
 from resdecay.nn.decayify import PartialDecayWarning, block_factors, residual_blocks
-
-from helpers.adapter_models import MODELS
 
 NAMES = list(MODELS)
 

@@ -33,7 +33,7 @@ def test_model_and_deepcopy_run_concurrently_in_threads():
             barrier.wait()
             with torch.no_grad():
                 for _ in range(25):
-                    for x, want in zip(data[id(m)], ref[id(m)]):
+                    for x, want in zip(data[id(m)], ref[id(m)], strict=True):
                         if not torch.equal(m(x), want):
                             errors.append("output differs from the single-threaded reference")
         except Exception as e:  # a KeyError from a shared pending input, before the fix

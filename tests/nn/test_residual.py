@@ -17,8 +17,15 @@ from resdecay.nn import residual
 from resdecay.nn.blocks import Block, block_statistics, decayed_add
 from resdecay.nn.conditioning import AdaLNBlock
 from resdecay.nn.decayify import block_factors
-from resdecay.nn.residual import (ShortcutScale, factors_of, residual_correction, scale_branch, scale_identity,
-                                  shortcut_names, shortcut_plan)
+from resdecay.nn.residual import (
+    ShortcutScale,
+    factors_of,
+    residual_correction,
+    scale_branch,
+    scale_identity,
+    shortcut_names,
+    shortcut_plan,
+)
 from resdecay.train.config import load_config
 
 

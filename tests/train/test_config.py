@@ -2,8 +2,8 @@ import re
 
 import pytest
 
-from resdecay.train.config import list_presets, load_config, parse_overrides
 from resdecay.errors import ConfigError
+from resdecay.train.config import list_presets, load_config, parse_overrides
 
 EXPECTED = {"mae-tiny-digits", "mae-tiny-fmnist", "mae-s16", "mae-b16", "mae-l16"}
 

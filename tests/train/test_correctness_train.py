@@ -16,15 +16,13 @@ import time
 import pytest
 import torch
 
+from helpers import TINY, assert_one_line_error, free_port, run
 from resdecay.io import NoSpaceLeft, is_disk_full
 from resdecay.models import FAMILIES
 from resdecay.train import checkpoint as ckpt
 from resdecay.train import loop, train
 from resdecay.train.config import load_config
 from resdecay.train.log.runlog import read_log
-
-from helpers import TINY, free_port
-from helpers import assert_one_line_error, run
 
 QUICK = [*TINY, "train.epochs=1", "data.train_subset=256", "train.threads=1"]  # 4 steps of 64
 
@@ -155,7 +153,7 @@ def test_torchrun_logs_the_global_mean_and_rank_0_alone_reports(tmp_path):
     rows = read_log(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and len(local[0]) == len(local[1]) == 4
     assert local[0] != local[1]  # the ranks see different images and masks
-    assert [r["loss"] for r in rows] == pytest.approx([(a + b) / 2 for a, b in zip(*local)], rel=1e-6)
+    assert [r["loss"] for r in rows] == pytest.approx([(a + b) / 2 for a, b in zip(*local, strict=True)], rel=1e-6)
     assert strict_json(out / "summary.json")["final_loss"] == rows[-1]["loss"]
 
 

@@ -10,8 +10,19 @@ import pytest
 import torch
 from torch import nn
 
-from resdecay.diffusion import (DDPM, SAMPLERS, LinearInterpolant, beta_schedule, cached_objective, diffusion_loss,
-                                make_scheduler, objective_for, sample, save_npz, to_uint8)
+from resdecay.diffusion import (
+    DDPM,
+    SAMPLERS,
+    LinearInterpolant,
+    beta_schedule,
+    cached_objective,
+    diffusion_loss,
+    make_scheduler,
+    objective_for,
+    sample,
+    save_npz,
+    to_uint8,
+)
 from resdecay.errors import ConfigError, UserError
 
 DDPM_SAMPLERS = ["ddpm", "ddim", "dpm-solver++"]

@@ -10,10 +10,9 @@ import sys
 import pytest
 import torch
 
+from helpers import TINY, free_port
 from resdecay.eval.online import OnlineEval
 from resdecay.train import checkpoint as ckpt
-
-from helpers import TINY, free_port
 
 
 @pytest.mark.slow

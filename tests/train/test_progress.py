@@ -12,10 +12,9 @@ import sys
 
 import pytest
 
+from helpers import TINY
 from resdecay.cli import main
 from resdecay.io import interactive_stderr, progress_bar
-
-from helpers import TINY
 
 
 class FakeTerminal(io.StringIO):

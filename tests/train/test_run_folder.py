@@ -4,10 +4,8 @@ import json
 
 import pytest
 
+from helpers import TINY, assert_one_line_error, run
 from resdecay.train.config import load_config
-
-from helpers import TINY
-from helpers import assert_one_line_error, run
 
 QUICK = [*TINY, "train.epochs=1", "data.train_subset=64"]
 

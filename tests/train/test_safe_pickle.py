@@ -5,11 +5,10 @@ import pickle
 import numpy as np
 import pytest
 
+from helpers import assert_one_line_error, run
 from resdecay.data import DataConfig, build_dataset
 from resdecay.errors import DataError
 from resdecay.safe_pickle import load_data_pickle
-
-from helpers import assert_one_line_error, run
 
 
 class _Payload:

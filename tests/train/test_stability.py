@@ -6,12 +6,11 @@ import re
 
 import pytest
 
+from helpers import TINY
 from resdecay.errors import TrainingDiverged
 from resdecay.train import train
 from resdecay.train.config import load_config
 from resdecay.train.stability import BlockNormMonitor, named_blocks
-
-from helpers import TINY
 
 
 @pytest.mark.slow

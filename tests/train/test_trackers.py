@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from helpers import train_online
+from helpers import TINY, assert_one_line_error, run, train_online
 from resdecay.errors import ConfigError
 from resdecay.eval.suite import EvalSettings, evaluate_checkpoint
 from resdecay.train import checkpoint as ckpt
@@ -18,11 +19,6 @@ from resdecay.train.config import from_dict, load_config
 from resdecay.train.log.runlog import RunLog, read_log
 from resdecay.train.log.trackers import CsvTracker
 from resdecay.train.log.tracking import Trackers, tracker_group
-
-from helpers import TINY
-from helpers import assert_one_line_error, run
-
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 # 640 images in batches of 64: 10 steps, a row every 2, checkpoints at 4, 8 and 10
 RUN = [*TINY, "train.epochs=1", "data.train_subset=640", "train.threads=1", "train.log_every=2", "train.ckpt_every=4",

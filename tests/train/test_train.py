@@ -9,13 +9,12 @@ import time
 import pytest
 import torch
 
-from resdecay.train import checkpoint as ckpt
-from resdecay.train.config import load_config
+from helpers import TINY, copy_run
 from resdecay.errors import CheckpointError, TrainingDiverged
 from resdecay.models import FAMILIES, Family
+from resdecay.train import checkpoint as ckpt
 from resdecay.train import lr_at, param_groups, train
-
-from helpers import TINY, copy_run
+from resdecay.train.config import load_config
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():

@@ -2,11 +2,10 @@
 
 import pytest
 
+from helpers import run
 from resdecay import yaml_io
 from resdecay.commands.ablate import load_grid
 from resdecay.train.config import load_config
-
-from helpers import run
 
 FORMS = {"1e-3": 1e-3, "3e-4": 3e-4, "1E-4": 1e-4, ".5": 0.5, "5.": 5.0, "-2.5E+3": -2500.0, "1.5e-3": 1.5e-3}
 

@@ -11,29 +11,30 @@ import argparse
 import os
 import sys
 
+from .._version import __version__
 from ..commands.ablate_seeds import run_ablate
 from ..commands.check_data import run_check_data
 from ..commands.demos import run_demo_command
-from ..commands.evaluate import eval_command, run_compare
 from ..commands.eval_classifier import add_eval_classifier_command
+from ..commands.evaluate import eval_command, run_compare
 from ..commands.finetune import SOURCE_FORMATS, finetune_source, run_finetune
 from ..commands.presets import print_presets
 from ..commands.pretrain import run_pretrain
 from ..commands.report import figures_command, run_plot
 from ..commands.shard import add_shard_command
 from ..commands.supervised import run_supervised
-from ..errors import TrainingDiverged, UserError, one_line
 from ..data.seg_masks import SEG_DATA
+from ..errors import TrainingDiverged, UserError, one_line
 from ..eval.metrics import FEATURES, metric_names
-from ..eval.segmentation import SOLVERS, SegProtocol
 from ..eval.protocol import KNN_K, KNN_TEMPERATURE
+from ..eval.segmentation import SOLVERS, SegProtocol
 from .alpha import add_alpha_command
 from .diffusion import add_commands as add_diffusion_commands
-from .._version import __version__
 from .examples import add_examples
 from .interop import add_interop_commands
-from .plugins import ENV as PLUGIN_ENV, load_plugins
 from .parents import data_options, device_option, progress_option, run_folder_options, run_overrides
+from .plugins import ENV as PLUGIN_ENV
+from .plugins import load_plugins
 from .submit import add_submit_command
 
 

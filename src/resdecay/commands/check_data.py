@@ -50,7 +50,9 @@ def check_data(data: DataConfig, img_size: int | None = None, workers: int | Non
                         f"(and val/<class>/...), or <class>/<image>.jpg directly under {root}")
     total, t0, bad = sum(map(len, files.values())), time.perf_counter(), []
     for split, paths in files.items():
-        def show(done, split=split, n=len(paths)):
+        n = len(paths)
+
+        def show(done, split=split, n=n):
             if progress:
                 print(f"\rcheck-data: {split}: {done}/{n} decoded", end="", file=sys.stderr, flush=True)
         found = scan_images(paths, workers, show)
@@ -84,7 +86,9 @@ def _check_sharded(data: DataConfig, workers: int | None, progress: bool, stop: 
             ds, _ = build_dataset(cfg, split, 32, augment=False)  # reads the index; the scan decodes the bytes
         except NoSplit:
             continue  # no val shards / a single split: the training split is checked alone
-        def show(done, split=split, n=len(ds)):
+        n = len(ds)
+
+        def show(done, split=split, n=n):
             if progress:
                 print(f"\rcheck-data: {split}: {done}/{n} decoded", end="", file=sys.stderr, flush=True)
         found = scan_members(ds, workers or min(64, 2 * (os.cpu_count() or 1)), show)

@@ -17,19 +17,20 @@ from pathlib import Path
 
 import torch
 
-from ..train import train
-from ..train.checkpoint import load_model
-from ..train.config import load_config
 from ..data import build_dataset, fashion_mnist_available
 from ..errors import UserError
 from ..eval import effective_rank, extract_block_features, knn_accuracy
 from ..eval.inputs import check_writable
-from ..eval.protocol import KNN_K, KNN_TEMPERATURE as KNN_T, KNN_VOTE
+from ..eval.protocol import KNN_K, KNN_VOTE
+from ..eval.protocol import KNN_TEMPERATURE as KNN_T
+from ..train import train
+from ..train.checkpoint import load_model
+from ..train.config import load_config
+from ..train.log.runlog import read_log
+from ..train.run.environment import numerics_environment
 from ..viz.figures import plot_pca_maps
 from ..viz.online_figures import online_hooks
 from ..viz.plots import plot_alpha_schedules, plot_loss_curves, plot_reconstructions, reconstruct
-from ..train.log.runlog import read_log
-from ..train.run.environment import numerics_environment
 from .ablate import load_grid
 
 # (preset, overrides, the decayed model's default alpha_min). digits and fashion-mnist are sized so that

@@ -11,12 +11,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch.distributed as dist
+
 from ..data import DataConfig, build_dataset
 from ..data.subsets import balanced_subset
 from ..errors import UserError
+from ..eval.baselines import default_baseline_cache, pixel_rows
 from ..eval.compare import compare_reports, format_comparison, load_report
 from ..eval.diffusion_probe import FAST_RECIPE, NOISE_LEVELS, check_levels, probe_grid
-from ..eval.baselines import default_baseline_cache, pixel_rows
 from ..eval.inputs import check_data_path, check_writable, write_failure
 from ..eval.metrics import FEATURES, metric_names
 from ..eval.options import parse_assignments
@@ -128,14 +129,14 @@ def run_compare(runs: list[str], out: str, force: bool = False) -> dict:
     if len(runs) < 2:
         raise UserError("compare needs at least two runs or eval.json files")
     reports = [load_report(r) for r in runs]
-    labels = [rep.get("label", Path(r).name) for rep, r in zip(reports, runs)]
+    labels = [rep.get("label", Path(r).name) for rep, r in zip(reports, runs, strict=True)]
     if len(set(labels)) < len(labels):
         labels = [f"{lab} [{i}]" for i, lab in enumerate(labels)]
     result = compare_reports(reports, labels, force=force)
     print(format_comparison(result, labels))
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "compare.json").write_text(json.dumps({"runs": dict(zip(labels, [r["_source"] for r in reports])), **result}, indent=2))
+    (folder / "compare.json").write_text(json.dumps({"runs": dict(zip(labels, [r["_source"] for r in reports], strict=True)), **result}, indent=2))
     png = plot_bars(result["rows"], folder / "compare.png",
                     "resdecay compare (* = protocols differ)" if result["differences"] else "resdecay compare")
     print(f"wrote {folder / 'compare.json'} and {png}")
@@ -148,7 +149,7 @@ def format_grid(r: dict) -> str:
     head = (f"diffusion probe grid | {p['checkpoint']} (step {p['step']}, {p['weights']} weights) | {p['data']} "
             f"train {p['train_images']} -> test {p['test_images']} | fast probe, mean tokens, null label")
     lines = [head, "block  " + "".join(f"{f'noise {lv:g}':>12}" for lv in r["levels"])]
-    for layer, row in zip(r["layers"], r["top1"]):
+    for layer, row in zip(r["layers"], r["top1"], strict=True):
         lines.append(f"{layer:>5}  " + "".join(f"{v:>12.4f}" for v in row))
     b = r["best"]
     lines.append(f"best cell: block {b['layer']}, noise level {b['level']:g}, top-1 {b['top1']:.4f}")

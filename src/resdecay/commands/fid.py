@@ -22,8 +22,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..eval.fid import (INCEPTION_LABEL, PROXY_DATASETS, WEIGHTS_FIX, ProxyCNN, _res, check_count, compute_fid, dataset_reference,
-                        feature_stats, inception_extractor, load_stats, npz_has_stats, proxy_extractor, save_stats)
+from ..eval.fid import (
+    INCEPTION_LABEL,
+    PROXY_DATASETS,
+    WEIGHTS_FIX,
+    ProxyCNN,
+    _res,
+    check_count,
+    compute_fid,
+    dataset_reference,
+    feature_stats,
+    inception_extractor,
+    load_stats,
+    npz_has_stats,
+    proxy_extractor,
+    save_stats,
+)
 from ..eval.image_sets import ImageSet, describe_set, is_image_set
 from ..eval.inputs import check_data_path, check_writable
 from ..train.distributed import resolve_device

@@ -28,11 +28,11 @@ from torch.utils.data import DataLoader
 
 from ..data import build_dataset
 from ..errors import CheckpointError, ConfigError, UserError, one_line
+from ..eval.knn import topk_accuracy
 from ..interop.files import read_json_object
 from ..interop.hf_vitmae import WEIGHT_FILES
 from ..interop.import_weights import FORMATS, convert_weights, imported_state
 from ..interop.weights import read_weights_file
-from ..eval.knn import topk_accuracy
 from ..io import atomic_write_text, file_sha256, progress_bar, run_dir_of
 from ..train import train
 from ..train.checkpoint import FORMAT, foreign_format, list_checkpoints, load_checkpoint, load_model

@@ -9,18 +9,25 @@ from pathlib import Path
 
 import torch
 
-from ..train.checkpoint import load_model
-from ..nn.shortcut_info import describe_model
-from ..train.config import shortcut_tag
 from ..data import DataConfig, build_dataset
 from ..errors import UserError
 from ..eval.inputs import check_data_path
 from ..eval.metrics import column_title, get_metric
-from ..viz.figures import (diffusion_keys, online_rows, plot_correlation, plot_diffusion_curves, plot_pca_maps,
-                           plot_rank_and_accuracy, plot_tsne)
 from ..io import run_dir_of
-from ..viz.plots import plot_reconstructions, reconstruct
+from ..nn.shortcut_info import describe_model
+from ..train.checkpoint import load_model
+from ..train.config import shortcut_tag
 from ..train.log.runlog import read_log
+from ..viz.figures import (
+    diffusion_keys,
+    online_rows,
+    plot_correlation,
+    plot_diffusion_curves,
+    plot_pca_maps,
+    plot_rank_and_accuracy,
+    plot_tsne,
+)
+from ..viz.plots import plot_reconstructions, reconstruct
 from .options import block_index, seg_protocol
 from .segment_figures import run_segmentation_figures
 
@@ -47,7 +54,7 @@ def run_plot(runs: list[str], out: str, accuracy: str = "probe") -> dict:
     fid_key, *other_keys = diffusion_keys()
     if any(fid_key in r for rows in logs.values() for r in rows):  # diffusion runs: FID and probe curves
         curves = plot_diffusion_curves(logs, out_dir / "fid_and_probe.png")
-        report = {"diffusion_curves": curves, "runs": dict(zip(logs, runs))}
+        report = {"diffusion_curves": curves, "runs": dict(zip(logs, runs, strict=False))}
         (out_dir / "plot.json").write_text(json.dumps(report, indent=2, default=str))
         for label, rows in logs.items():
             last = [r for r in rows if fid_key in r]
@@ -60,7 +67,7 @@ def run_plot(runs: list[str], out: str, accuracy: str = "probe") -> dict:
     acc_key = f"online_{get_metric(accuracy).display.key}"  # the accuracy metric's logged column (probe_top1, knn_top1)
     fig4 = plot_rank_and_accuracy(logs, out_dir / "rank_and_accuracy.png", accuracy_key=acc_key)
     fig5 = plot_correlation(logs, out_dir / "rank_accuracy_correlation.png", accuracy_key=acc_key)
-    report = {"figure4": fig4, "figure5c": fig5, "runs": dict(zip(logs, runs))}
+    report = {"figure4": fig4, "figure5c": fig5, "runs": dict(zip(logs, runs, strict=False))}
     (out_dir / "plot.json").write_text(json.dumps(report, indent=2, default=str))
     for label, c in fig5.items():
         r = c.get("pearson_r")

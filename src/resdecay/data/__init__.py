@@ -2,8 +2,17 @@
 table (transforms.py), the resumable sampler (resumable.py), Fashion-MNIST-M's compositing and the
 VAE latent cache for latent diffusion."""
 
-from .datasets import (DATASETS, NORMALIZE, DataConfig, DataInfo, LatentDataset, TensorImages, build_dataset,
-                       fashion_mnist_available, latent_dataset)
+from .datasets import (
+    DATASETS,
+    NORMALIZE,
+    DataConfig,
+    DataInfo,
+    LatentDataset,
+    TensorImages,
+    build_dataset,
+    fashion_mnist_available,
+    latent_dataset,
+)
 from .fast_images import DeviceLoader
 from .resumable import ResumableSampler, SeededSamples, check_first_sample
 from .transforms import AUGMENTS, RECIPES, choose_decoder, create_transform

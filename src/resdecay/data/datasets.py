@@ -36,10 +36,10 @@ from ..io import safe_load
 from ..safe_pickle import load_data_pickle
 from .fashion_mnist_m import NUISANCES, composite, validate_knobs
 from .fast_images import BadImage, bad_image_reason, decode_uint8
-from .subsets import SUBSET_SEED, balanced_indices, balanced_subset
 from .hf_datasets import hf_dataset
 from .info import IMAGENET_MEAN, IMAGENET_STD, DataInfo, folder_stats  # noqa: F401  (re-exported)
 from .shards import wds_dataset
+from .subsets import SUBSET_SEED, balanced_indices, balanced_subset
 from .transforms import RECIPES, Augment, choose_decoder, create_transform
 
 DatasetName = Literal["digits", "fashion-mnist", "fashion-mnist-m", "cifar10", "cifar100", "imagefolder", "wds", "hf",

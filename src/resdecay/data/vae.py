@@ -15,10 +15,9 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
-from ..io import progress_bar
 
 from ..errors import UserError
-from ..io import atomic_save, first_sentence
+from ..io import atomic_save, first_sentence, progress_bar
 from .datasets import build_dataset
 
 SPLITS = ("train", "test")

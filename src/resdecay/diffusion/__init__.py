@@ -6,10 +6,19 @@ about noise lives here: ``objectives`` (schedules, losses) and ``samplers`` (DDP
 DPM-Solver++ via diffusers; Euler, Heun, Euler-Maruyama for SiT's interpolant).
 """
 
-from .objectives import (DDPM, NOISE_SCHEDULES, OBJECTIVES, LinearInterpolant, beta_schedule,
-                                           cached_objective, diffusion_loss, model_config, objective_for, unwrap)
-from .samplers import (DEFAULT_SAMPLER, DEFAULT_STEPS, SAMPLERS, make_scheduler, sample,
-                                         samplers_for, save_npz, to_uint8)
+from .objectives import (
+    DDPM,
+    NOISE_SCHEDULES,
+    OBJECTIVES,
+    LinearInterpolant,
+    beta_schedule,
+    cached_objective,
+    diffusion_loss,
+    model_config,
+    objective_for,
+    unwrap,
+)
+from .samplers import DEFAULT_SAMPLER, DEFAULT_STEPS, SAMPLERS, make_scheduler, sample, samplers_for, save_npz, to_uint8
 
 __all__ = ["DDPM", "DEFAULT_SAMPLER", "DEFAULT_STEPS", "LinearInterpolant", "NOISE_SCHEDULES", "OBJECTIVES",
            "SAMPLERS", "beta_schedule", "cached_objective", "diffusion_loss", "make_scheduler", "model_config", "objective_for",

@@ -130,7 +130,7 @@ def _run_ddpm_family(sampler, f, x, steps, ddpm, generator, progress, clip_denoi
 # ------------------------------------------------------------------ interp-v: own ODE / SDE integrators
 def _run_ode(sampler, f, x, steps, progress):
     ts = np.linspace(1.0, 0.0, steps + 1).tolist()
-    for t, t_next in _progress(list(zip(ts[:-1], ts[1:])), progress, sampler):
+    for t, t_next in _progress(list(zip(ts[:-1], ts[1:], strict=True)), progress, sampler):
         v = f(x, t)
         x_next = x + (t_next - t) * v  # Euler
         if sampler == "heun" and t_next > 0:  # Heun's trapezoid corrector
@@ -158,7 +158,7 @@ def _run_dopri5(f, x, steps, atol, rtol):
 def _run_sde(f, x, steps, generator, progress, t_end: float = SDE_LAST_STEP):
     ts = np.linspace(1.0, t_end, steps).tolist() if steps > 1 else [1.0]
     path = LinearInterpolant
-    for t, t_next in _progress(list(zip(ts[:-1], ts[1:])), progress, "euler-maruyama"):
+    for t, t_next in _progress(list(zip(ts[:-1], ts[1:], strict=True)), progress, "euler-maruyama"):
         h = t - t_next
         v = f(x, t)
         eps_hat = path.velocity_to_eps(x, t, v)  # = -D(t) * score for D(t) = t

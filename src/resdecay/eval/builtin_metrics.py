@@ -23,11 +23,22 @@ from .diffusion_probe import probe_grid
 from .display import Column, Display, TableSpec
 from .fid import compute_fid, extractor_card
 from .knn import knn_topk
-from .metrics import (BLOCKS, DIFFUSION, SAMPLES, SEGMENTATION, BlockStats, DiffusionSet, FeatureSet, Metric, Result,
-                      SampleSet, SegmentationSet, register_metric)
+from .metrics import (
+    BLOCKS,
+    DIFFUSION,
+    SAMPLES,
+    SEGMENTATION,
+    BlockStats,
+    DiffusionSet,
+    FeatureSet,
+    Metric,
+    Result,
+    SampleSet,
+    SegmentationSet,
+    register_metric,
+)
 from .probe import linear_probe
-from .protocol import (FAST_RECIPE, KNN_K, KNN_TEMPERATURE, KNN_VOTE, RANK_FORMS, STATS_CARD, MetricSettings,
-                       ProbeRecipe)
+from .protocol import FAST_RECIPE, KNN_K, KNN_TEMPERATURE, KNN_VOTE, RANK_FORMS, STATS_CARD, MetricSettings, ProbeRecipe
 from .rank import effective_rank
 from .segmentation import SegProtocol, segment
 

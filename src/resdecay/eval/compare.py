@@ -73,7 +73,7 @@ def compare_reports(reports: list[dict], labels: list[str], force: bool = False)
     """Rows ``{name: {label: value}}`` of every measurement present in at least two runs, and the
     protocol differences per row. Raises UserError on differences unless ``force``."""
     by_key: dict[tuple, dict[str, dict]] = {}
-    for label, rep in zip(labels, reports):
+    for label, rep in zip(labels, reports, strict=True):
         for r in rep["results"]:
             by_key.setdefault((r["metric"], r["layer"], r["feature"]), {})[label] = r
     rows, differences = {}, {}

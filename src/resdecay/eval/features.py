@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Subset
+
 from ..io import progress_bar
 
 POOLINGS = ("mean", "cls", "patch_mean")
@@ -49,7 +50,7 @@ def extract_block_features(model: torch.nn.Module, dataset: Dataset, layers: lis
     for images, y in progress_bar(loader, desc=desc, disable=not progress or rank != 0, leave=False):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             blocks = model.forward_intermediates(images.to(device), layers)
-        for l, tokens in zip(layers, blocks):
+        for l, tokens in zip(layers, blocks, strict=True):
             for p in pools:
                 out[(l, p)].append(pool_tokens(tokens.float(), p).cpu())
         labels.append(torch.as_tensor(y))

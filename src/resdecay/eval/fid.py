@@ -25,14 +25,22 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from torch.utils.data import DataLoader
 
 from ..data import DataConfig, build_dataset
 from ..errors import UserError
 from ..io import atomic_save, file_sha256, progress_bar, safe_load
-from .fid_published import (EXTERNAL_STATS, INCEPTION_LABEL, INCEPTION_RESIZE, PUBLISHED_INCEPTION,  # noqa: F401
-                            STATS_FORMAT, inception_label, is_published, load_npz_stats, npz_has_stats)
+from .fid_published import (  # noqa: F401
+    EXTERNAL_STATS,
+    INCEPTION_LABEL,
+    INCEPTION_RESIZE,
+    PUBLISHED_INCEPTION,
+    STATS_FORMAT,
+    inception_label,
+    is_published,
+    load_npz_stats,
+    npz_has_stats,
+)
 from .image_sets import image_chunks, rebatch, unit_float
 from .knn import tf32_matmuls
 

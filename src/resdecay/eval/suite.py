@@ -25,22 +25,43 @@ from ..io import file_sha256, run_dir_of
 from ..models import MAEConfig
 from ..nn.blocks import block_statistics as record_block_statistics
 from ..nn.decayify import alphas_of
-from ..train.checkpoint import load_checkpoint, load_model
 from ..nn.shortcut_info import describe_model
+from ..train.checkpoint import load_checkpoint, load_model
 from ..train.config import from_dict
 from ..train.distributed import resolve_device
 from ..train.log.tracking import log_to_run
 from . import baselines as bl
+from . import segmentation_eval as seg_eval
 from .feature_cache import FeatureCache
 from .features import POOLINGS, extract_block_features
-from .inputs import (bad_files_list, check_data_path, check_encoder_family, check_writable, eval_split,
-                     replaced_count, replaced_list, restore_replaced, split_card)
-from .metrics import (BLOCKS, FEATURES, LAYERS, SEGMENTATION, BlockStats, FeatureSet, LayerSet, Metric, measure,
-                      metric_names, registered, row_columns)
+from .inputs import (
+    bad_files_list,
+    check_data_path,
+    check_encoder_family,
+    check_writable,
+    eval_split,
+    replaced_count,
+    replaced_list,
+    restore_replaced,
+    split_card,
+)
+from .metrics import (
+    BLOCKS,
+    FEATURES,
+    LAYERS,
+    SEGMENTATION,
+    BlockStats,
+    FeatureSet,
+    LayerSet,
+    Metric,
+    measure,
+    metric_names,
+    registered,
+    row_columns,
+)
 from .options import checked
-from . import segmentation_eval as seg_eval
-from .segmentation import SegProtocol
 from .protocol import FAST_RECIPE, IN100_RECIPE, KNN_K, KNN_TEMPERATURE, STATS_IMAGES, MetricSettings
+from .segmentation import SegProtocol
 
 FEATURE_FORMAT = 1  # bump when extraction changes, so old caches are not reused
 
@@ -287,7 +308,7 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str
         _add_segmentation(report, seg, cfg, model, s, layers, device)
     if s.layer == "all":
         block_metrics = registered(BLOCKS, "profile")
-        for row, norms in zip(profile, block_norms(model, eval_split(data, "test", img, bad_files), STATS_IMAGES, device)):
+        for row, norms in zip(profile, block_norms(model, eval_split(data, "test", img, bad_files), STATS_IMAGES, device), strict=False):
             row.update(measure(block_metrics, BlockStats(row["layer"], norms), ms, base, row["layer"])[1])
         report["profile"] = profile
         cards = {k: v for m in [*s.metrics(), *block_metrics] for k, v in m.protocol(ms).items()}

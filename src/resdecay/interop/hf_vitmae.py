@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError, UserError
-from .file_meta import Stated
 from .export_timm import source_model
+from .file_meta import Stated
 from .files import check_out_file, read_json_object, write_bytes_atomically
 from .weights import read_weights_file, state_dict_of
 
@@ -207,7 +207,7 @@ def _blocks_to_hf(state: dict, prefix: str, hf_prefix: str, depth: int, v4: bool
     for i in range(depth):
         src, dst = f"{prefix}.{i}.", f"{hf_prefix}.{i}."
         for p in ("weight", "bias"):
-            for x, part in zip("qkv", state[f"{src}attn.qkv.{p}"].chunk(3)):
+            for x, part in zip("qkv", state[f"{src}attn.qkv.{p}"].chunk(3), strict=True):
                 out[f"{dst}attention.{x}_proj.{p}"] = part.clone()
             out.update({f"{dst}{theirs}.{p}": state[f"{src}{ours}.{p}"] for theirs, ours in _BLOCK.items()})
     if v4:  # the hub's layout, which transformers 4.x reads and 5.x converts on load

@@ -35,8 +35,16 @@ from ..train.config import RunConfig, from_dict
 from .files import check_out_file, read_json_object, write_bytes_atomically
 from .hub_model import with_hub_methods
 from .model_card import model_card
-from .pretrained_config import (FORMAT, build_from_config, check_config, check_factors, check_weights_metadata,
-                                describe_decayified, describe_resdecay, family_config)
+from .pretrained_config import (
+    FORMAT,
+    build_from_config,
+    check_config,
+    check_factors,
+    check_weights_metadata,
+    describe_decayified,
+    describe_resdecay,
+    family_config,
+)
 from .weights import load_strict, read_safetensors
 
 CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, EVAL_NAME = "config.json", "model.safetensors", "README.md", "eval.json"

@@ -262,7 +262,7 @@ def check_factors(model: nn.Module, config: dict, source: str) -> None:
     if len(got) != len(saved):
         raise CheckpointError(f"{source}: the rebuilt model has {len(got)} residual blocks but config.json lists factors of "
                               f"{len(saved)}; the file was edited or comes from another model, {SAVE_FIX}")
-    for (name, fs), want in zip(got, saved):
+    for (name, fs), want in zip(got, saved, strict=True):
         if [name, fs] != list(want):
             raise CheckpointError(f"{source}: the rebuilt {name} uses shortcut factors {fs} but config.json lists {want}; "
                                   "the file was edited or the schedule changed since resdecay "

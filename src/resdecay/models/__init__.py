@@ -18,8 +18,18 @@ import pkgutil
 from .classifier import ClassifierConfig, EncoderClassifier
 from .contract import ModelConfig, ResidualModel
 from .mae import MAEConfig, MaskedAutoencoder
-from .registry import (FAMILIES, TINY, ExampleBatch, Family, build_model, get_family, is_diffusion, model_config_class,
-                       register_family, tiny_config)
+from .registry import (
+    FAMILIES,
+    TINY,
+    ExampleBatch,
+    Family,
+    build_model,
+    get_family,
+    is_diffusion,
+    model_config_class,
+    register_family,
+    tiny_config,
+)
 from .resnet import ResNetConfig, SupervisedResNet
 from .sit import SiT, SiTConfig
 from .uvit import UViT, UViTConfig

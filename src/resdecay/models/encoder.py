@@ -33,7 +33,7 @@ class ViTEncoder(GradCheckpointing, nn.Module):
         self.alphas = plan.alphas  # (depth, 2): attention, MLP
         rates = [drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # stochastic depth grows with depth (timm)
         self.blocks = nn.ModuleList(Block(D, cfg.num_heads, cfg.mlp_ratio, drop_path=r, **factors)
-                                    for factors, r in zip(plan.block_kwargs(), rates))
+                                    for factors, r in zip(plan.block_kwargs(), rates, strict=True))
         # U-Net MAE: no final norm, the bottleneck is the raw last block (paper-notes §2).
         self.norm = nn.LayerNorm(D, eps=1e-6) if cfg.encoder_norm else nn.Identity()
 

@@ -19,7 +19,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import check_fields
-from ..nn.blocks import Block, block_flops, init_linear_xavier, init_patch_embed, patchify, sincos_pos_embed_2d, unpatchify
+from ..nn.blocks import (
+    Block,
+    block_flops,
+    init_linear_xavier,
+    init_patch_embed,
+    patchify,
+    sincos_pos_embed_2d,
+    unpatchify,
+)
 from ..nn.residual import check_shortcut, shortcut_plan
 from ..schedule import Branches, Schedule, check_alpha_min
 from .common import check_patch_size

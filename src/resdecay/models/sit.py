@@ -28,8 +28,14 @@ from ..nn.blocks import block_flops, init_linear_xavier, init_patch_embed, sinco
 from ..nn.conditioning import AdaLNBlock, FinalLayer, embed_labels
 from ..nn.residual import check_shortcut, shortcut_plan
 from ..schedule import Branches, Schedule
-from .common import GradCheckpointing, check_diffusion_config, diffusion_stem, resolve_blocks
-from .common import diffusion_batch, diffusion_objective
+from .common import (
+    GradCheckpointing,
+    check_diffusion_config,
+    diffusion_batch,
+    diffusion_objective,
+    diffusion_stem,
+    resolve_blocks,
+)
 from .contract import ModelConfig
 from .registry import register_family
 

@@ -30,8 +30,14 @@ from ..nn.blocks import Block, block_flops, init_linear_xavier, init_patch_embed
 from ..nn.conditioning import embed_labels
 from ..nn.residual import check_shortcut, shortcut_plan
 from ..schedule import Branches, Schedule
-from .common import GradCheckpointing, check_diffusion_config, diffusion_stem, resolve_blocks
-from .common import diffusion_batch, diffusion_objective
+from .common import (
+    GradCheckpointing,
+    check_diffusion_config,
+    diffusion_batch,
+    diffusion_objective,
+    diffusion_stem,
+    resolve_blocks,
+)
 from .contract import ModelConfig
 from .registry import register_family
 

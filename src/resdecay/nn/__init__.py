@@ -5,8 +5,15 @@ already have."""
 
 from .blocks import Attention, Block, Mlp, PatchEmbed, patchify, unpatchify
 from .decayify import alphas_of, block_factors, decayify
-from .residual import (decayed_add, factors_of, register_shortcut, residual_add, shortcut_factors, shortcut_names,
-                       shortcut_plan)
+from .residual import (
+    decayed_add,
+    factors_of,
+    register_shortcut,
+    residual_add,
+    shortcut_factors,
+    shortcut_names,
+    shortcut_plan,
+)
 
 __all__ = ["Attention", "Block", "Mlp", "PatchEmbed", "alphas_of", "block_factors", "decayed_add", "decayify", "factors_of", "patchify",
            "register_shortcut", "residual_add", "shortcut_factors", "shortcut_names", "shortcut_plan", "unpatchify"]

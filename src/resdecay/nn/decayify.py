@@ -141,7 +141,7 @@ def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_
     plan = shortcut_plan(len(found), alpha_min, schedule, branches, shortcut, adds)
     if skipped and bool((plan.alphas != 1.0).any() or (plan.betas != 1.0).any()):
         _say_what_was_left(model, found, skipped)
-    for (name, block, _), a, b in zip(found, plan.alphas.tolist(), plan.betas.tolist()):
+    for (_name, block, _), a, b in zip(found, plan.alphas.tolist(), plan.betas.tolist(), strict=True):
         adapter = adapter_for(block)
         _remove_hooks(block)
         adapter.install(block, tuple(a), tuple(b))

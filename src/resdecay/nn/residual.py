@@ -227,7 +227,7 @@ class ShortcutPlan:
     def block_kwargs(self) -> list[dict]:
         """Per two-add block, the keyword arguments of ``Block`` / ``AdaLNBlock``."""
         return [dict(alpha_attn=a[0], alpha_mlp=a[1], beta_attn=b[0], beta_mlp=b[1], learnable_alpha=(la, lm))
-                for a, b, (la, lm) in zip(self.alphas.tolist(), self.betas.tolist(), self.learnable.tolist())]
+                for a, b, (la, lm) in zip(self.alphas.tolist(), self.betas.tolist(), self.learnable.tolist(), strict=True)]
 
 
 def formula_source(formula: ShortcutFormula) -> str:

@@ -22,12 +22,11 @@ Only tensors and plain Python values: no pickled classes, so old files keep load
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import sys
 from pathlib import Path
-
-import dataclasses
 
 import numpy as np
 import torch

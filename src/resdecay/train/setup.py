@@ -16,11 +16,18 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from ..data import (DeviceLoader, ResumableSampler, SeededSamples, build_dataset, check_first_sample, choose_decoder,
-                    create_transform)
-from ..data.datasets import normalization_card
-from ..data.dali_images import DaliLoader, folder_samples
+from ..data import (
+    DeviceLoader,
+    ResumableSampler,
+    SeededSamples,
+    build_dataset,
+    check_first_sample,
+    choose_decoder,
+    create_transform,
+)
 from ..data.badfiles import SkipBadFiles
+from ..data.dali_images import DaliLoader, folder_samples
+from ..data.datasets import normalization_card
 from ..errors import ConfigError
 from ..models import Family, build_model, get_family
 from ..nn.shortcut_info import knob_warnings, shortcut_settings

@@ -100,7 +100,7 @@ def plot_tsne(models: dict[str, torch.nn.Module], dataset, path: Path, classes: 
     names = class_names or getattr(dataset, "classes", None)
     fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models) + 1.6, 4.6), squeeze=False)
     points, layers, counts = {}, {}, {}
-    for ax, (label, model) in zip(axes[0], models.items()):
+    for ax, (label, model) in zip(axes[0], models.items(), strict=True):
         feats, y = extract_block_features(model, subset, layers=[layer], pools=(pool,), device=_device(model),
                                           progress=False, desc=f"t-SNE {label}")
         x = feats[(layer, pool)].double().numpy()
@@ -314,7 +314,7 @@ def plot_correlation(runs: dict[str, list[dict]], path: Path, accuracy_key: str 
             legend = f"{label}: r n/a (n={len(pts)})"
         out[label] = {**stats, "accuracy_key": used[label]}
         if pts:
-            ax.scatter(*zip(*pts), s=18, label=legend + (" [kNN]" if used[label] != accuracy_key else ""))
+            ax.scatter(*zip(*pts, strict=True), s=18, label=legend + (" [kNN]" if used[label] != accuracy_key else ""))
     ax.set(xlabel=_label(rank_key), ylabel=_label(accuracy_key),
            title="accuracy vs effective rank across epochs (Pearson r per run)")
     ax.grid(alpha=0.3)
@@ -338,9 +338,9 @@ def plot_diffusion_curves(runs: dict[str, list[dict]], path: Path) -> dict:
     protocol = next((r["online_protocol"] for rows in runs.values() for r in online_rows(rows) if "online_protocol" in r), {})
     for label, rows in runs.items():
         line, = axes[0].plot(*_series(rows, keys[0]), "o-", ms=3, label=label)
-        for ax, key in zip(axes[1:], keys[1:]):
+        for ax, key in zip(axes[1:], keys[1:], strict=True):
             ax.plot(*_series(rows, key), "o-", ms=3, color=line.get_color(), label=label)
-    for ax, key in zip(axes, keys):
+    for ax, key in zip(axes, keys, strict=True):
         metric = column_metric(key)
         ax.set(xlabel="epoch", ylabel=_label(key), title=f"{metric.display.label if metric else key} during training")
         ax.grid(alpha=0.3)

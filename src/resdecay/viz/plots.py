@@ -123,11 +123,11 @@ def plot_profile(profiles: dict[str, list[dict]], path: Path, note: str = "") ->
     cols = min(4, len(panels))
     rows_n = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows_n, cols, figsize=(3.6 * cols, 3.0 * rows_n + 0.5), squeeze=False)
-    for ax, (key, title, log) in zip(axes.flat, panels):
+    for ax, (key, title, log) in zip(axes.flat, panels, strict=False):
         for label, rows in profiles.items():
             pts = [(r["layer"], r[key]) for r in rows if key in r]
             if pts:
-                ax.plot(*zip(*pts), "o-", ms=3, label=label)
+                ax.plot(*zip(*pts, strict=True), "o-", ms=3, label=label)
         if log:
             ax.set_yscale("log")
         ax.set(title=title, xlabel="encoder block")
@@ -171,7 +171,7 @@ def plot_rank_vs_depth(rows: dict[str, dict], path: Path, title: str = "") -> Pa
         pts = sorted((r["depth"], r["measures"]["rank_cls"]) for r in rows.values()
                      if r["alpha_min"] == a and "rank_cls" in r["measures"])
         if pts:
-            ax.plot(*zip(*pts), "o-", label=f"alpha_min {a:g}")
+            ax.plot(*zip(*pts, strict=True), "o-", label=f"alpha_min {a:g}")
     ax.set(xlabel="residual blocks", ylabel="effective rank (paper eq. 6, pooled test features)", title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -184,7 +184,7 @@ def plot_grid(result: dict, path: Path, title: str) -> None:
     grid = torch.tensor(result["top1"])
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * grid.shape[1], 1.0 + 0.4 * grid.shape[0]))
     im = ax.imshow(grid.numpy(), aspect="auto", cmap="viridis", origin="lower")
-    for (i, j), v in zip(((i, j) for i in range(grid.shape[0]) for j in range(grid.shape[1])), grid.flatten().tolist()):
+    for (i, j), v in zip(((i, j) for i in range(grid.shape[0]) for j in range(grid.shape[1])), grid.flatten().tolist(), strict=True):
         ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < grid.mean() else "black")
     ax.set_xticks(range(grid.shape[1]), [f"{lv:g}" for lv in result["levels"]])
     ax.set_yticks(range(grid.shape[0]), [str(l) for l in result["layers"]])
@@ -202,7 +202,7 @@ def plot_sample_grids(results: dict, path: Path, title: str) -> Path:
     """The sample PNGs of several runs side by side, each titled with its FID."""
 
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 5.4))
-    for ax, (label, r) in zip(axes, results.items()):
+    for ax, (label, r) in zip(axes, results.items(), strict=True):
         ax.imshow(mpimg.imread(r["samples"]["png"]), cmap="gray")
         ax.set_title(f"{label}\n{r['fid']['label']} {r['fid']['value']:.2f}", fontsize=9)
         ax.axis("off")

@@ -6,9 +6,20 @@ mechanisms in ``hooks``; a user's own block kind is one ``register_adapter`` cal
 No library is imported here: blocks are matched by class name and module.
 """
 
-from . import resdecay_blocks, timm_blocks, torchvision_blocks, transformers_blocks, diffusers_blocks  # noqa: F401  (registration order)
-from .registry import (BlockAdapter, adapter_for, adapters, forward_adapter, nearest_supported, register_adapter,
-                       shortcut_adapter, subblock_adapter)
+# isort: off
+# the order adapters are tried in: resdecay's own blocks first, then the libraries'
+from . import resdecay_blocks, timm_blocks, torchvision_blocks, transformers_blocks, diffusers_blocks  # noqa: F401
+# isort: on
+from .registry import (
+    BlockAdapter,
+    adapter_for,
+    adapters,
+    forward_adapter,
+    nearest_supported,
+    register_adapter,
+    shortcut_adapter,
+    subblock_adapter,
+)
 
 __all__ = ["BlockAdapter", "adapter_for", "adapters", "forward_adapter", "nearest_supported", "register_adapter",
            "shortcut_adapter", "subblock_adapter"]

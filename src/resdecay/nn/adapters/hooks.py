@@ -103,7 +103,7 @@ def correct_subblocks(block: nn.Module, pairs: list[tuple[nn.Module, nn.Module]]
     """Hook each (pre, post) pair of ``block``: ``pre`` receives the sub-block input x first, ``post``
     outputs what the block adds to x. Pairs may share ``post``. Sub-blocks at (1, 1) get no hook."""
     slots: dict[int, _Slot] = {}
-    for (pre, post), owner, a, b in zip(pairs, _owners(pairs), alphas, betas):
+    for (pre, post), owner, a, b in zip(pairs, _owners(pairs), alphas, betas, strict=True):
         if a == 1.0 and b == 1.0:
             continue
         owner.__dict__["resdecay_alpha"] = float(a)  # plain attributes: state_dict keys unchanged

@@ -74,13 +74,13 @@ class Tracker(ABC):
     def log_scalars(self, step: int, values: dict[str, float]) -> None:
         """Numbers at one step, named by tag (``train/loss``)."""
 
-    def log_text(self, step: int, name: str, text: str) -> None:
+    def log_text(self, step: int, name: str, text: str) -> None:  # noqa: B027  (optional: a back end without it drops it)
         """A block of text (the config, a protocol card)."""
 
-    def log_image(self, step: int, name: str, image) -> None:
+    def log_image(self, step: int, name: str, image) -> None:  # noqa: B027  (optional: a back end without it drops it)
         """A figure: PNG bytes, or an (H, W) / (H, W, 3|4) array (uint8, or floats in [0, 1])."""
 
-    def log_summary(self, values: dict[str, float], step: int | None = None) -> None:
+    def log_summary(self, values: dict[str, float], step: int | None = None) -> None:  # noqa: B027  (optional: a back end without it drops it)
         """Final numbers of the run (summary, evaluation), shown beside the curves."""
 
     @abstractmethod

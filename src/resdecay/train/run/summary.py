@@ -14,8 +14,8 @@ from ...io import atomic_write_text
 from ...nn.shortcut_info import describe_model, shortcut_settings
 from ...schedule import effective_decay
 from .. import distributed as dist_env
-from .environment import numerics_environment
 from ..log.runlog import read_log
+from .environment import numerics_environment
 
 
 def announce(run, resume: str | None) -> None:
