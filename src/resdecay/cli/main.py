@@ -102,7 +102,7 @@ def add_segmentation_options(p) -> None:
     p.add_argument("--seg-images", type=int, default=seg.images, help=f"segmentation images (default {seg.images})")
     p.add_argument("--seg-seed", type=int, default=seg.seed, help=f"segmentation K-Means / solver seed (default {seg.seed})")
     p.add_argument("--seg-data", default=None, choices=SEG_DATA,
-                   help="label maps from (default: the evaluation's data set, which must be fashion-mnist-m)")
+                   help="label maps from (default: the evaluation's data set, which must have them: fashion-mnist-m, digits or fashion-mnist)")
     p.add_argument("--seg-path", default=None, help="the cocostuff27 / voc folder (STEGO's curated layout / VOC's)")
 
 
