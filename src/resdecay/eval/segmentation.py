@@ -129,14 +129,15 @@ def batchings(n: int, p: SegProtocol, rounds: int, seed: int):
         yield [order[i:i + p.batch_images] for i in range(0, n, p.batch_images)]
 
 
-def dataset_graph(x: torch.Tensor, p: SegProtocol) -> sp.csr_matrix:
+def dataset_graph(x: torch.Tensor, p: SegProtocol, progress: bool = False) -> sp.csr_matrix:
     """One graph over all tokens of all images (node i*T + t): the union (elementwise max) of the
     batch graphs of ``p.graph_rounds`` seeded batchings, so batches are linked to each other."""
     import scipy.sparse as sp  # loaded when a graph is built, not with the command line
 
     n, t, _ = x.shape
-    total = None
-    for split in batchings(n, p, p.graph_rounds if n > p.batch_images else 1, p.seed):
+    total, rounds = None, p.graph_rounds if n > p.batch_images else 1
+    for split in progress_bar(batchings(n, p, rounds, p.seed), total=rounds, desc="kNN graph (rounds)",
+                              disable=not progress, leave=False):
         for idx in split:
             nodes = (idx[:, None] * t + np.arange(t)[None]).reshape(-1)
             w = batch_graph(x[torch.from_numpy(idx)], p).tocoo()
@@ -253,7 +254,7 @@ def embed(x: torch.Tensor, grid: tuple[int, int], p: SegProtocol, progress: bool
     if p.solver == "kmeans":
         return F.normalize(x.reshape(-1, x.shape[-1]).double(), dim=1).numpy()
     if p.solver == "exact":
-        return exact_eigenvectors(dataset_graph(x, p), p.dims)[1]
+        return exact_eigenvectors(dataset_graph(x, p, progress), p.dims)[1]
     return learned_embedding(x, grid, p, progress).double().numpy()
 
 
