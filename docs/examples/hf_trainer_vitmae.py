@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
                               disable_tqdm=True, log_level="error")
     trainer = Trainer(model=model, args=targs, train_dataset=Digits(), callbacks=[Table()])
     trainer.remove_callback(PrinterCallback)  # the table replaces the Trainer's own dict lines
-    unet = model.config.resdecay["unet"]
+    unet = next(s for s in model.config.resdecay["steps"] if s["op"] == "unet_skips")  # what save_pretrained keeps
     print(f"ViTMAEForPreTraining + unet_skips(alpha_min={ALPHA_MIN}): encoder alphas "
           f"{_alphas(resdecay.alphas_of(model.vit))}, skips from encoder layers {unet['skip_sources']}, "
           f"decoder start {unet['decoder_start']}; {sum(p.numel() for p in model.parameters())} parameters "

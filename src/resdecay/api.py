@@ -33,6 +33,7 @@ from .errors import UserError
 from .eval.features import POOLINGS
 from .eval.features import extract_block_features as _extract
 from .eval.knn import knn_accuracy as _knn_accuracy
+from .eval.options import check_option
 from .eval.probe import IN100_RECIPE, ProbeRecipe
 from .eval.probe import linear_probe as _linear_probe
 from .eval.protocol import KNN_K, KNN_TEMPERATURE
@@ -156,6 +157,8 @@ def knn_accuracy(train_feats: Array, train_labels: Array, test_feats: Array, tes
         chunk_size: queries per similarity block (memory, not results).
     """
     args = _pairs("knn_accuracy", train_feats, train_labels, test_feats, test_labels)
+    k = check_option("knn", "k", k, f"knn_accuracy(k={k!r})")  # kNN's declared ranges (eval.builtin_metrics)
+    temperature = check_option("knn", "temperature", temperature, f"knn_accuracy(temperature={temperature!r})")
     return _knn_accuracy(*args, k=k, temperature=temperature, chunk_size=chunk_size)
 
 

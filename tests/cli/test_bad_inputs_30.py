@@ -219,3 +219,46 @@ def test_a_wrong_rank_array_is_told_its_shape_not_the_uint8_conversion(capsys, t
     code, _, err = run(capsys, "fid", str(tmp_path / "f.npy"), "--ref", "digits", "--proxy")
     assert_one_line_error(code, err, "astype(np.uint8)")
 
+
+
+# ----------------------------------------------------------------------------- issue 38, items 8 and 9
+def test_eval_of_a_transformers_vitmae_folder_points_to_import_weights_not_from_pretrained(capsys, tmp_path,
+                                                                                          tiny_checkpoints):
+    """Issue 38.8: `resdecay eval <transformers folder>` recommended from_pretrained, which refuses that folder."""
+    pytest.importorskip("transformers", reason="pip install -e '.[hf]' (in the test extra)")
+    folder = tmp_path / "vitmae"
+    code, _, err = run(capsys, "export", tiny_checkpoints["plain"], "--to", "hf-vitmae", "--out", str(folder))
+    assert code == 0, err
+    for given in (folder, folder / "model.safetensors"):
+        code, _, err = run(capsys, "eval", str(given), *FAST_EVAL, "--out", str(tmp_path / "ev"))
+        assert_one_line_error(code, err, "a transformers vit_mae model",
+                              f"resdecay import-weights {folder} --format hf-vitmae --preset PRESET --out imported.pt")
+        assert "from_pretrained" not in err
+    assert not (tmp_path / "ev").exists()
+    code, _, err = run(capsys, "import-weights", str(folder), "--format", "hf-vitmae", "--preset", "mae-tiny-digits-plain",
+                       "--out", str(tmp_path / "imported.pt"))  # the route it names works
+    assert code == 0, err
+    code, _, err = run(capsys, "eval", str(tmp_path / "imported.pt"), *FAST_EVAL, "--out", str(tmp_path / "ev"))
+    assert code == 0, err
+    other = tmp_path / "vit"  # a transformers model of another kind: no route is promised that refuses it
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "vit", "architectures": ["ViTModel"]}))
+    (other / "model.safetensors").write_bytes(b"")
+    code, _, err = run(capsys, "eval", str(other), *FAST_EVAL, "--out", str(tmp_path / "ev2"))
+    assert_one_line_error(code, err, "a transformers vit model", "ViTMAE folders only")
+    assert "from_pretrained" not in err
+
+
+def test_a_refused_eval_leaves_no_empty_report_or_cache_folder(capsys, tmp_path, tiny_checkpoints):
+    """Issue 38.9: an eval refused after its inputs were checked (here: k larger than the bank) left an empty
+    <out>/<run>/; an --out that existed before is kept as it was."""
+    argv = ["eval", tiny_checkpoints["decayed"], "--no-progress", "--evals", "knn", "--no-baselines", "--max-train", "50",
+            "--k", "60", "--cache-dir", str(tmp_path / "cache" / "features")]
+    code, _, err = run(capsys, *argv, "--out", str(tmp_path / "ev"))
+    assert_one_line_error(code, err, "--k 60 is larger than the kNN bank")
+    assert not (tmp_path / "ev").exists() and not (tmp_path / "cache").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    code, _, err = run(capsys, *argv, "--out", str(mine))
+    assert_one_line_error(code, err, "--k 60 is larger than the kNN bank")
+    assert mine.is_dir() and not any(mine.iterdir())

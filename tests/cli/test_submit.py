@@ -271,6 +271,22 @@ def test_an_sbatch_that_never_answers_is_one_line_after_the_timeout(capsys, tmp_
     assert time.monotonic() - t0 < 30  # bounded, far below the 60 s the fake sbatch sleeps
 
 
+@pytest.mark.parametrize("sbatch", ["sleep 60", "exit 1"])
+def test_a_timed_out_or_refused_submission_leaves_no_pickle_nor_empty_folder(capsys, tmp_path, fake_slurm, sbatch):
+    """Issue 38.9: a timed-out submit left submitit's pickle of the command (and its batch file) in the folder."""
+    (fake_slurm.parent / "bin" / "sbatch").write_text(f"#!/bin/sh\n{sbatch}\n")
+    code, _, err = run(capsys, "submit", "--timeout-min", "60", "--submit-timeout", "1", *pretrain(tmp_path / "run"))
+    assert_one_line_error(code, err, "sbatch did not answer" if "sleep" in sbatch else "submission failed")
+    assert not (tmp_path / "run").exists()  # the run folder and its submitit/ were made for the job: gone with it
+    jobs = tmp_path / "jobs"  # a --folder of the user's keeps what it held, and nothing of the failed submission
+    jobs.mkdir()
+    (jobs / "old.txt").write_text("mine")
+    code, _, err = run(capsys, "submit", "--timeout-min", "60", "--submit-timeout", "1", "--folder", str(jobs),
+                       *pretrain(tmp_path / "run"))
+    assert code == 2, err
+    assert [p.name for p in jobs.iterdir()] == ["old.txt"]
+
+
 def test_an_unwritable_submitit_folder_is_one_line_naming_folder(capsys, tmp_path, fake_slurm):
     """Issue 30.8: --folder where nothing can be created was a FileNotFoundError traceback (a path through a
     file stands for an unwritable place: even root cannot create it)."""

@@ -1,5 +1,5 @@
 """Images with label maps for the segmentation metric: Fashion-MNIST-M's compositor masks, and the
-COCO-Stuff-27 (STEGO / PiCIE curated) and Pascal VOC folder layouts, each written at test time."""
+COCO-Stuff-27 (STEGO / PiCIE curated), Pascal VOC and user folder layouts, each written at test time."""
 
 from __future__ import annotations
 
@@ -8,9 +8,19 @@ import pytest
 import torch
 from PIL import Image
 
+from helpers.seg_folders import write_seg_folder
 from resdecay.data import DataConfig
 from resdecay.data.fashion_mnist_m import NUISANCES, composite
-from resdecay.data.seg_masks import COCO_CURATED, COCO_FINE_TO_27, IGNORE, coco_to_27, masked_images
+from resdecay.data.seg_masks import (
+    COCO27_NAMES,
+    COCO_CURATED,
+    COCO_FINE_TO_27,
+    IGNORE,
+    VOC_NAMES,
+    coco_to_27,
+    masked_images,
+)
+from resdecay.data.subsets import label_map_order
 from resdecay.errors import DataError
 
 
@@ -83,7 +93,9 @@ def test_cocostuff27_folder_is_read_in_list_order_mapped_and_resized(tmp_path):
     first = torch.nn.functional.interpolate(torch.from_numpy(coco_to_27(fine[-1]).astype(np.float32))[None, None],
                                             size=(32, 32), mode="nearest")[0, 0].long()
     assert torch.equal(m.labels[0], first)
-    assert masked_images("cocostuff27", None, str(tmp_path), 32, 2).images.shape[0] == 2  # the first N
+    two = masked_images("cocostuff27", None, str(tmp_path), 32, 2)  # a class-balanced draw of 2 of the 3 listed ids
+    assert two.images.shape[0] == 2 and two.card["chosen"].startswith(f"class-balanced draw of 2 of 3 (ids of {COCO_CURATED})")
+    assert m.names == COCO27_NAMES and set(m.card["files"]) == set(ids)
 
 
 def test_cocostuff27_without_id_list_reads_every_label_map(tmp_path):
@@ -115,7 +127,9 @@ def test_voc_folder_palette_indices_are_the_labels(tmp_path):
 
 @pytest.mark.parametrize("make,message", [
     (lambda r: _write_voc(r, label_size=(20, 40)), "is 20x40 but its image 2007_000001.jpg is 30x40"),
-    (lambda r: _write_voc(r, label=np.full((30, 40), 30, dtype=np.uint8)), "holds label 30 but voc has 21 classes"),
+    (lambda r: (_write_voc(r, label=np.full((30, 40), 30, dtype=np.uint8)),
+                (r / "classes.txt").write_text("\n".join(VOC_NAMES))), "holds label 30 but voc has 21 classes"),
+    (lambda r: (_write_voc(r), (r / "classes.txt").write_text("a\n\nb\n")), "classes.txt: line 2 is empty"),
     (lambda r: (r / "JPEGImages").mkdir(), "is not a voc folder: expected JPEGImages/<id>.jpg"),
 ])
 def test_bad_voc_folders_are_one_line(tmp_path, make, message):
@@ -183,3 +197,98 @@ def test_eval_segments_a_cocostuff27_folder_and_refuses_data_without_masks(tmp_p
                "--no-progress", "--out", str(tmp_path / "e2")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "cifar10 has no label maps" in err[0]
+
+
+# ----------------------------------------------------------------------------- your own folder (--seg-data folder:DIR)
+def test_folder_layout_reads_png_and_jpeg_with_the_classes_of_classes_txt(tmp_path):
+    """Issue 38 item 10: a user's images (PNG or JPEG) and label maps, 3 classes named by classes.txt, 255 ignored."""
+    maps = write_seg_folder(tmp_path / "my")
+    m = masked_images(f"folder:{tmp_path / 'my'}", None, None, 32, 100)
+    assert m.classes == 3 and m.names == ("ground", "square", "disc") and m.card["classes_from"] == "classes.txt"
+    assert m.images.shape == (12, 3, 32, 32) and m.card["chosen"] == "every label map" and m.card["ignore_index"] == 255
+    assert m.card["files"] == sorted(maps) and m.card["label_folder"] == "labels"
+    for i, name in enumerate(m.card["files"]):
+        assert torch.equal(m.labels[i], torch.from_numpy(maps[name].astype(np.int64)))  # same size: no resampling
+    # a JPEG image is decoded as PIL decodes it (then normalised): img01 is a .jpg
+    jpeg = np.asarray(Image.open(tmp_path / "my" / "images" / "img01.jpg").convert("RGB"), dtype=np.float32) / 255
+    pixels = m.images[1] * torch.tensor(m.std).view(3, 1, 1) + torch.tensor(m.mean).view(3, 1, 1)
+    assert torch.allclose(pixels.permute(1, 2, 0), torch.from_numpy(jpeg), atol=1e-5)
+    same = masked_images("folder", None, str(tmp_path / "my"), 32, 100)  # --seg-data folder --seg-path DIR
+    assert torch.equal(same.labels, m.labels)
+
+
+def test_folder_classes_from_the_maps_and_an_ignore_index_inside_them(tmp_path):
+    """Without classes.txt the classes are every value up to the largest; an ignore_index of 0 is not a class and
+    the labels above it move down, so the mean runs over the user's 2 classes, not 3."""
+    write_seg_folder(tmp_path / "a", names=None)
+    m = masked_images(f"folder:{tmp_path / 'a'}", None, None, 32, 100)
+    assert m.classes == 3 and m.names == ("0", "1", "2") and m.card["classes_from"].startswith("the label maps")
+    write_seg_folder(tmp_path / "b", names=None, ignore=0)  # 0 marks the unlabelled row, and the ground too
+    m = masked_images(f"folder:{tmp_path / 'b'}", None, None, 32, 100, ignore_index=0)
+    assert m.classes == 2 and m.names == ("1", "2") and set(m.labels.unique().tolist()) == {0, 1, IGNORE}
+    assert (m.labels[:, 0] == IGNORE).all() and m.card["ignore_index"] == 0
+
+
+def test_folder_problems_are_one_line(tmp_path):
+    write_seg_folder(tmp_path / "a")
+    (tmp_path / "a" / "labels" / "extra.png").write_bytes((tmp_path / "a" / "labels" / "img00.png").read_bytes())
+    with pytest.raises(DataError, match=r"extra.jpg\|.jpeg\|.png is missing: .*extra.png has no image"):
+        masked_images(f"folder:{tmp_path / 'a'}", None, None, 32, 100)
+    write_seg_folder(tmp_path / "b", names=("ground", "square"))  # class 2 is not named
+    with pytest.raises(DataError, match="holds label 2 but folder has 2 classes"):
+        masked_images(f"folder:{tmp_path / 'b'}", None, None, 32, 100)
+    write_seg_folder(tmp_path / "c")
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "c" / "labels" / "img03.png")  # a colour PNG
+    with pytest.raises(DataError, match="img03.png is a 32x32x3 uint8 image, not a label map"):
+        masked_images(f"folder:{tmp_path / 'c'}", None, None, 32, 100)
+    (tmp_path / "d").mkdir()
+    with pytest.raises(DataError, match="is not a segmentation folder: expected images/<name>.png"):
+        masked_images(f"folder:{tmp_path / 'd'}", None, None, 32, 100)
+    with pytest.raises(DataError, match="name two folders"):
+        masked_images(f"folder:{tmp_path / 'a'}", None, str(tmp_path / "b"), 32, 100)
+    with pytest.raises(DataError, match="--seg-ignore-index 0 applies to label maps you supply"):
+        masked_images("digits", DataConfig(), None, 8, 10, ignore_index=0)
+
+
+def test_label_map_draw_is_class_balanced_seeded_and_nested():
+    """Item 10: N label maps are a seeded class-balanced draw, not the first N of a listing (there, 9 of the
+    first 9 showed one class)."""
+    present = [np.array([0, 1])] * 9 + [np.array([0, 2])] * 3 + [np.array([], dtype=np.int64)]
+    for seed in range(5):
+        order = label_map_order(present, seed)
+        assert sorted(order.tolist()) == list(range(13)) and order[-1] == 12  # every map once, all-ignored last
+        first4 = order[:4]
+        assert (first4 >= 9).sum() >= 2 and (first4 < 9).sum() >= 1  # the rare class has its turns from the first
+        assert np.array_equal(label_map_order(present, seed), order)  # seeded
+    assert len({tuple(np.sort(label_map_order(present, s)[:4])) for s in range(5)}) > 1  # and seed-dependent
+
+
+def test_folder_draw_takes_the_rare_class_and_depends_on_seg_seed(tmp_path):
+    write_seg_folder(tmp_path / "my")  # sorted by name, the first 9 maps show class 1, the last 3 class 2
+    draws = {s: masked_images(f"folder:{tmp_path / 'my'}", None, None, 32, 4, seed=s) for s in range(4)}
+    for seed, m in draws.items():
+        assert len(m.images) == 4 and m.card["chosen"] == f"class-balanced draw of 4 of 12 (every label map), seed {seed}"
+        assert sum(int((lab == 2).any()) for lab in m.labels) >= 2  # the first 4 by name would hold none
+        assert m.card["files"] == sorted(m.card["files"])  # read in file order
+    assert len({tuple(m.card["files"]) for m in draws.values()}) > 1
+
+
+def test_voc_classes_from_its_maps_png_images_and_no_val_txt(tmp_path):
+    """VOC's class count is not fixed at 21: an 11-class VOC-layout folder is scored over 11 classes; its images
+    may be PNG; without val.txt the N maps are drawn, not the first N."""
+    write_seg_folder(tmp_path / "src", n=6, rare=2, names=None)
+    for d in ("JPEGImages", "SegmentationClass"):
+        (tmp_path / "voc" / d).mkdir(parents=True)
+    for i, f in enumerate(sorted((tmp_path / "src" / "images").iterdir())):
+        lab = np.asarray(Image.open(tmp_path / "src" / "labels" / f"{f.stem}.png")).copy()
+        lab[lab == 2] = 10  # 11 classes, 0..10, of which 3 used
+        Image.fromarray(lab).save(tmp_path / "voc" / "SegmentationClass" / f"{f.stem}.png")
+        f.rename(tmp_path / "voc" / "JPEGImages" / f.name)  # .png and .jpg
+        assert i < 6
+    m = masked_images("voc", None, str(tmp_path / "voc"), 32, 100)
+    assert m.classes == 11 and m.names == tuple(map(str, range(11))) and len(m.images) == 6
+    drawn = masked_images(f"voc:{tmp_path / 'voc'}", None, None, 32, 3, seed=0)
+    assert drawn.card["chosen"].startswith("class-balanced draw of 3 of 6 (every label map (no id list found))")
+    assert sum(int((lab == 10).any()) for lab in drawn.labels) >= 1  # maps showing class 10 are the last by name
+    _write_voc(tmp_path / "full", label=np.arange(21, dtype=np.uint8).repeat(58)[:1200].reshape(30, 40))
+    assert masked_images("voc", None, str(tmp_path / "full"), 32, 100).names == VOC_NAMES

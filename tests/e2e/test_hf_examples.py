@@ -52,7 +52,10 @@ def test_vitmae_trains_in_the_hf_trainer_and_reloads_through_from_pretrained_and
 
     folder = run["folder"]
     spec = json.loads((folder / "config.json").read_text())["resdecay"]
-    assert spec["encoder"]["alpha_min"] == 0.6 and spec["unet"]["decoder_start"] == "content_free"
+    steps = {s["op"]: s for s in spec["steps"]}  # resdecay.nn.config_record's schema
+    assert spec["version"] == 1 and steps["decayify"] == {"op": "decayify", "on": "ViTMAEModel", "alpha_min": 0.6,
+                                                          "schedule": "linear", "branches": "both"}
+    assert steps["unet_skips"]["decoder_start"] == "content_free"
     assert (folder / "model.safetensors").is_file()
 
     # the test's own reload, as a user does it: transformers' from_pretrained, then one resdecay call

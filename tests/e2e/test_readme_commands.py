@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib
 import os
 import pickle
 import re
@@ -301,7 +302,15 @@ def imported_vitmae(ctx: rc.Context, argv: list[str]) -> None:
                  "--out", str(ctx["tmp"] / "imported.pt")]) == 0
 
 
-SETUPS = {"killed_run": killed_run, "cifar100": cifar100, "imported_vitmae": imported_vitmae}
+SEG_FOLDER = "docs/segmentation.md: Your own images and label maps (`--seg-data folder:DIR`)"
+
+
+def seg_folder(ctx: rc.Context, argv: list[str]) -> None:
+    """my-seg/ in the test's folder, written by docs/segmentation.md's own python block."""
+    exec(compile(BLOCKS[SEG_FOLDER], SEG_FOLDER, "exec"), {})
+
+
+SETUPS = {"killed_run": killed_run, "cifar100": cifar100, "imported_vitmae": imported_vitmae, "seg_folder": seg_folder}
 
 
 def run_subprocess(argv: list[str], cwd: Path, timeout: int) -> tuple[int, str]:
@@ -381,6 +390,37 @@ def test_readme_links_every_docs_page_and_every_link_resolves():
             if path and not re.match(r"[a-z]+:", path) and not (page.parent / path).exists():
                 broken.append(f"{rc.page_name(page)}: {target}")
     assert not broken, f"links to files that do not exist: {broken}"
+
+
+def resolves(dotted: str) -> bool:
+    """Whether ``resdecay.a.b.name`` names something: its longest importable module, then attributes."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[i:]:
+                obj = getattr(obj, name)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_every_resdecay_name_the_pages_give_exists():
+    """Issue 38.8: docs/data-at-scale.md named resdecay.data.hf_datasets.save_hf_dataset, an ImportError. Every
+    ``resdecay.x.y`` in inline code and every ``from resdecay.x import y`` of README and the docs pages resolves."""
+    missing = []
+    for page in rc.pages():
+        text = page.read_text()
+        names = [n for code in re.findall(r"`[^`\n]+`", text)
+                 for n in re.findall(r"(?<![\w./-])resdecay(?:\.[A-Za-z_]\w*)+", code)]
+        names += [f"{module}.{n}" for module, listed in re.findall(r"^\s*from (resdecay[\w.]*) import ([\w, ()]+)", text, re.M)
+                  for n in re.findall(r"\w+", listed)]
+        missing += [f"{rc.page_name(page)}: {n}" for n in dict.fromkeys(names) if not resolves(n)]
+    assert not missing, f"the pages name what resdecay does not have: {missing}"
 
 
 def test_readme_front_door_keeps_the_setup_commands_first():
@@ -502,7 +542,18 @@ def check_front_door(scope: dict) -> None:
     assert saved["resdecay_spec"]["alpha_min"] == 0.6 and set(saved["model"]) == set(scope["vit"].state_dict())
 
 
+def check_seg_folder(scope: dict) -> None:
+    from PIL import Image
+
+    root = Path("my-seg")
+    assert len(list((root / "images").glob("*.png"))) == 6 and len(list((root / "images").glob("*.jpg"))) == 6
+    maps = [np.asarray(Image.open(p)) for p in sorted((root / "labels").glob("*.png"))]
+    assert len(maps) == 12 and set(np.unique(np.stack(maps)).tolist()) == {0, 1, 2, 255}
+    assert (root / "classes.txt").read_text().split() == ["ground", "square", "disc"]
+
+
 CHECKS = {"README.md: Decayed shortcuts in your model": check_front_door,
+          SEG_FOLDER: check_seg_folder,
           "docs/interop.md: Decayed shortcuts in models you already have": check_decayify,
           "docs/python-api.md: Library": check_library, "docs/trackers-and-sharing.md: Sharing a model": check_sharing,
           "docs/python-api.md: Training from Python: `train(cfg, hooks=[...])`": check_train_hooks}

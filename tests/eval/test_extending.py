@@ -95,6 +95,9 @@ def test_a_family_in_one_file_trains_resumes_and_is_evaluated_by_the_cli(capsys,
     assert rows["rankme"]["values"]["rankme"] > 1 and "singular values" in rows["rankme"]["protocol"]["form"]
     assert rows["knn"]["protocol"]["k"] == 20 and rows["knn"]["layer"] == 7  # the mixer's last block
     assert "RankMe" in out  # the report table has the plugin metric's column
+    # issue 38 item 10: every eval.json records the plugins loaded (the features path; tests/eval/test_segmentation.py
+    # checks the segmentation-only one)
+    assert {str((EXAMPLES / f).resolve()) for f in ("mixer.py", "rankme.py")} <= set(report["plugins"])
 
 
 def test_the_plugin_formula_reaches_the_plugin_family(capsys, tmp_path, registries_restored):

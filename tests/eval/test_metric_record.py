@@ -9,7 +9,7 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import pytest
 import torch
@@ -200,6 +200,96 @@ def test_bad_metric_options_stop_eval_before_any_feature_is_extracted(tiny_check
                             ("knn.k=5000", ("--k 5000 is larger than the kNN bank",)),
                             ("probe.epochs=0", ("probe.epochs must be a positive integer, got 0",))):
         assert_one_line_error(*run(capsys, "eval", ck, "--metric-option", option, *where)[::2], *needles)
+
+
+BAD_TEMPERATURES = ["nan", "0", "-1", "inf"]  # issue 38.6: each was accepted and wrote a garbage top-1 to eval.json
+
+
+@pytest.mark.parametrize("args, needles", [
+    *[(["--temperature", t], (f"--temperature {float(t)}: knn.temperature must be a positive finite number",))
+      for t in BAD_TEMPERATURES],
+    *[(["--metric-option", f"knn.temperature={t}"], (f"--metric-option knn.temperature={t}:",
+                                                     "knn.temperature must be a positive finite number"))
+      for t in BAD_TEMPERATURES],
+    (["--k", "-3"], ("--k -3: knn.k must be a positive integer, got -3",)),
+    (["--probe-epochs", "-2"], ("--probe-epochs -2: probe.epochs must be a positive integer",)),
+    (["--seg-images", "0"], ("--seg-images 0: segmentation.images must be a positive integer",)),
+    (["--seg-k", "1"], ("--seg-k 1: segmentation.k must be an integer >= 2",)),
+    (["--seg-seed", "-1"], ("segmentation.seed must be an integer in [0, 4294967295]",)),
+    (["--metric-option", "segmentation.lr=0"], ("segmentation.lr must be a positive finite number, got 0",)),
+    (["--metric-option", "segmentation.ema=1.5"], ("segmentation.ema must be a number in [0, 1], got 1.5",)),
+    (["--metric-option", "segmentation.min_weight=nan"], ("segmentation.min_weight must be a number in [-1, 1]",)),
+])
+def test_every_metric_option_is_range_checked_where_it_enters_the_cli(tiny_checkpoints, tmp_path, capsys, monkeypatch,
+                                                                       args, needles):
+    """Issue 38.6: a value outside the option's declared range is one line, exit 2, before any feature is
+    extracted and before the report folder is made (no eval.json of a garbage number)."""
+    def never(*a, **k):
+        raise AssertionError("features were extracted before the options were checked")
+
+    monkeypatch.setattr(suite, "extract_block_features", never)
+    code, _, err = run(capsys, "eval", tiny_checkpoints["decayed"], "--evals", "knn,probe,rank,segmentation", *args,
+                       "--no-progress", "--out", tmp_path / "o", "--cache-dir", tmp_path / "c")
+    assert_one_line_error(code, err, *needles)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("value", [float("nan"), 0, -1.0, float("inf"), "nan", "-0.5"])
+def test_every_metric_option_is_range_checked_in_the_python_settings(value):
+    """Issue 38.6, the same ranges for EvalSettings (the flags' and --metric-option's fields), MetricSettings and
+    resdecay.knn_accuracy: one line naming the option."""
+    import resdecay
+
+    if not isinstance(value, str):
+        with pytest.raises(UserError, match=re.escape("knn.temperature must be a positive finite number")) as e:
+            EvalSettings(knn_temperature=value).validate()
+        assert "\n" not in str(e.value) and str(e.value).startswith(f"--temperature {value}")
+        with pytest.raises(UserError, match=r"^knn.temperature=.*: knn.temperature must be a positive finite number"):
+            MetricSettings(options={"knn": {"temperature": value}})
+        x = torch.randn(8, 4)
+        with pytest.raises(UserError, match=r"^knn_accuracy\(temperature=.*\): knn.temperature must be a positive"):
+            resdecay.knn_accuracy(x, torch.arange(8) % 2, x, torch.arange(8) % 2, k=3, temperature=value)
+    with pytest.raises(UserError, match=r"^--metric-option knn.temperature=.*: knn.temperature must be a positive finite"):
+        EvalSettings(metric_options={"knn": {"temperature": value}}).validate()
+    with pytest.raises(UserError, match=re.escape("segmentation.lr=-2.0: segmentation.lr must be a positive finite")):
+        EvalSettings(segmentation=SegProtocol(lr=-2.0)).validate()
+    assert EvalSettings(knn_temperature=1, segmentation=SegProtocol(k=None)).metric_settings().options_of("knn").temperature == 1.0
+
+
+def test_a_metric_declares_its_options_ranges_with_their_types(scratch):
+    """A plugin's Limit is checked like the built-ins'; floats are finite without one; a Limit on text, or a default
+    outside its own range, is refused when the metric registers."""
+    @dataclass(frozen=True)
+    class Ranged:
+        share: Annotated[float, opts.Limit(least=0, most=1)] = 0.5
+        tries: Annotated[int, opts.Limit(least=3)] | None = None
+        scale: float = 1.0
+
+    register_metric(Metric(name="ranged", compute=_nothing, protocol=lambda s: {}, headline="v", options=Ranged()))
+    register_metric(Metric(name="loose", compute=_nothing, protocol=lambda s: {}, headline="v", options={"gain": 1.0}))
+    names = [m.name for m in registered()]
+    assert opts.checked({"ranged": {"share": "1", "tries": "none", "scale": "-2"}}, names) == {
+        "ranged": {"share": 1.0, "tries": None, "scale": -2.0}}
+    for bad, needle in (({"ranged": {"share": "1.5"}}, "ranged.share must be a number in [0, 1], got 1.5"),
+                        ({"ranged": {"tries": "2"}}, "ranged.tries must be an integer >= 3, got 2"),
+                        ({"ranged": {"scale": "inf"}}, "ranged.scale must be a finite number, got inf"),
+                        ({"loose": {"gain": "nan"}}, "loose.gain must be a finite number, got nan")):
+        with pytest.raises(UserError, match=re.escape(needle)):
+            opts.checked(bad, names)
+
+    @dataclass(frozen=True)
+    class Wrong:
+        share: Annotated[float, opts.POSITIVE] = 0.0
+
+    @dataclass(frozen=True)
+    class Text:
+        name: Annotated[str, opts.POSITIVE] = "a"
+
+    for options, needle in ((Wrong(), "the default wrong.share=0.0: wrong.share must be a positive finite number"),
+                            (Text(), "option 'name' has a Limit but type <class 'str'>")):
+        with pytest.raises(UserError, match=re.escape(needle)):
+            register_metric(Metric(name="wrong", compute=_nothing, protocol=lambda s: {}, headline="v", options=options))
+        assert get_metric("wrong") is None
 
 
 def test_an_option_of_a_metric_not_evaluated_is_one_warning_not_silence(tiny_checkpoints, capsys, tmp_path):

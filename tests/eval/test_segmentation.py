@@ -157,6 +157,16 @@ def test_segment_recovers_planted_regions(solver):
     assert noise["values"]["miou"] < 0.6
 
 
+def test_segment_reports_per_class_iou_by_name_and_averages_over_the_given_classes():
+    x, kinds = _tokens(n=12, grid=3)
+    labels = kinds.repeat_interleave(2, 1).repeat_interleave(2, 2)
+    out = S.segment(x, (3, 3), labels, 3, S.SegProtocol(solver="kmeans"), names=("sky", "road", "car"))
+    iou = out["values"]["iou"]
+    assert list(iou) == ["sky", "road", "car"] and np.isclose(out["values"]["miou"], np.mean(list(iou.values())))
+    unnamed = S.segment(x, (3, 3), labels, 4, S.SegProtocol(solver="kmeans"))  # a 4th class no pixel holds
+    assert list(unnamed["values"]["iou"]) == ["0", "1", "2", "3"] and unnamed["values"]["iou"]["3"] == 0.0
+
+
 def test_protocol_refuses_bad_settings():
     with pytest.raises(UserError, match="--seg-solver 'eigen' is unknown"):
         S.SegProtocol(solver="eigen").validate()
@@ -197,6 +207,8 @@ def test_eval_reports_segmentation_with_protocol_card_and_baselines(tiny_fmnistm
     (["--seg-k", "3"], "--seg-k 3 is fewer clusters than fashion-mnist-m's 11 classes"),
     (["--seg-data", "voc"], "--seg-data voc reads a folder: pass --seg-path DIR"),
     (["--layer", "all"], "segmentation measures one block"),
+    (["--seg-ignore-index", "0"], "--seg-ignore-index 0 applies to label maps you supply (--seg-data folder or voc)"),
+    (["--seg-data", "folder:/no/such/folder"], "--seg-path /no/such/folder is not a folder"),
 ])
 def test_eval_refuses_bad_segmentation_settings_before_extracting(tiny_fmnistm_checkpoint, tmp_path, capsys, monkeypatch,
                                                                   args, message):
@@ -243,3 +255,51 @@ def test_figures_segmentation_draws_both_pngs(tiny_fmnistm_checkpoint, tmp_path,
     card = json.loads((out / "figures.json").read_text())["segmentation"]
     assert card["protocol"]["solver"] == "kmeans" and card["drawn"] == 4 and card["layer"] == 3
     assert card["data"]["images"] == 12 and len(card["values"]) == 1
+
+
+def test_eval_on_your_own_folder_reports_per_class_iou_and_the_plugins(tiny_fmnistm_checkpoint, tmp_path, capsys,
+                                                                      monkeypatch):
+    """Issue 38 item 10: ``--seg-data folder:DIR`` (PNG and JPEG images, classes.txt, ignored pixels): mIoU is the
+    mean over the user's 3 classes, eval.json and the printed table hold the per-class IoU by name, and eval.json
+    records the --plugin that was loaded."""
+    import json
+
+    from helpers.seg_folders import write_seg_folder
+    from resdecay.cli import main, plugins
+
+    monkeypatch.setattr(plugins, "LOADED", [])  # this process's record of loaded plugins, fresh for the test
+    write_seg_folder(tmp_path / "my-seg")
+    plugin = tmp_path / "noop_plugin.py"
+    plugin.write_text("NOTHING = 'registered'\n")
+    out = tmp_path / "ev"
+    rc = main(["--plugin", str(plugin), "eval", str(tiny_fmnistm_checkpoint), "--evals", "segmentation", "--seg-data",
+               f"folder:{tmp_path / 'my-seg'}", "--seg-solver", "kmeans", "--no-progress", "--out", str(out)])
+    assert rc in (0, None)
+    printed = capsys.readouterr().out
+    report = json.loads(next(out.rglob("eval.json")).read_text())
+    assert report["plugins"] == [str(plugin.resolve())] and f"plugins loaded: {plugin.resolve()}" in printed
+    (row,) = report["results"]
+    iou = row["values"]["iou"]
+    assert list(iou) == ["ground", "square", "disc"] and row["protocol"]["classes"] == 3 and row["protocol"]["k"] == 3
+    assert np.isclose(row["values"]["miou"], np.mean(list(iou.values())))  # over the user's 3 classes, not 21 or 27
+    assert row["protocol"]["test"]["class_names"] == ["ground", "square", "disc"] and row["protocol"]["test"]["images"] == 12
+    assert "  iou: ground " in printed and ", square " in printed and ", disc " in printed
+    assert {r["source"] for r in report["baselines"]} == {"pixels", "random-init"}
+    assert all(list(r["values"]["iou"]) == ["ground", "square", "disc"] for r in report["baselines"])
+
+
+def test_figures_show_a_class_balanced_draw_of_the_images(tiny_fmnistm_checkpoint, tmp_path, capsys):
+    """Item 10: the figures show images drawn class-balanced from the evaluated ones, not the first of a listing
+    (here the first 9 of 12 by name show one class, the last 3 another)."""
+    import json
+
+    from helpers.seg_folders import write_seg_folder
+    from resdecay.cli import main
+
+    write_seg_folder(tmp_path / "my-seg")
+    rc = main(["figures", str(tiny_fmnistm_checkpoint), "--segmentation", "--seg-data", f"folder:{tmp_path / 'my-seg'}",
+               "--seg-solver", "kmeans", "--seg-images", "12", "--images", "4", "--out", str(tmp_path / "fig")])
+    assert rc in (0, None)
+    card = json.loads((tmp_path / "fig" / "figures.json").read_text())["segmentation"]
+    assert card["drawn"] == 4 and sum(i >= 9 for i in card["shown"]) >= 2
+    assert list(next(iter(card["values"].values()))["iou"]) == ["ground", "square", "disc"]

@@ -191,6 +191,9 @@ GRID = (*FMNIST, "data.train_subset=64", "--out", "{tmp}/grid")
 RESUMED = ("{tmp}/run/summary.json::step_00000004.pt",)  # resumed from the checkpoint the kill left (of 5 steps)
 FT_IMAGENET = (*_RUN, "train.batch_size=8")  # the ImageFolder stand-in has 24 training images
 IMPORTED = ("--import-override", "model.num_heads=2", "--import-override", "model.decoder_num_heads=2", *FT_IMAGENET)
+# pretrain --from the workspace's MAE .pth / ViTMAE folder: the run's model at their sizes (mae-tiny-digits-plain's, RGB)
+FROM_TINY = ("model.img_size=8", "model.patch_size=2", "model.embed_dim=32", "model.depth=4", "model.num_heads=2",
+             "model.decoder_embed_dim=32", "model.decoder_depth=2", "model.decoder_num_heads=2", *FT_IMAGENET)
 GPU = "needs a CUDA GPU"
 BENCH = "tests/e2e/test_benchmarks.py::"
 SETUP = "sets up the environment this test runs in (CI runs it: .ci/run)"
@@ -268,6 +271,12 @@ PLANS: dict[str, Plan] = {
         add=IMPORTED, expect=("{tmp}/run/summary.json::unet-mae",)),
     "resdecay finetune --from vit-mae-base/ --import-preset mae-b16-plain data.path=/data/imagenet": Plan(
         add=FT_IMAGENET, expect=("{tmp}/run/summary.json::hf-vitmae",)),
+    # continuing pretraining (docs/training.md): the imported weights' sizes (the digits MAE, RGB) as the run's model
+    "resdecay pretrain --preset mae-b16-plain --from mae_pretrain_vit_base.pth data.path=/data/imagenet": Plan(
+        add=(*FROM_TINY, "--import-override", "model.num_heads=2", "--import-override", "model.decoder_num_heads=2"),
+        says=("continuing pretraining from",), expect=("{tmp}/run/summary.json::\"mae\"", "{tmp}/run/pretrained.json")),
+    "resdecay pretrain --preset mae-b16-plain --from vit-mae-base/ data.path=/data/imagenet": Plan(
+        add=FROM_TINY, says=("continuing pretraining from",), expect=("{tmp}/run/summary.json::hf-vitmae",)),
     "resdecay eval-classifier runs/mae-b16/finetune-mae/checkpoints/best.pt": Plan(
         setup="mae_b16_finetuned", add=("--out", "{tmp}/classifier.json", "--no-progress"), expect=("{tmp}/classifier.json",)),
     "resdecay eval-classifier CKPT --split train --data-path /data/imagenet --out ft.json": Plan(
@@ -298,6 +307,9 @@ PLANS: dict[str, Plan] = {
     "resdecay eval CKPT --evals segmentation --seg-data cocostuff27 --seg-path DIR --seg-images 100": Plan(
         covered="tests/data/test_segmentation_data.py::test_eval_segments_a_cocostuff27_folder_and_refuses_data_without_masks",
         needle='"--seg-data", "cocostuff27", "--seg-path"'),
+    "resdecay eval CKPT --evals segmentation --seg-data folder:my-seg --seg-images 12": Plan(  # the page's folder
+        setup="seg_folder", add=("--no-progress", "--out", "{tmp}/eval"), says=("iou: ground ",),
+        expect=('{tmp}/eval/*/eval.json::"class_names": [\n', '{tmp}/eval/*/eval.json::"plugins": [')),
     "resdecay figures PLAIN.pt DECAYED.pt --segmentation --seg-images 100 --images 8": Plan(
         covered=SEG + "test_figures_segmentation_draws_both_pngs", needle='"--segmentation"'),
     # extending (docs/EXTENDING.md): a plugin registers into the process's registries, so each runs in the test that
@@ -450,6 +462,8 @@ PYTHON_BLOCKS: dict[str, dict[str, str] | tuple[str, str]] = {
     "docs/plug-and-play.md: The paper's model inside transformers": (
         "tests/nn/test_adapters.py::test_docs_examples_run", "plug-and-play.md"),
     "docs/plug-and-play.md: Your own block kind": ("tests/nn/test_adapters.py::test_docs_examples_run", "plug-and-play.md"),
+    "docs/interop.md: transformers and diffusers models: what resdecay did is in the model's own config": (
+        "tests/interop/test_hf_record.py::test_the_docs_example_runs_as_written", "interop.md"),
     # EXTENDING.md's blocks are excerpts of docs/examples/extending/*.py, which these tests load and run
     "docs/EXTENDING.md: (a) A new residual formula: `x·α + f(x)·(2 − α)`": (
         EXT + "test_a_residual_formula_in_one_file_runs_through_ablate", "two_minus.py"),
@@ -457,6 +471,7 @@ PYTHON_BLOCKS: dict[str, dict[str, str] | tuple[str, str]] = {
         EXT + "test_a_family_in_one_file_trains_resumes_and_is_evaluated_by_the_cli", "mixer.py"),
     "docs/EXTENDING.md: (c) A new metric: RankMe": (
         EXT + "test_a_family_in_one_file_trains_resumes_and_is_evaluated_by_the_cli", "rankme.py"),
+    "docs/segmentation.md: Your own images and label maps (`--seg-data folder:DIR`)": {},
     "docs/EXTENDING.md: (d) A metric over two blocks: linear CKA": (
         EXT + "test_a_metric_over_two_blocks_in_one_file_runs_through_eval", "cka.py"),
 }

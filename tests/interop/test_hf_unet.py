@@ -13,7 +13,7 @@ import torch
 
 from helpers import tiny_config
 from resdecay.errors import UserError
-from resdecay.interop.hf_unet import restore, unet_skips
+from resdecay.interop.hf_unet import fill_zero_positions, restore, unet_skips
 from resdecay.models.mae import MaskedAutoencoder
 
 transformers = pytest.importorskip("transformers")
@@ -23,7 +23,9 @@ transformers = pytest.importorskip("transformers")
 TINY = tiny_config("mae", decoder_embed_dim=24)
 
 
-def hf_model(**extra):
+def hf_model(zero_positions: bool = False, **extra):
+    """The tiny ViTMAE with its sin-cos tables, as from_pretrained gives it (``zero_positions``: as a
+    model built from a config in transformers 5.x has them)."""
     from transformers import ViTMAEConfig, ViTMAEForPreTraining
     t = TINY
     cfg = ViTMAEConfig(hidden_size=t.embed_dim, num_hidden_layers=t.depth, num_attention_heads=t.num_heads,
@@ -33,7 +35,13 @@ def hf_model(**extra):
                        decoder_intermediate_size=int(t.decoder_embed_dim * t.mlp_ratio), layer_norm_eps=1e-6,
                        mask_ratio=0.75, norm_pix_loss=True, **extra)
     torch.manual_seed(0)
-    return ViTMAEForPreTraining(cfg).eval()
+    model = ViTMAEForPreTraining(cfg).eval()
+    with torch.no_grad():
+        model.decoder.decoder_pos_embed.zero_()
+        model.vit.embeddings.position_embeddings.zero_()
+    if not zero_positions:
+        fill_zero_positions(model)
+    return model
 
 
 def _block(prefix_rd: str, prefix_hf: str, sd: dict) -> dict:
@@ -149,10 +157,7 @@ def test_a_copy_is_independent_and_bad_input_is_one_line():
 def test_zero_position_tables_of_a_config_built_model_are_filled_as_transformers_lays_them_out():
     """transformers 5.x builds ViTMAEForPreTraining(config) with zero sin-cos tables; the content-free decoder
     start is made of them, so unet_skips fills them (in transformers' own layout) and says so."""
-    model = hf_model()
-    with torch.no_grad():  # as transformers 5.24 leaves them (another release may fill them: zero them here)
-        model.decoder.decoder_pos_embed.zero_()
-        model.vit.embeddings.position_embeddings.zero_()
+    model = hf_model(zero_positions=True)  # as transformers 5.24 leaves them (another release may fill them)
     with pytest.warns(UserWarning, match="position tables were all zero"):
         unet_skips(model)
     mine = model.decoder.decoder_pos_embed.detach().clone()
@@ -164,12 +169,13 @@ def test_restore_of_a_folder_without_resdecay_settings_or_weights_is_one_line(tm
     from resdecay.errors import CheckpointError
     plain = hf_model()
     plain.save_pretrained(tmp_path / "plain")
-    with pytest.raises(UserError, match="has no 'resdecay' section"):
+    with pytest.raises(UserError, match=r"nothing to restore: neither ViTMAEForPreTraining.config nor .*plain/config.json "
+                                        "has a 'resdecay' section"):
         restore(plain, tmp_path / "plain")
     model = unet_skips(hf_model(), alpha_min=0.5)
     model.save_pretrained(tmp_path / "skipped")
     (tmp_path / "skipped" / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="no model.safetensors beside config.json"):
+    with pytest.raises(CheckpointError, match=r"no model.safetensors \(nor model.safetensors.index.json\) beside config.json"):
         restore(hf_model_with_config(model), tmp_path / "skipped")
 
 
@@ -177,3 +183,35 @@ def hf_model_with_config(model):
     """A fresh ViTMAE carrying ``model``'s config (as transformers' from_pretrained would give it)."""
     from transformers import ViTMAEForPreTraining
     return ViTMAEForPreTraining(model.config).eval()
+
+
+def test_encoder_start_with_zero_init_on_zero_tables_trains_every_branch():
+    """Issue 38, item 2: with transformers 5.x's zero tables (and zero mask token) every masked token was the zero
+    vector, so the zero pixel head never got a gradient and nothing before it ever trained (exactly 0 after 150
+    AdamW steps). unet_skips fills the tables for either decoder start and says so."""
+    model = hf_model(zero_positions=True).train()
+    with pytest.warns(UserWarning, match="position tables were all zero"):
+        unet_skips(model, alpha_min=0.6, decoder_start="encoder", zero_init=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    imgs = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    for _ in range(4):  # the gradient reaches one more stage each step: pixel head, decoder, skips, encoder
+        loss = model(pixel_values=imgs).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    still = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.any())]
+    assert still == []
+    assert all(bool(p.any()) for n, p in model.named_parameters() if n.endswith(("o_proj.weight", "fc2.weight")))
+
+
+def test_a_refused_unet_skips_leaves_the_model_as_it_was():
+    """Issue 38, item 9: a bad alpha_min was refused after the position tables had been filled."""
+    model = hf_model(zero_positions=True)
+    for bad in ({"alpha_min": 1.5}, {"alpha_min": 0.5, "schedule": "zigzag"}, {"skip_sources": [9]}):
+        with pytest.raises((UserError, ValueError)):
+            unet_skips(model, **bad)
+        assert not model.vit.embeddings.position_embeddings.any() and not model.decoder.decoder_pos_embed.any()
+        assert not hasattr(model, "resdecay_unet") and getattr(model.config, "resdecay", None) is None
+        assert not hasattr(model.vit, "resdecay_spec")
+    with pytest.raises(UserError, match=r"unet_skips: skip_sources \[9\] must be distinct encoder block indices"):
+        unet_skips(model, skip_sources=[9])

@@ -149,14 +149,27 @@ def test_decayed_export_warns_keeps_its_decay_and_unet_is_refused(capsys, tmp_pa
     assert code == 0, err
     warned = [ln for ln in out.splitlines() if ln.startswith("warning:")]
     assert len(warned) == 1 and "without them" in warned[0] and "alpha_min 0.6" in warned[0]
-    section = json.loads((tmp_path / "hf" / "config.json").read_text())["resdecay"]
-    assert section["alpha_min"] == 0.6 and section["schedule"] == "cosine"
+    section = json.loads((tmp_path / "hf" / "config.json").read_text())["resdecay"]  # resdecay.nn.config_record's schema
+    assert section["version"] == 1 and section["steps"] == [{"op": "decayify", "on": "ViTMAEModel", "alpha_min": 0.6,
+                                                             "schedule": "cosine", "branches": "both"}]
     hf = ViTMAEForPreTraining.from_pretrained(tmp_path / "hf").eval()
     assert differences(hf, ours)[1] > 1e-3  # transformers runs it plain: another function, as the warning says
     code, _, err = run(capsys, "import-weights", str(tmp_path / "hf"), "--format", "hf-vitmae", *PRESET, "--out", str(tmp_path / "b.pt"))
     assert code == 0, err
     back, cfg = load_model(tmp_path / "b.pt")
     assert (cfg.model.alpha_min, cfg.model.schedule) == (0.6, "cosine") and torch.equal(back.alphas, ours.alphas)
+    # a folder an earlier export wrote (the MAE's decay fields under "resdecay") imports the same
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["resdecay"] = {"alpha_min": 0.6, "schedule": "cosine", "decay_branches": "both", "decoder_decay": False}
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    code, _, err = run(capsys, "import-weights", str(tmp_path / "hf"), "--format", "hf-vitmae", *PRESET, "--out", str(tmp_path / "o.pt"))
+    assert code == 0, err
+    assert torch.equal(load_model(tmp_path / "o.pt")[0].alphas, ours.alphas)
+    # a record resdecay's MAE cannot express (the whole model's decay in one schedule) is one line
+    config["resdecay"] = {"version": 1, "steps": [{"op": "decayify", "on": "ViTMAEForPreTraining", "alpha_min": 0.5}]}
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    assert_one_line_error(*run(capsys, "import-weights", str(tmp_path / "hf"), "--format", "hf-vitmae", *PRESET, "--out",
+                               str(tmp_path / "x.pt"))[::2], "decayify ViTMAEForPreTraining", "resdecay.interop.restore")
     with torch.no_grad():
         torch.manual_seed(1)
         a = ours(IMGS)

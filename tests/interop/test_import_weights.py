@@ -1,6 +1,7 @@
 """resdecay import-weights: official MAE, the authors' U-Net MAE and timm ViTs into resdecay checkpoints (issue 13, item 3)."""
 
 import argparse
+import re
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from helpers.interop import authors_unet_layout, resdecay_checkpoint, same_mae_o
 from resdecay import decayify
 from resdecay.errors import CheckpointError
 from resdecay.interop import save_decayified
-from resdecay.interop.import_weights import import_weights
+from resdecay.interop.import_weights import import_weights, suggested_heads
 from resdecay.train.checkpoint import load_model
 
 # the encoder's dimensions come from the timm weights; heads and a small decoder from here
@@ -84,6 +85,26 @@ def test_foreign_checkpoints_that_do_not_fit_are_refused(capsys, tmp_path):
     assert_one_line_error(*run(capsys, "import-weights", str(tmp_path / "bad0.pth"), *base[:-2])[::2],
                           "embed_dim 32 but preset 'mae-tiny-digits' has 64", "model.num_heads=N")
     assert not (tmp_path / "o.pt").exists()
+
+
+def test_the_heads_hint_suggests_a_number_of_heads_that_divides_the_width(capsys, tmp_path):
+    """Issue 38.9: at embed_dim 32 the hint said "e.g. 0 for 64-wide heads" (32 // 64); what it suggests now is a
+    divisor of the width (so at least 1), and the import it suggests runs."""
+    assert all(w % suggested_heads(w) == 0 and suggested_heads(w) >= 1 for w in range(1, 1025))
+    assert [suggested_heads(w) for w in (32, 100, 192, 768)] == [1, 2, 3, 12]
+    src, _ = resdecay_checkpoint(tmp_path / "src.pt", "mae-tiny-digits", ["alpha_min=0.7"])
+    torch.save({"model": authors_unet_layout(src.state_dict())}, tmp_path / "theirs.pth")
+    argv = ["import-weights", str(tmp_path / "theirs.pth"), "--format", "unet-mae", "--alpha-min", "0.7", "--preset",
+            "mae-tiny-digits", "--out", str(tmp_path / "o.pt")]
+    given = []
+    for heads in ("num_heads", "decoder_num_heads"):  # each hint in turn, followed as a user would
+        code, _, err = run(capsys, *argv, *given)
+        assert_one_line_error(code, err, f"give model.{heads}=N (e.g. ")
+        n = int(re.search(r"\(e\.g\. (\d+):", err).group(1))
+        assert n >= 1 and "e.g. 0" not in err
+        given.append(f"model.{heads}={n}")
+    code, _, err = run(capsys, *argv, *given)
+    assert code == 0, err
 
 
 @pytest.mark.parametrize("kw", [{"num_classes": 10}, {"num_classes": 5, "global_pool": "avg"},

@@ -4,6 +4,7 @@ import warnings
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from helpers import assert_one_line_error, run
 from helpers.interop import resdecay_checkpoint, timm_blocks, tiny_timm
@@ -50,6 +51,39 @@ def test_loading_a_spec_into_a_plain_model_warns_once(tmp_path):
         load_weights(decayify(tiny_timm(), alpha_min=0.6), tmp_path / "d.pt")
         torch.save({"model": tiny_timm().state_dict()}, tmp_path / "plain.pt")
         load_weights(tiny_timm(), tmp_path / "plain.pt")
+
+
+def test_a_compiled_model_saves_and_loads_under_its_own_keys(tmp_path):
+    """Issue 38, item 5: save_decayified(torch.compile(model)) wrote _orig_mod. keys that load_decayified
+    refused with a hint to build the model with other dimensions. (torch.compile compiles on the first call:
+    nothing is compiled here.)"""
+    src = decayify(tiny_timm(), alpha_min=0.6)
+    for suffix in (".pt", ".safetensors"):
+        path = save_decayified(torch.compile(src), tmp_path / f"c{suffix}")
+        keys = list(torch.load(path, weights_only=True)["model"]) if suffix == ".pt" else list(load_file(path))
+        assert sorted(keys) == sorted(src.state_dict()) and not any(k.startswith("_orig_mod.") for k in keys)
+        fresh = tiny_timm(seed=1)
+        load_decayified(path, fresh)
+        with torch.no_grad():
+            assert torch.equal(fresh(X), src(X))
+    # a file an earlier version wrote from a compiled model, and a compiled model to load into
+    old = {"format": "resdecay-decayified-v1", "resdecay_spec": src.resdecay_spec,
+           "model": {f"_orig_mod.{k}": v for k, v in src.state_dict().items()}}
+    torch.save(old, tmp_path / "old.pt")
+    target = torch.compile(tiny_timm(seed=2))
+    assert load_decayified(tmp_path / "old.pt", target) is target
+    with torch.no_grad():
+        assert torch.equal(target._orig_mod(X), src(X)) and alphas_of(target._orig_mod) == alphas_of(src)
+    plain = tiny_timm(seed=3)
+    with pytest.warns(SpecIgnoredWarning):
+        load_weights(plain, tmp_path / "old.pt")
+    assert all(torch.equal(plain.state_dict()[k], v) for k, v in src.state_dict().items())
+    # the shareable folder takes the compiled model too (it refused it, recommending save_decayified)
+    from resdecay.interop import from_pretrained, save_pretrained
+    save_pretrained(torch.compile(src), tmp_path / "folder", architecture="vit_tiny_patch16_224",
+                    model_kwargs={"img_size": 32, "patch_size": 8, "depth": 4})
+    with torch.no_grad():
+        assert torch.equal(from_pretrained(tmp_path / "folder").eval()(X), src(X))
 
 
 def test_loaders_refuse_mismatches_in_one_line(tmp_path):

@@ -1,7 +1,28 @@
 #!/usr/bin/env bash
-# learned.sh LEVEL SEED: the faithful (learned) solver on the pair, timed
-cd /work/main
-out=/work/segruns/eval/$1/seed$2/learned
-[ -f $out/a08/eval.json ] && exit 0
-/usr/bin/time -v nice -n 3 .venv/bin/resdecay eval /work/segruns/$1/seed$2/plain/checkpoints/step_00000304.pt /work/segruns/$1/seed$2/a08/checkpoints/step_00000304.pt \
-   --evals segmentation --seg-solver learned --seg-images 100 --no-progress --out $out > /work/segruns/eval-$1-$2-learned.log 2>&1
+# learned.sh LEVEL SEED: the faithful (learned) segmentation solver on one (plain, a08) pair, timed
+# (/usr/bin/time -v when it is installed). About 22 minutes per pair on 2 CPU cores at 100 images.
+#
+# Usage: learned.sh [--dry-run] LEVEL SEED
+#   RUNS, STEP, SEG_SEEDS, SEG_IMAGES: as eval.sh (default RUNS <repo>/runs/segmentation-patch4, SEG_SEEDS "0")
+#   ROOT, RESDECAY, DRY_RUN: docs/results/common.sh
+# Writes RUNS/eval/LEVEL/seedSEED/learned/segseed<E>/{plain,a08}/eval.json, logs in RUNS/logs/.
+# --dry-run prints each evaluation command instead of running it.
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/../common.sh" "$@"
+set -- "${ARGS[@]}"
+if [ $# -ne 2 ]; then echo "usage: learned.sh [--dry-run] LEVEL SEED   (e.g. learned.sh all 0)" >&2; exit 2; fi
+level=$1 seed=$2
+RUNS=${RUNS:-$ROOT/runs/segmentation-patch4}
+source "$HERE/checkpoints.sh"
+plain=$(checkpoint_of "$RUNS/$level/seed$seed/plain") || exit 1
+a08=$(checkpoint_of "$RUNS/$level/seed$seed/a08") || exit 1
+TIME=()
+[ -x /usr/bin/time ] && TIME=(/usr/bin/time -v)
+for e in ${SEG_SEEDS:-0}; do
+  out=$RUNS/eval/$level/seed$seed/learned/segseed$e
+  [ -f "$out/a08/eval.json" ] && continue
+  logged "$RUNS/logs/eval-$level-$seed-learned-segseed$e.log" "${TIME[@]}" nice -n 3 "$RESDECAY" eval "$plain" "$a08" \
+    --evals segmentation --seg-solver learned --seg-seed "$e" --seg-images "${SEG_IMAGES:-100}" --no-progress \
+    --out "$out" || echo "FAILED $level seed $seed learned seg seed $e"
+done

@@ -3,7 +3,9 @@ and eval.json here, then build Δ = decayed − plain (kNN and fast probe, onlin
 × training length × alpha_min, mean ± std over the seeds present, with the raw-pixel kNN / probe of each
 level under the same protocol. Writes where-map.json, where-map.md (table) and where-map.png (heat map).
 
-Usage: .venv/bin/python docs/results/where-map/collect.py [--runs runs/where-map] [--no-copy]
+Usage: .venv/bin/python docs/results/where-map/collect.py [--runs RUNS] [--no-copy] [--out DIR]
+  RUNS: the folder run.sh wrote (default <repo>/runs/where-map); the copies go beside this script (not with
+  --no-copy), the tables and figures to --out (default: beside this script).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
 LEVELS = {"clean": [], "bg": ["background"], "bg-colour": ["background", "colour"],
           "bg-colour-scale": ["background", "colour", "scale"], "all": ["background", "colour", "scale", "position"],
           "all-e64": ["background", "colour", "scale", "position"]}  # the all level trained 64 epochs (run.sh: LEVEL-eN)
@@ -282,9 +285,12 @@ def cost_curve(d: dict, path: Path, levels: tuple[str, ...] = ("all", "all-e64")
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", default="runs/where-map")
-    ap.add_argument("--no-copy", action="store_true")
+    ap.add_argument("--runs", default=str(ROOT / "runs" / "where-map"), help="the folder run.sh wrote")
+    ap.add_argument("--no-copy", action="store_true", help="do not copy the finished runs' files beside this script")
+    ap.add_argument("--out", default=str(HERE), help="where the tables and figures go (default: beside this script)")
     args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     data = gather(Path(args.runs), copy=not args.no_copy)
     pix_path = HERE / "pixels.json"
     if pix_path.exists():
@@ -296,14 +302,14 @@ def main() -> None:
     d, a = deltas(data), absolute(data)
     epochs = sorted({k[2] for k in a})
     final_md, final = final_table(data)
-    (HERE / "where-map.md").write_text(final_md + "\n\n" + table(d, a, pixels, epochs, missing_online_rows(data)) + "\n")
-    (HERE / "where-map.json").write_text(json.dumps(
+    (out / "where-map.md").write_text(final_md + "\n\n" + table(d, a, pixels, epochs, missing_online_rows(data)) + "\n")
+    (out / "where-map.json").write_text(json.dumps(
         {"pixels": pixels, "final": final, "delta": {" | ".join(map(str, k)): v for k, v in d.items()},
          "absolute": {" | ".join(map(str, k)): v for k, v in a.items()}}, indent=1))
     if d:
-        heat_map(d, a, pixels, epochs, HERE / "where-map.png")
-        cost_curve(d, HERE / "cost.png")
-    print((HERE / "where-map.md").read_text())
+        heat_map(d, a, pixels, epochs, out / "where-map.png")
+        cost_curve(d, out / "cost.png")
+    print((out / "where-map.md").read_text())
 
 
 if __name__ == "__main__":

@@ -7,10 +7,13 @@ learning rate for the first 156 steps (the 2 warm-up epochs are the same in both
 of a 64-epoch schedule decays more slowly). So up to step 140 the only difference is the CPU's GEMM kernels, and
 the logged training loss shows how much each model amplifies that round-off. Writes machines.md and .json here.
 
-Usage: .venv/bin/python docs/results/where-map/machines.py
+Usage: .venv/bin/python docs/results/where-map/machines.py [--results DIR] [--out DIR]
+  --results: the copied runs (default: beside this script, as collect.py copies them: <level>/seed<N>/<variant>/)
+  --out: where machines.md and machines.json go (default: beside this script)
 """
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -19,18 +22,24 @@ WARMUP_STEPS = 156  # 2 epochs × 78 steps: the learning rate is the same in bot
 VARIANTS = {"plain-mae": "plain MAE", "alpha-0-8": "alpha 0.8"}
 
 
-def run(level: str, seed: int, slug: str) -> tuple[dict[int, float], str]:
-    folder = HERE / level / f"seed{seed}" / slug
+def run(results: Path, level: str, seed: int, slug: str) -> tuple[dict[int, float], str]:
+    folder = results / level / f"seed{seed}" / slug
     losses = {int(r["step"]): r["loss"] for r in map(json.loads, (folder / "log.jsonl").read_text().splitlines())
               if "loss" in r}
     return losses, json.loads((folder / "summary.json").read_text())["numerics"]["cpu_capability"]
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=str(HERE), help="the copied runs (default: beside this script)")
+    ap.add_argument("--out", default=str(HERE), help="where machines.md and machines.json go (default: beside this script)")
+    args = ap.parse_args()
+    results, dest = Path(args.results), Path(args.out)
+    dest.mkdir(parents=True, exist_ok=True)
     rows, out = [], {}
     for seed in (1, 2):
         for slug, name in VARIANTS.items():
-            (a, cap_a), (b, cap_b) = run("all", seed, slug), run("all-e64", seed, slug)
+            (a, cap_a), (b, cap_b) = run(results, "all", seed, slug), run(results, "all-e64", seed, slug)
             steps = [s for s in sorted(set(a) & set(b)) if s < WARMUP_STEPS]
             gaps = {s: abs(a[s] - b[s]) for s in steps}
             out[f"seed {seed} {name}"] = {"kernels": [cap_a, cap_b], "abs loss difference": gaps}
@@ -40,8 +49,8 @@ def main() -> None:
         "|loss difference| between the same run on two CPUs (all level; 32-epoch run vs 64-epoch run, identical up to "
         f"step {WARMUP_STEPS}: same code, seed, initial weights, data order and learning rate; logged loss = mean of the "
         "last 20 steps)", "", head, "|" + "---|" * (3 + len(steps)), *rows])
-    (HERE / "machines.md").write_text(text + "\n")
-    (HERE / "machines.json").write_text(json.dumps(out, indent=1))
+    (dest / "machines.md").write_text(text + "\n")
+    (dest / "machines.json").write_text(json.dumps(out, indent=1))
     print(text)
 
 

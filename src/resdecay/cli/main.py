@@ -17,7 +17,7 @@ from ..commands.check_data import run_check_data
 from ..commands.demos import run_demo_command
 from ..commands.eval_classifier import add_eval_classifier_command
 from ..commands.evaluate import eval_command, run_compare
-from ..commands.finetune import SOURCE_FORMATS, finetune_source, run_finetune
+from ..commands.finetune import finetune_source, run_finetune
 from ..commands.presets import print_presets
 from ..commands.pretrain import run_pretrain
 from ..commands.report import figures_command, run_plot
@@ -32,7 +32,7 @@ from .alpha import add_alpha_command
 from .diffusion import add_commands as add_diffusion_commands
 from .examples import add_examples
 from .interop import add_interop_commands
-from .parents import data_options, device_option, progress_option, run_folder_options, run_overrides
+from .parents import data_options, device_option, progress_option, run_folder_options, run_overrides, source_options
 from .plugins import ENV as PLUGIN_ENV
 from .plugins import load_plugins
 from .submit import add_submit_command
@@ -41,7 +41,8 @@ from .submit import add_submit_command
 def cmd_pretrain(args) -> None:
     run_pretrain(args.preset, run_overrides(args), resume=args.resume, print_config=args.print_config,
                  progress=not args.no_progress, check=args.check_data, overwrite=args.overwrite,
-                 allow_changes=args.allow_changes)
+                 allow_changes=args.allow_changes, source=args.source, fmt=args.format,
+                 import_preset=args.import_preset, alpha_min=args.alpha_min, import_overrides=args.import_override)
 
 
 def cmd_finetune(args) -> None:
@@ -93,6 +94,14 @@ def add_ablate_command(sub) -> None:
                                               progress=not a.no_progress, list_only=a.list))
 
 
+def seg_data_arg(value: str) -> str:
+    """``--seg-data NAME`` or ``NAME:DIR``: the name must be one of ``SEG_DATA``."""
+    if value.partition(":")[0] not in SEG_DATA:
+        raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(SEG_DATA)} (a folder as NAME:DIR, e.g. "
+                                         "folder:my-seg)")
+    return value
+
+
 def add_segmentation_options(p) -> None:
     """The segmentation protocol's options (``eval --evals segmentation`` and ``figures --segmentation``)."""
     seg = SegProtocol()
@@ -101,9 +110,13 @@ def add_segmentation_options(p) -> None:
     p.add_argument("--seg-k", type=int, default=None, help="segmentation clusters (default: the number of classes)")
     p.add_argument("--seg-images", type=int, default=seg.images, help=f"segmentation images (default {seg.images})")
     p.add_argument("--seg-seed", type=int, default=seg.seed, help=f"segmentation K-Means / solver seed (default {seg.seed})")
-    p.add_argument("--seg-data", default=None, choices=SEG_DATA,
-                   help="label maps from (default: the evaluation's data set, which must have them: fashion-mnist-m, digits or fashion-mnist)")
-    p.add_argument("--seg-path", default=None, help="the cocostuff27 / voc folder (STEGO's curated layout / VOC's)")
+    p.add_argument("--seg-data", default=None, type=seg_data_arg, metavar="NAME[:DIR]",
+                   help=f"label maps from: {' | '.join(SEG_DATA)} (default: the evaluation's data set, which must have "
+                        "them); a folder as NAME:DIR, e.g. folder:my-seg (your images/ and labels/, docs/segmentation.md), "
+                        "voc:VOC2012, cocostuff27:DIR")
+    p.add_argument("--seg-path", default=None, help="the cocostuff27 / voc / folder folder (or --seg-data NAME:DIR)")
+    p.add_argument("--seg-ignore-index", type=int, default=seg.ignore_index,
+                   help=f"the label value of unlabelled pixels in voc / folder label maps (default {seg.ignore_index})")
 
 
 def add_measurement_commands(sub) -> None:
@@ -176,8 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_alpha_command(sub)  # cli/alpha.py
 
-    t = sub.add_parser("pretrain", parents=[progress_option(), run_folder_options()],
-                       help="pretrain a preset on CPU, one GPU or many (torchrun)")
+    t = sub.add_parser("pretrain", help="pretrain a preset on CPU, one GPU or many (torchrun)", parents=[
+        progress_option(), run_folder_options(), source_options(
+            "continue pretraining a pretrained MAE, encoder and decoder, as a fresh run of --preset (the sources of "
+            "finetune --from: a resdecay MAE checkpoint or run folder, an official facebookresearch/mae or U-Net MAE "
+            ".pth, a Hugging Face ViTMAE folder; docs/training.md)",
+            "for an imported model: the MAE preset for what its weights do not say (default: --preset)")])
     t.add_argument("--preset", required=True, help="preset name (resdecay presets) or a YAML file")
     t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     t.add_argument("--check-data", action="store_true",
@@ -185,18 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. alpha_min=0.7 train.epochs=100 data.path=/data/in100")
     t.set_defaults(func=cmd_pretrain)
 
-    f = sub.add_parser("finetune", parents=[progress_option(), run_folder_options("auto or a checkpoint path of this fine-tuning run")],
-                       help="MAE fine-tuning or linear probing (LARS) of a pretrained checkpoint")
+    f = sub.add_parser("finetune", help="MAE fine-tuning or linear probing (LARS) of a pretrained checkpoint", parents=[
+        progress_option(), run_folder_options("auto or a checkpoint path of this fine-tuning run"), source_options(
+            "the pretrained model: a resdecay MAE checkpoint or run folder, an official facebookresearch/mae or "
+            "U-Net MAE .pth, a timm ViT, or a Hugging Face ViTMAE folder (imported in this step)",
+            "for an imported model: the MAE preset for what its weights do not say (heads, data), as import-weights "
+            "--preset; e.g. mae-b16-plain")])
     f.add_argument("checkpoint", nargs="?", default=None, help="the pretrained model (the same as --from)")
-    f.add_argument("--from", dest="source", default=None, metavar="FILE",
-                   help="the pretrained model: a resdecay MAE checkpoint or run folder, an official facebookresearch/mae or "
-                        "U-Net MAE .pth, a timm ViT, or a Hugging Face ViTMAE folder (imported in this step)")
-    f.add_argument("--format", default=None, choices=SOURCE_FORMATS, help="the source's format (default: detected)")
-    f.add_argument("--import-preset", default=None, help="for an imported model: the MAE preset for what its weights do not "
-                                                         "say (heads, data), as import-weights --preset; e.g. mae-b16-plain")
-    f.add_argument("--alpha-min", type=float, default=None, help="for an imported unet-mae file without args: its alpha_min")
-    f.add_argument("--import-override", action="append", default=[], metavar="key=value",
-                   help="for an imported model: import-weights' key=value (repeatable), e.g. model.num_heads=12")
     f.add_argument("--preset", default="finetune-mae", help="finetune-mae (default) or linprobe-mae")
     f.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.epochs=10 drop_path=0.2")
     f.set_defaults(func=cmd_finetune)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..commands.finetune import SOURCE_FORMATS
 from ..data import DATASETS
 from ..errors import UserError
 
@@ -40,6 +41,19 @@ def run_folder_options(resume_help: str = "auto (newest checkpoint in the run fo
     p.add_argument("--overwrite", action="store_true", help="start over in a folder that holds a run (deletes that run's files)")
     p.add_argument("--allow-changes", action="store_true",
                    help="resume although batch / data / seed / lr / processes changed (no longer exact)")
+    return p
+
+
+def source_options(source_help: str, import_preset_help: str) -> argparse.ArgumentParser:
+    """``--from SOURCE`` and how a foreign source is imported: ``finetune --from`` and ``pretrain --from``
+    (both resolved by ``commands.finetune.load_pretrained``)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--from", dest="source", default=None, metavar="SOURCE", help=source_help)
+    p.add_argument("--format", default=None, choices=SOURCE_FORMATS, help="the source's format (default: detected)")
+    p.add_argument("--import-preset", default=None, help=import_preset_help)
+    p.add_argument("--alpha-min", type=float, default=None, help="for an imported unet-mae file without args: its alpha_min")
+    p.add_argument("--import-override", action="append", default=[], metavar="key=value",
+                   help="for an imported model: import-weights' key=value (repeatable), e.g. model.num_heads=12")
     return p
 
 

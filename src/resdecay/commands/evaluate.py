@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..eval.baselines import default_baseline_cache, pixel_rows
 from ..eval.compare import compare_reports, format_comparison, load_report
 from ..eval.diffusion_probe import FAST_RECIPE, NOISE_LEVELS, check_levels, probe_grid
-from ..eval.inputs import check_data_path, check_writable, write_failure
+from ..eval.inputs import check_data_path, check_writable, removed_if_refused, write_failure
 from ..eval.metrics import FEATURES, metric_names
 from ..eval.options import parse_assignments
 from ..eval.reports import format_report, protocol_text, values_text
@@ -83,6 +83,14 @@ def _protocol_note(settings: EvalSettings) -> str:
 
 
 def run_eval(checkpoints: list[str], settings: EvalSettings, out: str | None = None) -> dict:
+    """``_evaluate_all``; a refused evaluation removes the report and cache folders it created and left empty."""
+    folders = [_report_dir(c, out) for c in checkpoints] + [Path(out or "runs/eval")] * (settings.layer == "all")
+    folders += [Path(settings.cache_dir) if settings.cache_dir else run_dir_of(Path(c)) / "eval" / "cache" for c in checkpoints]
+    with removed_if_refused(folders):
+        return _evaluate_all(checkpoints, settings, out)
+
+
+def _evaluate_all(checkpoints: list[str], settings: EvalSettings, out: str | None = None) -> dict:
     """Evaluate each checkpoint, write ``eval.json`` (or ``profile.json`` + PNG with ``layer="all"``)
     and, for several profiles, an overlay. Under torchrun every rank extracts, rank 0 reports.
 

@@ -20,7 +20,8 @@ def block_index(value: str, flag: str) -> int:
 
 def seg_protocol(args) -> SegProtocol:
     """The segmentation protocol of the ``--seg-*`` options (``eval`` and ``figures --segmentation``)."""
-    return SegProtocol(solver=args.seg_solver, k=args.seg_k, images=args.seg_images, seed=args.seg_seed)
+    return SegProtocol(solver=args.seg_solver, k=args.seg_k, images=args.seg_images, seed=args.seg_seed,
+                       ignore_index=args.seg_ignore_index)
 
 
 def data_config(name: str | None, path: str | None, normalize: str = "dataset") -> DataConfig | None:

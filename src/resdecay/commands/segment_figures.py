@@ -10,10 +10,12 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..data import DataConfig
-from ..data.seg_masks import masked_images
+from ..data.seg_masks import IGNORE, masked_images
+from ..data.subsets import label_map_order
 from ..errors import UserError
 from ..eval.segmentation import SegProtocol, segment
 from ..eval.segmentation_eval import patch_tokens, token_grid
@@ -23,11 +25,17 @@ from ..train.checkpoint import load_model
 from ..viz.segmentation_figures import plot_segmentation, plot_spectral_rgb, spectral_rgb
 
 
+def shown_images(labels: torch.Tensor, n: int, seed: int) -> torch.Tensor:
+    """Sorted indices of ``n`` of these label maps, drawn class-balanced (``subsets.label_map_order``)."""
+    present = [np.setdiff1d(lab.unique().numpy(), [IGNORE]) for lab in labels]
+    return torch.from_numpy(np.sort(label_map_order(present, seed)[:n]))
+
+
 def run_segmentation_figures(checkpoints: list[str], out: str, protocol: SegProtocol, data: DataConfig | None = None,
                              seg_data: str | None = None, seg_path: str | None = None, images: int = 8,
                              layer: int = -1, progress: bool = True) -> dict:
     """Both figures; every checkpoint is embedded and clustered on the same ``protocol.images`` images
-    and the first ``images`` of them are drawn.
+    (a seeded class-balanced draw) and ``images`` of them, drawn class-balanced from those, are shown.
 
     Args:
         checkpoints: ViT-style encoder checkpoints; out: the folder; protocol: the segmentation protocol;
@@ -44,16 +52,17 @@ def run_segmentation_figures(checkpoints: list[str], out: str, protocol: SegProt
         raise UserError("the checkpoints read different image or patch sizes; the figures need one token grid")
     data = data or replace(first.data, augment="none", train_subset=None)
     grid = token_grid(next(iter(models.values()))[0])
-    masked = masked_images(seg_data or data.name, data, seg_path, first.model.img_size, protocol.images)
+    masked = masked_images(seg_data or data.name, data, seg_path, first.model.img_size, protocol.images, protocol.seed,
+                           protocol.ignore_index, first.model.in_chans)
     k = protocol.k or masked.classes
     if k > len(masked.images) * grid[0] * grid[1]:
         raise UserError(f"--seg-k {k} is more clusters than the tokens of {len(masked.images)} images; lower --seg-k")
-    shown = slice(0, min(images, len(masked.images)))
+    shown = shown_images(masked.labels, images, protocol.seed)
     rgb, preds, scores = {}, {}, {}
     for label, (model, _) in models.items():
         tokens = patch_tokens(model, masked.images, layer, 64, "cpu", progress)
-        res = segment(tokens, grid, masked.labels, masked.classes, protocol, progress)
-        rgb[label] = spectral_rgb(res["embedding"], protocol.solver, len(tokens), grid)[shown]
+        res = segment(tokens, grid, masked.labels, masked.classes, protocol, progress, masked.names or None)
+        rgb[label] = spectral_rgb(res["embedding"], protocol.solver, len(tokens), grid)[shown.numpy()]
         preds[label] = torch.from_numpy(res["mapping"])[res["clusters"][shown]]
         scores[label] = res["values"]
     where = f"{masked.card['data']} {masked.card['split']}, {len(masked.images)} images"
@@ -68,7 +77,7 @@ def run_segmentation_figures(checkpoints: list[str], out: str, protocol: SegProt
     plot_segmentation(masked.images[shown], masked.mean, masked.std, masked.labels[shown], preds, masked.classes,
                       out_dir / "segmentation.png", seg_note)
     card = {"figure": "segmentation", "protocol": protocol.card(), "k": k, "data": masked.card, "layer": block,
-            "token_grid": list(grid), "drawn": shown.stop, "values": scores,
+            "token_grid": list(grid), "drawn": len(shown), "shown": shown.tolist(), "values": scores,
             "paths": [str(out_dir / "spectral_rgb.png"), str(out_dir / "segmentation.png")]}
     (out_dir / "figures.json").write_text(json.dumps({"segmentation": card}, indent=2, default=str))
     for label, v in scores.items():

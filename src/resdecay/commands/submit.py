@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import UserError
-from ..eval.inputs import check_writable
+from ..eval.inputs import check_writable, removed_if_refused
 from ..io import run_dir_of
 from ..train import checkpoint as ckpt
 from ..train.config import load_config, parse_overrides
@@ -332,22 +332,48 @@ def submit(entry: Callable[[list[str]], int], argv: list[str], run_dir: Path, re
     res.check()
     run_dir = Path(run_dir)
     folder = Path(res.folder) if res.folder else run_dir / "submitit"
+    with removed_if_refused([folder, run_dir]), submission_files_removed_on_failure(folder):  # a failed one: no debris
+        job = _queue(entry, argv, run_dir, res, folder)
+    fields = {k: v for k, v in asdict(res).items() if v is not None and k not in ("folder", "tasks_per_node")}
+    record(run_dir, "submitted", job_id=job.job_id, folder=str(folder.resolve()), cwd=os.getcwd(),
+           command=shlex.join(["resdecay", *argv]), **fields, tasks_per_node=res.tasks)
+    return job
+
+
+def _queue(entry: Callable[[list[str]], int], argv: list[str], run_dir: Path, res: Resources, folder: Path):
+    """submitit's Job of ``resdecay ARGV`` (``submit``'s arguments; ``folder``: submitit's), or one line on
+    why sbatch did not take it."""
     check_writable(folder, "pass --folder DIR in a folder you can write" if res.folder else "choose a run folder you can write")
     check_writable(run_dir, "choose a run folder you can write")
     call = SubmittedCommand(entry, argv, run_dir.resolve(), os.getcwd())
     executor = make_executor(res, folder, f"resdecay-{call.command}-{run_dir.name}")
     try:
-        job = executor.submit(call)
+        return executor.submit(call)
     except Exception as e:  # sbatch refused (unknown partition, account, ...): its own message, on one line
         if getattr(e.__cause__, "returncode", None) in (124, 137):  # `timeout` stopped sbatch
             raise UserError(f"sbatch did not answer within {res.submit_timeout_s:g} s (is the SLURM controller up? "
                             "`squeue --me` shows whether a job was queued after all); try again later, or pass "
                             "--submit-timeout S") from None
         raise UserError(f"submission failed: {' '.join(str(e).split())[:400]}") from None
-    fields = {k: v for k, v in asdict(res).items() if v is not None and k not in ("folder", "tasks_per_node")}
-    record(run_dir, "submitted", job_id=job.job_id, folder=str(folder.resolve()), cwd=os.getcwd(),
-           command=shlex.join(["resdecay", *argv]), **fields, tasks_per_node=res.tasks)
-    return job
+
+
+@contextmanager
+def submission_files_removed_on_failure(folder: Path):
+    """What submitit writes before it calls sbatch (the pickled command ``<uuid>.pkl`` and the batch file
+    ``.submission_file_<uuid>.sh``, which it renames after the job id once sbatch answers) is removed when the
+    submission fails in any way (refused, timed out, interrupted): no job will ever read it."""
+    import_submitit()  # one line where it is missing
+    from submitit.core.utils import JobPaths
+
+    where = JobPaths.get_first_id_independent_folder(folder)  # where submitit puts them (a %j folder's parent)
+    before = set(where.iterdir()) if where.is_dir() else set()
+    try:
+        yield
+    except BaseException:
+        for path in (set(where.iterdir()) - before) if where.is_dir() else ():
+            if path.suffix == ".pkl" or path.name.startswith(".submission_file_"):
+                path.unlink(missing_ok=True)
+        raise
 
 
 def wait_for_debug_job(job) -> None:

@@ -41,6 +41,42 @@ def balanced_indices(labels, n: int, seed: int = SUBSET_SEED) -> np.ndarray:
     return np.sort(np.concatenate(pools)[order[:n]])
 
 
+def label_map_order(present, seed: int = SUBSET_SEED) -> np.ndarray:
+    """The order in which a seeded class-balanced draw takes label maps: the first N of it are the draw of N.
+
+    A label map shows several classes, so ``balanced_indices``' deal is made over the classes it shows: the maps
+    are shuffled by a generator seeded with ``seed``; then classes take turns, the rarest (shown by the fewest
+    maps) first, each taking the next map in the shuffle that shows it and is not taken yet; maps that show no
+    class (all pixels ignored) come last. So a class shown by few maps is in the draw from its first turns, and
+    a larger draw holds every map of a smaller one.
+
+    Args:
+        present: per label map, the classes it shows (an array of ints each).
+        seed: the draw's seed.
+    """
+    shuffled = np.random.default_rng(seed).permutation(len(present))
+    lists: dict[int, list[int]] = {}
+    for i in shuffled:
+        for c in np.unique(np.asarray(present[i])):
+            lists.setdefault(int(c), []).append(int(i))
+    turns = sorted(lists, key=lambda c: (len(lists[c]), c))
+    taken, cursor, order = np.zeros(len(present), dtype=bool), dict.fromkeys(turns, 0), []
+    moved = True
+    while moved:
+        moved = False
+        for c in turns:
+            items, k = lists[c], cursor[c]
+            while k < len(items) and taken[items[k]]:
+                k += 1
+            if k < len(items):
+                taken[items[k]], moved = True, True
+                order.append(items[k])
+                k += 1
+            cursor[c] = k
+    order += [int(i) for i in shuffled if not taken[i]]
+    return np.asarray(order, dtype=np.int64)
+
+
 def dataset_labels(dataset) -> np.ndarray:
     """Every item's label, read without decoding an image where the dataset keeps them
     (ImageFolder ``targets``, in-memory ``labels``, through ``Subset`` and ``.dataset`` wrappers);

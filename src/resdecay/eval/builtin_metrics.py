@@ -16,7 +16,7 @@ does ``--metric-option NAME.KEY=VALUE``.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Annotated, Literal
 
 from ..errors import UserError
 from .diffusion_probe import probe_grid
@@ -37,6 +37,7 @@ from .metrics import (
     SegmentationSet,
     register_metric,
 )
+from .options import AT_LEAST_ONE, POSITIVE
 from .probe import linear_probe
 from .protocol import FAST_RECIPE, KNN_K, KNN_TEMPERATURE, KNN_VOTE, RANK_FORMS, STATS_CARD, MetricSettings, ProbeRecipe
 from .rank import effective_rank
@@ -51,10 +52,11 @@ BRANCHES = ("attn", "mlp")
 # ----------------------------------------------------------------------------- features
 @dataclass(frozen=True)
 class KnnOptions:
-    """``--metric-option knn.k=N`` / ``knn.temperature=T`` (also ``--k`` / ``--temperature``)."""
+    """``--metric-option knn.k=N`` / ``knn.temperature=T`` (also ``--k`` / ``--temperature``): k >= 1
+    neighbours, votes weighted exp(cos / T) with T > 0 (finite)."""
 
-    k: int = KNN_K
-    temperature: float = KNN_TEMPERATURE
+    k: Annotated[int, AT_LEAST_ONE] = KNN_K
+    temperature: Annotated[float, POSITIVE] = KNN_TEMPERATURE
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class ProbeOptions:
     """``probe.epochs`` / ``probe.feature_norm`` (also ``--probe-epochs`` / ``--probe-norm``); None keeps
     the evaluator's recipe's (IN-100 for one layer, fast for the profile and online tracking)."""
 
-    epochs: int | None = None
+    epochs: Annotated[int, AT_LEAST_ONE] | None = None
     feature_norm: Literal["none", "batchnorm"] | None = None
 
 
@@ -111,17 +113,9 @@ def _knn_card(s: MetricSettings) -> dict:
 
 
 def _check_bank(n_train: int, s: MetricSettings) -> None:
-    k = s.options_of("knn").k
-    if k < 1:
-        raise UserError(f"knn.k must be a positive integer, got {k}")
+    k = s.options_of("knn").k  # k >= 1 is its declared range (KnnOptions), checked where it is set
     if k > n_train:  # before extracting, not after
         raise UserError(f"--k {k} is larger than the kNN bank ({n_train} training images); lower --k")
-
-
-def _check_probe(n_train: int, s: MetricSettings) -> None:
-    epochs = s.options_of("probe").epochs
-    if epochs is not None and epochs < 1:
-        raise UserError(f"probe.epochs must be a positive integer, got {epochs}")
 
 
 KNN = register_metric(Metric(
@@ -132,7 +126,7 @@ KNN = register_metric(Metric(
 
 PROBE = register_metric(Metric(
     name="probe", compute=_probe, protocol=lambda s: {"probe": _recipe(s).card()}, headline="top1",
-    options=ProbeOptions(), check=_check_probe,
+    options=ProbeOptions(),
     display=Display("linear probe", describe=_probe_text, titles={"probe_top1": "linear-probe top-1 (fast recipe)"},
                     report_values=("top1", "top5"), table=TableSpec("probe", "d probe", "prb rand", (7, 8)))))
 
@@ -196,13 +190,14 @@ DIFFUSION_PROBE = register_metric(Metric(
 
 # ----------------------------------------------------------------------------- unsupervised segmentation
 def _segmentation(x: SegmentationSet, s: MetricSettings) -> list[Result]:
-    out = segment(x.tokens, x.grid, x.labels, x.classes, x.protocol, progress=s.progress)
+    out = segment(x.tokens, x.grid, x.labels, x.classes, x.protocol, progress=s.progress, names=x.names)
     if x.keep is not None:  # the figures reuse the cluster maps and the embedding
         x.keep.update(out)
     card = {"split": "test", "segmentation": x.protocol.card(), "k": out["k"], "classes": x.classes,
             "token_grid": list(x.grid), "tokens": int(x.tokens.shape[0] * x.tokens.shape[1]),
             "matching": "hungarian (one-to-one, pixel counts; headline) and majority vote",
-            "miou": "one dataset-wide confusion matrix, 255 ignored, mean over all classes (empty union = 0)"}
+            "miou": "one dataset-wide confusion matrix, ignored pixels excluded, mean over all classes (empty union = 0)",
+            "iou": "per class, Hungarian matching, keyed by class name"}
     return [Result("tokens", out["values"], card=card)]
 
 

@@ -8,8 +8,10 @@ is only noticed afterwards; so every command first asks these cheap questions.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from ..data import DataConfig, build_dataset
@@ -67,6 +69,43 @@ def check_writable(folder: Path, fix: str) -> Path:
     if reason is not None:
         raise UserError(f"output folder {folder} is not writable ({reason}): {fix}")
     return Path(folder)
+
+
+@contextlib.contextmanager
+def removed_if_refused(folders: Iterable[Path]):
+    """The block may create ``folders`` (and their missing parents); if it fails, those it created and left
+    empty are removed again: a refused command leaves no empty ``<out>/<run>/`` behind.
+
+    Args:
+        folders: the output folders the block writes into (missing ones are noted before it runs).
+    """
+    made = []
+    for folder in dict.fromkeys(Path(f).absolute() for f in folders):
+        top = folder
+        while not top.exists() and not top.parent.exists():
+            top = top.parent
+        if not folder.exists():
+            made.append((folder, top))
+    try:
+        yield
+    except BaseException:
+        for folder, top in made:
+            remove_empty_chain(folder, top)
+        raise
+
+
+def remove_empty_chain(folder: Path, top: Path) -> None:
+    """Remove ``folder`` and its parents up to ``top`` while each is an empty folder."""
+    while True:
+        try:
+            folder.rmdir()  # only an empty folder
+        except FileNotFoundError:  # never made: its parent may have been
+            pass
+        except OSError:
+            return
+        if folder == top:
+            return
+        folder = folder.parent
 
 
 def write_failure(path: Path, exc: BaseException, fix: str, nbytes: int = 0) -> str:

@@ -123,7 +123,8 @@ class SegmentationSet:
         tokens: (N, T, D), T = grid[0] * grid[1] in raster order; grid: the token grid;
         labels: (N, H, W) class indices, 255 ignored; classes: the number of classes;
         protocol: the segmentation protocol (``eval.segmentation.SegProtocol``);
-        keep: where the metric leaves its cluster maps and embedding for figures (None: not kept).
+        keep: where the metric leaves its cluster maps and embedding for figures (None: not kept);
+        names: the class names (label i is names[i]; None: unknown).
     """
 
     tokens: torch.Tensor
@@ -132,6 +133,7 @@ class SegmentationSet:
     classes: int
     protocol: Any
     keep: dict | None = None
+    names: tuple[str, ...] | None = None
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .options import resolve
+from .options import checked_declared, resolve
 
 # ----------------------------------------------------------------------------- kNN (DINO / solo-learn)
 KNN_K = 20  # the paper's K
@@ -71,8 +71,9 @@ class MetricSettings:
             tracking and the diffusion grid); the probe metric's options (epochs, feature_norm) adjust it.
         device: where probes train and kNN similarities are computed.
         progress: progress bars (the 200-epoch probe shows one).
-        options: metric name -> {key: value}, the options set for this evaluation (typed: ``options.checked``);
-            a metric reads its own with ``options_of(name)``, its declared defaults filled in.
+        options: metric name -> {key: value}, the options set for this evaluation, checked here against each
+            declared metric's types and ranges (``options.checked``: one line on a bad value); a metric reads
+            its own with ``options_of(name)``, its declared defaults filled in.
         knn_k: shorthand for the option knn.k (online tracking shrinks k to its small bank).
     """
 
@@ -86,7 +87,7 @@ class MetricSettings:
         given = {name: dict(keys) for name, keys in self.options.items()}
         if knn_k is not None:
             given.setdefault("knn", {}).setdefault("k", knn_k)
-        object.__setattr__(self, "options", given)
+        object.__setattr__(self, "options", checked_declared(given))  # each value of its type, in its range
 
     def options_of(self, name: str) -> Any:
         """Metric ``name``'s options in this evaluation: its declared defaults with the values set here."""

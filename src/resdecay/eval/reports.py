@@ -7,6 +7,7 @@ written with a plugin not loaded) are still shown, with every numeric value and 
 from __future__ import annotations
 
 import math
+import textwrap
 
 from .metrics import get_metric
 
@@ -55,7 +56,21 @@ def format_report(report: dict) -> str:
     lines.append(f"{'metric':<8} {'layer':>5} {'feature':<10} {'value':<32} protocol")
     for r in report["results"]:
         lines.append(f"{r['metric']:<8} {r['layer']:>5} {r['feature']:<10} {values_text(r):<32} {protocol_text(r)}")
+        lines += detail_lines(r)
+    if report.get("plugins"):
+        lines.append(f"plugins loaded: {', '.join(report['plugins'])}")
     return "\n".join(lines + _baseline_lines(report))
+
+
+def detail_lines(row: dict, width: int = 110) -> list[str]:
+    """A row's named numbers under it, e.g. segmentation's per-class IoU: ``  iou: background 0.9100, ...``
+    (every value that is a mapping of names to numbers), wrapped at ``width``."""
+    lines = []
+    for key, value in row["values"].items():
+        if isinstance(value, dict) and value and all(isinstance(v, (int, float)) for v in value.values()):
+            text = ", ".join(f"{name} {v:.4f}" for name, v in value.items())
+            lines += textwrap.wrap(text, width, initial_indent=f"  {key}: ", subsequent_indent=" " * (len(key) + 4))
+    return lines
 
 
 def _baseline_lines(report: dict) -> list[str]:

@@ -22,13 +22,14 @@ from the description in ``shared/segmentation-protocol.md`` (no code of theirs w
 5. matching clusters to classes on the dataset-wide cluster x class pixel counts: Hungarian
    (one-to-one, ``linear_sum_assignment``; the headline) and majority vote (many-to-one);
 6. mIoU from one dataset-wide confusion matrix, ignore label 255 excluded, averaged over all classes
-   (a class with an empty union counts as 0, the authors' choice), pixel accuracy beside it.
+   (a class with an empty union counts as 0, the authors' choice), pixel accuracy and the per-class IoU
+   beside it. (A label map's own ignore value, ``ignore_index``, becomes 255 where it is read.)
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import torch
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 
 from ..errors import UserError
 from ..io import progress_bar
+from .options import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, SEED, Limit
 
 if TYPE_CHECKING:
     import scipy.sparse as sp
@@ -46,24 +48,26 @@ SOLVERS = ("exact", "learned", "kmeans")
 
 @dataclass(frozen=True)
 class SegProtocol:
-    """Every constant of the segmentation protocol, in one place (it travels into the protocol card)."""
+    """Every constant of the segmentation protocol, in one place (it travels into the protocol card). Each
+    number's range (``Annotated[..., Limit]``) is checked where it is set (``--seg-*``, ``--metric-option``)."""
 
     solver: str = "exact"
-    k: int | None = None  # clusters; None: the number of classes (the authors' K = K_gt)
+    k: Annotated[int, Limit(least=2)] | None = None  # clusters; None: the number of classes (the authors' K = K_gt)
     layer_tokens: str = "patch tokens of the block output, cls dropped, no masking"
-    batch_images: int = 40  # images per graph
-    intra: int = 50  # neighbours in the same image (scaled down when an image has fewer tokens)
-    inter: int = 50  # neighbours in the other images of the batch
-    min_weight: float = 0.1  # cosine weights <= this are dropped
-    dims: int = 100  # eigenvectors (exact) / table channels C (learned)
-    graph_rounds: int = 10  # exact: union of this many seeded batchings
-    lr: float = 1e-2  # learned: AdamW, weight decay 0
-    steps_per_batch: int = 5
-    ema: float = 0.99
-    epochs: int = 200  # learned: passes over the images, re-shuffled each time
-    n_init: int = 10  # K-Means restarts (sklearn < 1.4's default, pinned)
-    seed: int = 0
-    images: int = 100  # evaluation images (the authors' loader returns 100)
+    batch_images: Annotated[int, AT_LEAST_ONE] = 40  # images per graph
+    intra: Annotated[int, AT_LEAST_ONE] = 50  # neighbours in the same image (scaled down when an image has fewer tokens)
+    inter: Annotated[int, NON_NEGATIVE] = 50  # neighbours in the other images of the batch
+    min_weight: Annotated[float, Limit(least=-1, most=1)] = 0.1  # cosine weights <= this are dropped
+    dims: Annotated[int, AT_LEAST_ONE] = 100  # eigenvectors (exact) / table channels C (learned)
+    graph_rounds: Annotated[int, AT_LEAST_ONE] = 10  # exact: union of this many seeded batchings
+    lr: Annotated[float, POSITIVE] = 1e-2  # learned: AdamW, weight decay 0
+    steps_per_batch: Annotated[int, AT_LEAST_ONE] = 5
+    ema: Annotated[float, FRACTION] = 0.99
+    epochs: Annotated[int, AT_LEAST_ONE] = 200  # learned: passes over the images, re-shuffled each time
+    n_init: Annotated[int, AT_LEAST_ONE] = 10  # K-Means restarts (sklearn < 1.4's default, pinned)
+    seed: Annotated[int, SEED] = 0
+    images: Annotated[int, AT_LEAST_ONE] = 100  # evaluation images (the authors' loader returns 100)
+    ignore_index: Annotated[int, Limit(least=0, most=65535)] = IGNORE  # unlabelled pixels' value in your label maps
 
     def validate(self) -> None:
         if self.solver not in SOLVERS:
@@ -337,10 +341,12 @@ def matched_scores(clusters: torch.Tensor, labels: torch.Tensor, k: int, classes
 
 
 def segment(x: torch.Tensor, grid: tuple[int, int], labels: torch.Tensor, classes: int, p: SegProtocol,
-            progress: bool = False) -> dict:
+            progress: bool = False, names=None) -> dict:
     """The whole protocol on (N, T, D) tokens and (N, H, W) label maps.
 
-    Returns ``{"values": {miou, pixel_acc, miou_majority, ...}, "clusters": (N, H, W), "embedding": (N*T, d)}``.
+    Returns ``{"values": {miou, pixel_acc, miou_majority, ..., iou: {class: IoU}}, "clusters": (N, H, W),
+    "embedding": (N*T, d)}``; ``iou`` is the Hungarian per-class IoU, keyed by ``names`` (the class indices
+    as text where no names are given).
     """
     k = p.k or classes
     z = embed(x, grid, p, progress)
@@ -348,6 +354,8 @@ def segment(x: torch.Tensor, grid: tuple[int, int], labels: torch.Tensor, classe
     maps = upsample(ids, len(x), grid, tuple(labels.shape[-2:]))
     m = matched_scores(maps, labels, k, classes)
     h, v = m["hungarian"], m["majority"]
+    keys = list(names) if names is not None and len(names) == classes else [str(c) for c in range(classes)]
     values = {"miou": h["miou"], "pixel_acc": h["pixel_acc"], "miou_present": h["miou_present"],
-              "miou_majority": v["miou"], "pixel_acc_majority": v["pixel_acc"]}
+              "miou_majority": v["miou"], "pixel_acc_majority": v["pixel_acc"],
+              "iou": dict(zip(keys, h["iou"], strict=True))}
     return {"values": values, "clusters": maps, "mapping": np.array(h["mapping"]), "embedding": z, "k": k}

@@ -48,6 +48,12 @@ def token_grid(model) -> tuple[int, int]:
     return (grid, grid) if isinstance(grid, int) else tuple(grid)
 
 
+def in_channels(model) -> int:
+    """The encoder's input channels (3 where it does not say)."""
+    cfg = getattr(model, "cfg", None)
+    return int(getattr(cfg, "in_chans", getattr(model.patch_embed, "in_chans", 3)))
+
+
 def prepare(model, data, s, layers: list[int]) -> Segmentation | None:
     """Read the label maps and check every setting, before anything is extracted; None when not asked.
 
@@ -63,7 +69,13 @@ def prepare(model, data, s, layers: list[int]) -> Segmentation | None:
         raise UserError("segmentation measures one block: pass --layer N (or -1 for the last), not --layer all")
     grid = token_grid(model)
     name = s.seg_data or data.name
-    masked = masked_images(name, data, s.seg_path, int(model.patch_embed.img_size), p.images)
+    chans = in_channels(model)
+    masked = masked_images(name, data, s.seg_path, int(model.patch_embed.img_size), p.images, p.seed, p.ignore_index,
+                           chans)
+    name = masked.card["data"]
+    if masked.images.shape[1] != chans:
+        raise UserError(f"{name} images have {masked.images.shape[1]} channels but the model reads {chans}; pass "
+                        "--seg-data with images of its kind (a folder's images are converted to the model's)")
     k, tokens = p.k or masked.classes, grid[0] * grid[1]
     if k > len(masked.images) * tokens:
         raise UserError(f"--seg-k {k} is more clusters than the {len(masked.images) * tokens} tokens of "
@@ -105,7 +117,8 @@ def _card(seg: Segmentation, sha: str | None) -> dict:
 
 def _inputs(seg: Segmentation, tokens: torch.Tensor, source: str) -> SegmentationSet:
     keep = seg.keep.setdefault(source, {})
-    return SegmentationSet(tokens, seg.grid, seg.masked.labels, seg.masked.classes, seg.protocol, keep)
+    return SegmentationSet(tokens, seg.grid, seg.masked.labels, seg.masked.classes, seg.protocol, keep,
+                           seg.masked.names or None)
 
 
 def measure_segmentation(seg: Segmentation, model, layer: int, s, ms: MetricSettings, sha: str, device,

@@ -26,7 +26,7 @@ from ..models import MAEConfig
 from ..nn.blocks import block_statistics as record_block_statistics
 from ..nn.decayify import alphas_of
 from ..nn.shortcut_info import describe_model
-from ..train.checkpoint import load_checkpoint, load_model
+from ..train.checkpoint import load_checkpoint, load_model, loaded_plugins
 from ..train.config import from_dict
 from ..train.distributed import resolve_device
 from ..train.log.tracking import log_to_run
@@ -64,6 +64,10 @@ from .protocol import FAST_RECIPE, IN100_RECIPE, KNN_K, KNN_TEMPERATURE, STATS_I
 from .segmentation import SegProtocol
 
 FEATURE_FORMAT = 1  # bump when extraction changes, so old caches are not reused
+OPTION_FLAGS = {"knn.k": "--k", "knn.temperature": "--temperature", "probe.epochs": "--probe-epochs",
+                "probe.feature_norm": "--probe-norm", "rank.exp": "--rank-exp", "segmentation.solver": "--seg-solver",
+                "segmentation.k": "--seg-k", "segmentation.images": "--seg-images", "segmentation.seed": "--seg-seed",
+                "segmentation.ignore_index": "--seg-ignore-index"}
 
 
 @dataclass
@@ -90,8 +94,8 @@ class EvalSettings:
     pixel_cache: str | None = None  # a folder of cached raw-pixel baseline rows (ablate: baselines.default_baseline_cache())
     trackers: bool = True  # also log one layer's numbers to the training run's trackers (train.loggers: TensorBoard, W&B, MLflow)
     segmentation: SegProtocol = field(default_factory=SegProtocol)  # --evals segmentation: its protocol
-    seg_data: str | None = None  # label maps from: fashion-mnist-m | cocostuff27 | voc (default: the evaluation's data)
-    seg_path: str | None = None  # the cocostuff27 / voc folder
+    seg_data: str | None = None  # label maps from: a seg_masks.SEG_DATA name, or NAME:DIR (default: the evaluation's data)
+    seg_path: str | None = None  # the cocostuff27 / voc / folder folder
     # metric name -> {key: value}: the metrics' own options (--metric-option NAME.KEY=VALUE; they win over the
     # built-in flags above, which set the same options: --k is knn.k, --seg-solver is segmentation.solver)
     metric_options: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -103,22 +107,21 @@ class EvalSettings:
             raise UserError(f"unknown evaluation {bad[0] if bad else '(none)'!r}; choose from {', '.join(names)}")
         if self.feature not in POOLINGS:
             raise UserError(f"--feature {self.feature!r} is unknown; choose one of {', '.join(POOLINGS)}")
-        if self.knn_k < 1:
-            raise UserError(f"--k must be a positive integer, got {self.knn_k}")
         if self.probe_norm not in (None, "none", "batchnorm"):
             raise UserError(f"--probe-norm {self.probe_norm!r} is unknown; choose none or batchnorm")
-        for flag, value in (("--max-train", self.max_train), ("--max-test", self.max_test),
-                            ("--probe-epochs", self.probe_epochs)):
+        for flag, value in (("--max-train", self.max_train), ("--max-test", self.max_test)):
             if value is not None and value < 1:
                 raise UserError(f"{flag} must be a positive integer, got {value}")
-        self.options()  # an unknown metric or key, or a value of the wrong type: refused before extracting
+        self.options()  # an unknown metric or key, a value of the wrong type or range: refused before extracting
 
     def options(self) -> dict[str, dict[str, Any]]:
-        """Every metric option this evaluation sets, typed: the built-in metrics' flags, then --metric-option's."""
-        flags = {"knn": {"k": self.knn_k, "temperature": self.knn_temperature}, "rank": {"exp": self.rank_exp},
-                 "probe": {"epochs": self.probe_epochs, "feature_norm": self.probe_norm},
-                 "segmentation": dataclasses.asdict(self.segmentation)}
-        given = checked(self.metric_options, [m.name for m in registered()])
+        """Every metric option this evaluation sets, typed and in its declared range (one line naming the
+        flag or ``--metric-option`` otherwise): the built-in metrics' flags, then --metric-option's."""
+        known = [m.name for m in registered()]
+        flags = checked({"knn": {"k": self.knn_k, "temperature": self.knn_temperature}, "rank": {"exp": self.rank_exp},
+                         "probe": {"epochs": self.probe_epochs, "feature_norm": self.probe_norm},
+                         "segmentation": dataclasses.asdict(self.segmentation)}, known, OPTION_FLAGS)
+        given = checked(self.metric_options, known)
         return {name: {**flags.get(name, {}), **given.get(name, {})} for name in [*flags, *given]}
 
     def unused_options(self) -> list[str]:
@@ -297,7 +300,7 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str
     report = {"resdecay_eval": 1, "checkpoint": str(checkpoint), "checkpoint_sha256": sha,
               "alphas": {name: list(a) for name, a in alphas_of(model)},  # in use (learned values if learnable)
               "step": state["train_state"]["step"], "preset": cfg.preset, "label": _label(cfg),
-              "model": dataclasses.asdict(cfg.model), "results": results,
+              "model": dataclasses.asdict(cfg.model), "plugins": loaded_plugins(), "results": results,
               "cache": {"dir": str(cache.dir), "train_hit": hit_tr, "test_hit": hit_te, "written": cache.writable}}
     if bad_files is not None:
         report["bad_files"] = {"policy": "data.on_bad_file=skip (the run's): an unreadable image is replaced by the next readable one",
@@ -334,7 +337,8 @@ def _segmentation_only(checkpoint: Path, state: dict, cfg, model, seg, s: EvalSe
         return None
     report = {"resdecay_eval": 1, "checkpoint": str(checkpoint), "checkpoint_sha256": file_sha256(checkpoint),
               "alphas": {name: list(a) for name, a in alphas_of(model)}, "step": state["train_state"]["step"],
-              "preset": cfg.preset, "label": _label(cfg), "model": dataclasses.asdict(cfg.model), "results": [],
+              "preset": cfg.preset, "label": _label(cfg), "model": dataclasses.asdict(cfg.model),
+              "plugins": loaded_plugins(), "results": [],
               "cache": {"dir": "(none: segmentation reads no cached features)", "train_hit": False, "test_hit": False,
                         "written": False}}
     _add_segmentation(report, seg, cfg, model, s, layers, device)

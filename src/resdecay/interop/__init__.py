@@ -2,12 +2,15 @@
 that carry their alpha (weights.py), importing official MAE / the authors' U-Net MAE / timm ViT
 weights (import_weights.py), exporting a resdecay encoder as a decayified timm ViT
 (export_timm.py), and sharing a model as a huggingface_hub-style folder with a model card
-(pretrained.py: save_pretrained / from_pretrained / push_to_hub)."""
+(pretrained.py: save_pretrained / from_pretrained / push_to_hub), and ``restore``: what resdecay did to a
+transformers / diffusers model, recorded in its own config, re-done after the library's from_pretrained
+(hf_unet.py; the record itself: nn/config_record.py)."""
 
 from .export_timm import export_to_timm, load_exported
+from .hf_unet import restore
 from .import_weights import import_weights
 from .pretrained import export_to_hf, from_pretrained, push_to_hub, save_pretrained
 from .weights import load_decayified, load_weights, save_decayified
 
 __all__ = ["export_to_hf", "export_to_timm", "from_pretrained", "import_weights", "load_decayified", "load_exported",
-           "load_weights", "push_to_hub", "save_decayified", "save_pretrained"]
+           "load_weights", "push_to_hub", "restore", "save_decayified", "save_pretrained"]

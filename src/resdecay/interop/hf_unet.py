@@ -17,10 +17,10 @@ with them), so ``unet_skips`` adds the rest of the method, by composition as ``d
 Forward hooks on the encoder layers keep their outputs (per thread), a pre-hook on the decoder keeps
 ``ids_restore``, and a pre-hook on each decoder layer j fuses the j-th skip into its input. New parameters
 live under ``model.resdecay_unet.`` (``skip_fusions.{j}.{mask_token,fc1,fc2}``, and for the content-free
-start ``decoder_cls_token``, ``decoder_embed``); HF's own keys are unchanged. The settings are written to
-``model.config.resdecay`` (saved in config.json by ``save_pretrained``), and ``restore(model, folder)``
-re-applies decay and skips to a model that transformers' own ``from_pretrained`` loaded and loads the
-``resdecay_unet.`` weights from the folder.
+start ``decoder_cls_token``, ``decoder_embed``); HF's own keys are unchanged. The settings are recorded in
+``model.config.resdecay`` beside any ``decayify`` (one schema, ``resdecay.nn.config_record``; saved in config.json by
+``save_pretrained``), and ``restore(model, folder)`` re-does decay and skips, in their order, on the model
+transformers' own ``from_pretrained`` loaded, and loads the ``resdecay_unet.`` weights from the folder.
 """
 
 from __future__ import annotations
@@ -35,7 +35,11 @@ import torch.nn as nn
 
 from ..errors import CheckpointError, UserError
 from ..models.mae import SkipFusion, choose_skip_sources
-from ..nn.decayify import decayify
+from ..nn.adapters import adapter_for
+from ..nn.config_record import KEY, parse, read_section, recorder, replaying, write_section
+from ..nn.decayify import decayify, residual_blocks
+from ..nn.spec import unwrap_compiled
+from .files import read_json_object
 
 PREFIX = "resdecay_unet."
 _LOCAL = threading.local()
@@ -130,7 +134,7 @@ def unet_skips(model: nn.Module, alpha_min: float | None = None, schedule: str =
                decoder_start: Literal["content_free", "encoder"] = "content_free", zero_init: bool = False) -> nn.Module:
     """Make an HF ``ViTMAEForPreTraining`` the paper's U-Net MAE (in place): long skips, and with
     ``alpha_min`` the decayed encoder (``decayify(model.vit, alpha_min, schedule)``; the decoder stays
-    plain, as the paper's).
+    as it is, plain unless decayified before, as the paper's).
 
     Args:
         model: a transformers ``ViTMAEForPreTraining``.
@@ -143,7 +147,10 @@ def unet_skips(model: nn.Module, alpha_min: float | None = None, schedule: str =
 
     Returns:
         ``model``, with ``model.resdecay_unet`` holding the new parameters and ``model.config.resdecay``
-        the settings.
+        the record of it (``resdecay.nn.config_record``). Sin-cos position tables left all zero (a model built from a
+        config in transformers 5.x) are filled, with a warning: with them at zero, masked tokens are
+        alike and, zero-initialised, nothing before the pixel head ever gets a gradient. Every refusal
+        comes before anything is changed.
     """
     if type(model).__name__ != "ViTMAEForPreTraining" or not hasattr(model, "decoder"):
         raise UserError(f"unet_skips takes a transformers ViTMAEForPreTraining, not {type(model).__name__}")
@@ -153,26 +160,34 @@ def unet_skips(model: nn.Module, alpha_min: float | None = None, schedule: str =
         raise UserError("unet_skips: this model already has its skips (model.resdecay_unet); build a fresh model")
     enc_layers = _layers(model.vit, ("layers", "encoder.layer"))
     dec_layers = model.decoder.decoder_layers
-    sources = choose_skip_sources(len(enc_layers), len(dec_layers), skip_sources)
-    cfg = model.config
-    # a content-free start is built from the positions alone; "encoder" promises the original model, untouched
-    if decoder_start == "content_free" and fill_zero_positions(model):
+    try:
+        sources = choose_skip_sources(len(enc_layers), len(dec_layers), skip_sources)
+    except ValueError as e:
+        raise UserError(f"unet_skips: {str(e).replace('model.skip_sources', 'skip_sources')}") from None
+    record = recorder(model, "unet_skips")  # checks the config's record before anything changes
+    if alpha_min is not None:  # refuses a bad alpha_min / schedule before it changes anything
+        decayify(model.vit, alpha_min=alpha_min, schedule=schedule)
+    if fill_zero_positions(model):
         warnings.warn("unet_skips: this ViTMAE's sin-cos position tables were all zero (transformers 5.x leaves a model "
                       "built from a config so); filled with transformers' own 2-D sin-cos tables", stacklevel=2)
-    if alpha_min is not None:
-        decayify(model.vit, alpha_min=alpha_min, schedule=schedule, zero_init=zero_init)
     if zero_init:
-        decayify(model.decoder, alpha_min=1.0, zero_init=True)
-        nn.init.zeros_(model.decoder.decoder_pred.weight)
-        nn.init.zeros_(model.decoder.decoder_pred.bias)
+        zero_branches(model)
+    cfg = model.config
     unet = UNetSkips(cfg.hidden_size, cfg.decoder_hidden_size, sources, decoder_start)
     model.resdecay_unet = unet
     _install_hooks(model, unet, enc_layers, dec_layers)
-    spec = {"unet": {"skip_sources": sources, "decoder_start": decoder_start}}
-    if getattr(model.vit, "resdecay_spec", None):
-        spec["encoder"] = dict(model.vit.resdecay_spec)
-    cfg.resdecay = spec  # PretrainedConfig writes extra attributes into config.json
+    if record is not None:
+        record({"op": "unet_skips", "skip_sources": sources, "decoder_start": decoder_start})
     return model
+
+
+def zero_branches(model: nn.Module) -> None:
+    """The paper's init of a ViTMAE: the last layer of every encoder and decoder branch and the pixel head
+    at zero (the factors, decayed or not, stay as they are)."""
+    for _, block, _ in residual_blocks(model.vit) + residual_blocks(model.decoder):
+        adapter_for(block).zero_init(block)
+    nn.init.zeros_(model.decoder.decoder_pred.weight)
+    nn.init.zeros_(model.decoder.decoder_pred.bias)
 
 
 def _install_hooks(model, unet, enc_layers, dec_layers) -> None:
@@ -190,26 +205,106 @@ def _install_hooks(model, unet, enc_layers, dec_layers) -> None:
         layer.register_forward_pre_hook(_fuse, with_kwargs=True)
 
 
-def restore(model: nn.Module, folder: str | Path) -> nn.Module:
-    """Re-apply the decay and skips recorded in ``model.config.resdecay`` to a ``ViTMAEForPreTraining``
-    that transformers' ``from_pretrained(folder)`` loaded (it drops the ``resdecay_unet.`` weights as
-    unexpected keys), and load those weights from ``folder``'s model.safetensors."""
-    spec = getattr(model.config, "resdecay", None)
-    if not spec:
-        raise UserError(f"{folder}: config.json has no 'resdecay' section; this model was saved without resdecay's "
-                        "skips or decay (nothing to restore)")
-    if "encoder" in spec:
-        decayify(model.vit, **spec["encoder"])
-    if "unet" in spec:
-        unet_skips(model, **spec["unet"])
-        weights = Path(folder) / "model.safetensors"
-        if not weights.is_file():
-            raise CheckpointError(f"{folder}: no model.safetensors beside config.json; the skip weights are in it")
-        from safetensors.torch import load_file
-        state = {k[len(PREFIX):]: v for k, v in load_file(str(weights)).items() if k.startswith(PREFIX)}
-        try:
-            model.resdecay_unet.load_state_dict(state, strict=True)
-        except RuntimeError as exc:
-            first = str(exc).strip().splitlines()[0]
-            raise CheckpointError(f"{weights}: its resdecay_unet weights do not fit config.json's skips ({first})") from None
+def restore(model: nn.Module, folder: str | Path | None = None) -> nn.Module:
+    """Re-do on ``model`` what its config records under ``resdecay`` (``decayify``, ``unet_skips``, in their
+    order) and load the skips' weights from ``folder``: the model a library's ``from_pretrained(folder)``
+    returns becomes the one that was saved. Returns ``model`` (in place), its record rewritten in this
+    schema (an older one is read too).
+
+    Args:
+        model: what ``from_pretrained`` returned (transformers or diffusers).
+        folder: the folder it was loaded from; needed for skips (their weights), and read for the
+            record when the model's config has none.
+
+    Raises:
+        UserError: one line: no record, a record this version cannot read, a folder that is missing,
+            a module the record names that the model does not have, skips whose weights do not fit.
+    """
+    model = unwrap_compiled(model)
+    folder = None if folder is None else Path(folder)
+    if folder is not None and not folder.is_dir():
+        raise UserError(f"restore: {folder} " + ("is a file; pass the folder save_pretrained wrote" if folder.exists()
+                                                  else "does not exist; pass the folder save_pretrained wrote"))
+    section, where = read_section(model), f"{type(model).__name__}.config"
+    if section is None and folder is not None and (folder / "config.json").is_file():
+        config = read_json_object(folder / "config.json", "JSON config", "pass the folder save_pretrained wrote")
+        section, where = config.get(KEY), f"{folder / 'config.json'}"
+    if section is None:
+        own = f"{type(model).__name__}.config"
+        places = f"neither {own} nor {folder / 'config.json'} has a" if folder is not None else f"{own} has no"
+        raise UserError(f"nothing to restore: {places} 'resdecay' section (this model was saved without resdecay's "
+                        "decay or skips, or loaded from another folder)")
+    steps, note = parse(section, where)
+    targets = [_target(model, s, where) if s["op"] == "decayify" else None for s in steps]
+    skips = [s for s in steps if s["op"] == "unet_skips"]
+    state = _skip_state(model, folder, where, skips)
+    with replaying():
+        for step, target in zip(steps, targets, strict=True):
+            if step["op"] == "decayify":
+                decayify(target, **{k: v for k, v in step.items() if k not in ("op", "on")})
+            else:
+                unet_skips(model, skip_sources=step["skip_sources"], decoder_start=step["decoder_start"])
+    if state is not None:
+        model.resdecay_unet.load_state_dict(state, strict=True)  # checked in _skip_state
+    write_section(model, steps, note)
     return model
+
+
+def _target(model: nn.Module, step: dict, where: str) -> nn.Module:
+    """The module a decayify step names: ``model`` itself or its one submodule of that class."""
+    if type(model).__name__ == step["on"]:
+        return model
+    found = [m for _, m in model.named_modules() if type(m).__name__ == step["on"]]
+    if len(found) != 1:
+        raise UserError(f"{where} records a decayify of a {step['on']}, but this {type(model).__name__} holds "
+                        f"{len(found) or 'no'} such module(s); load the folder with the class it was saved from")
+    return found[0]
+
+
+def _skip_state(model: nn.Module, folder: Path | None, where: str, skips: list[dict]) -> dict | None:
+    """The ``resdecay_unet.`` weights the record's skips need, read and checked against skips built as the
+    record says before anything changes (so that a refusal leaves the model as it was)."""
+    if not skips:
+        return None
+    if len(skips) > 1:
+        raise UserError(f"{where} records unet_skips {len(skips)} times; a model has its skips once")
+    if type(model).__name__ != "ViTMAEForPreTraining":
+        raise UserError(f"{where} records encoder->decoder skips, which only a ViTMAEForPreTraining has; load the folder "
+                        f"with ViTMAEForPreTraining.from_pretrained, not {type(model).__name__}")
+    if hasattr(model, "resdecay_unet"):
+        raise UserError(f"restore: this {type(model).__name__} already has its skips (model.resdecay_unet); pass the model "
+                        "from_pretrained returned")
+    if folder is None:
+        raise UserError(f"{where} records encoder->decoder skips, whose weights from_pretrained drops: pass the folder "
+                        "too, restore(model, folder)")
+    from safetensors import safe_open  # transformers' own dependency, imported only where skips are restored
+
+    state = {}
+    for path in _weight_files(folder):
+        with safe_open(str(path), framework="pt") as f:
+            state.update({k[len(PREFIX):]: f.get_tensor(k) for k in f.keys() if k.startswith(PREFIX)})
+    if not state:
+        raise CheckpointError(f"{folder}: its weights hold no {PREFIX} tensors, which the skips {where} records need; "
+                              "save the model with its save_pretrained after unet_skips")
+    cfg, step = model.config, skips[0]
+    try:
+        sources = choose_skip_sources(len(_layers(model.vit, ("layers", "encoder.layer"))),
+                                      len(model.decoder.decoder_layers), step["skip_sources"])
+        UNetSkips(cfg.hidden_size, cfg.decoder_hidden_size, sources, step["decoder_start"]).load_state_dict(state)
+    except (ValueError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise CheckpointError(f"{folder}: its {PREFIX} weights do not fit the skips {where} records ({first})") from None
+    return state
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        weight_map = read_json_object(index, "safetensors index", "save the model again").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index} has no weight_map; save the model again")
+        return sorted({folder / name for key, name in weight_map.items() if key.startswith(PREFIX)})
+    raise CheckpointError(f"{folder}: no model.safetensors (nor model.safetensors.index.json) beside config.json; "
+                          "the skip weights are in it")

@@ -21,9 +21,11 @@ One difference is not in the weights: transformers' ``layer_norm_eps`` defaults 
 uses 1e-6. Exports write 1e-6; an import of a 1e-12 model warns once (``LayerNormEpsWarning``).
 
 A decayed model (alpha_min < 1) is exported with its decay recorded under ``"resdecay"`` in
-config.json and a ``DecayDroppedWarning``: transformers ignores that key and runs it as a plain
-MAE (other outputs), while ``resdecay import-weights --format hf-vitmae`` restores the decay. A
-U-Net MAE (long skips) has no ViTMAE form and is refused. Nothing here imports transformers.
+config.json (``resdecay.nn.config_record``'s schema: the decayify steps that give it) and a ``DecayDroppedWarning``:
+transformers ignores that key and runs it as a plain MAE (other outputs), while
+``resdecay.interop.restore(model)`` after ``from_pretrained`` and ``resdecay import-weights --format
+hf-vitmae`` restore the decay. A U-Net MAE (long skips) has no ViTMAE form and is refused. Nothing here
+imports transformers.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError, UserError
+from ..nn.config_record import VERSION, parse
 from .export_timm import source_model
 from .file_meta import Stated
 from .files import check_out_file, read_json_object, write_bytes_atomically
@@ -142,13 +145,28 @@ def _weight_fields(state: dict) -> dict:
 
 
 def _decay_section(hf_config: dict) -> dict:
-    """The decay an export recorded under "resdecay" (alpha 1 when there is none)."""
+    """The decay config.json records under "resdecay" (``resdecay.nn.config_record``'s schema, or the one exports wrote
+    before it) as MAE fields: alpha 1 when there is none; a record resdecay's MAE cannot express (the
+    decay of the whole model in one schedule, skips, a decoder decayed otherwise than the encoder) is refused."""
     section = hf_config.get("resdecay")
     if section is None:
         return {"alpha_min": 1.0}
-    if not isinstance(section, dict) or not isinstance(section.get("alpha_min"), (int, float)) or not 0 < section["alpha_min"] <= 1:
-        raise CheckpointError(f"config.json's \"resdecay\" section {section!r} has no alpha_min in (0, 1]; export the model again")
-    return {k: section[k] for k in DECAY_KEYS if k in section}
+    try:
+        steps, _ = parse(section, "config.json")
+    except UserError as e:
+        raise CheckpointError(str(e)) from None
+    by_on = {s.get("on"): s for s in steps}
+    encoder = by_on.get("ViTMAEModel")
+    decoder = by_on.get("ViTMAEDecoder")
+    same = decoder is None or {k: v for k, v in decoder.items() if k != "on"} == {k: v for k, v in encoder.items() if k != "on"}
+    if not steps or len(by_on) != len(steps) or set(by_on) - {"ViTMAEModel", "ViTMAEDecoder"} or encoder is None or not same \
+            or encoder.get("shortcut", "decay") != "decay":
+        what = "; ".join(f"{s['op']} {s.get('on', '')}".strip() for s in steps) or "no step"
+        raise CheckpointError(f"config.json's \"resdecay\" section records {what}, which resdecay's MAE cannot express (its "
+                              "decay is the encoder's, the decoder's only alike, and no skips); load it with transformers' "
+                              "from_pretrained and resdecay.interop.restore(model, folder)")
+    return {"alpha_min": encoder["alpha_min"], "schedule": encoder["schedule"], "decay_branches": encoder["branches"],
+            "decoder_decay": decoder is not None}
 
 
 def vitmae_to_mae_state(hf_state: dict, hf_config: dict) -> tuple[dict, dict]:
@@ -239,10 +257,13 @@ def vitmae_config(mae_config) -> dict:
            "qkv_bias": True, "decoder_hidden_size": c.decoder_embed_dim, "decoder_num_hidden_layers": c.decoder_depth,
            "decoder_num_attention_heads": c.decoder_num_heads, "decoder_intermediate_size": int(dec_hidden),
            "mask_ratio": c.mask_ratio, "norm_pix_loss": c.norm_pix_loss}
-    if c.alpha_min < 1:
-        cfg["resdecay"] = {"alpha_min": c.alpha_min, "schedule": c.schedule, "decay_branches": c.decay_branches,
-                           "decoder_decay": c.decoder_decay, "note": "transformers ignores this section and runs the model "
-                           "without its decayed shortcuts; resdecay import-weights --format hf-vitmae restores them"}
+    if c.alpha_min < 1:  # resdecay.nn.config_record's schema: what decayify would have recorded
+        decay = {"alpha_min": c.alpha_min, "schedule": c.schedule, "branches": c.decay_branches}
+        ons = ("ViTMAEModel", "ViTMAEDecoder") if c.decoder_decay else ("ViTMAEModel",)
+        cfg["resdecay"] = {"version": VERSION, "steps": [{"op": "decayify", "on": on, **decay} for on in ons],
+                           "note": "transformers ignores this section and runs the model without its decayed shortcuts; "
+                           "resdecay.interop.restore(model) after from_pretrained re-applies them, and resdecay "
+                           "import-weights --format hf-vitmae reads them"}
     return cfg
 
 
@@ -263,8 +284,9 @@ def mae_to_vitmae_state(state: dict, mae_config, *, layout: str = "v5") -> tuple
     cfg = vitmae_config(mae_config)
     if "resdecay" in cfg:
         warnings.warn(f"this MAE has decayed shortcuts (alpha_min {mae_config.alpha_min:g}); transformers' ViTMAE runs it "
-                      "without them (other outputs): the decay is kept under \"resdecay\" in config.json for "
-                      "resdecay import-weights --format hf-vitmae", DecayDroppedWarning, stacklevel=2)
+                      "without them (other outputs): the decay is kept under \"resdecay\" in config.json, and "
+                      "resdecay.interop.restore(model) after from_pretrained (or resdecay import-weights --format "
+                      "hf-vitmae) re-applies it", DecayDroppedWarning, stacklevel=2)
     out = {theirs: state[ours] for theirs, ours in _FLAT.items()}
     out.update(_blocks_to_hf(state, "blocks", "vit.layers", mae_config.depth, layout == "v4"))
     out.update(_blocks_to_hf(state, "decoder_blocks", "decoder.decoder_layers", mae_config.decoder_depth, layout == "v4"))

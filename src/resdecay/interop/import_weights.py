@@ -195,6 +195,11 @@ def _check_fusions(cfg, state: dict, source: str) -> None:
                         f"gives {wanted}; set model.skip_sources=[...] to the authors' source blocks")
 
 
+def suggested_heads(width: int) -> int:
+    """A number of heads for ``width`` channels: a divisor of it (so at least 1), nearest to 64-wide heads."""
+    return min((h for h in range(1, width + 1) if width % h == 0), key=lambda h: (abs(h - width / 64), h))
+
+
 def _run_config(preset: str, fixed: dict, where: dict, defaults: dict, given: dict[str, dict]):
     """The preset, then the format's defaults, the user's overrides and what the weights and the
     file fix (``fixed``; an override that contradicts one is refused, naming ``where`` it comes from)."""
@@ -211,8 +216,9 @@ def _run_config(preset: str, fixed: dict, where: dict, defaults: dict, given: di
     for width, heads in (("embed_dim", "num_heads"), ("decoder_embed_dim", "decoder_num_heads")):
         if (width in fixed and fixed[width] != preset_model.get(width) and heads not in given.get("model", {})
                 and heads not in fixed):
+            n = suggested_heads(fixed[width])
             raise UserError(f"the weights have {width} {fixed[width]} but preset {preset!r} has {preset_model.get(width)}, so its "
-                            f"{heads} may not be theirs; give model.{heads}=N (e.g. {fixed[width] // 64} for 64-wide heads)")
+                            f"{heads} may not be theirs; give model.{heads}=N (e.g. {n}: {fixed[width] // n}-wide heads)")
     raw["model"] = {**preset_model, **defaults, **given.get("model", {}), **fixed}
     for section, values in given.items():
         if section != "model":

@@ -45,7 +45,7 @@ from .pretrained_config import (
     describe_resdecay,
     family_config,
 )
-from .weights import load_strict, read_safetensors
+from .weights import load_strict, read_safetensors, unwrap_compiled
 
 CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, EVAL_NAME = "config.json", "model.safetensors", "README.md", "eval.json"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # user/name, as huggingface_hub's validate_repo_id
@@ -162,6 +162,7 @@ def save_pretrained(model: nn.Module, folder: str | Path, *, run_dir: str | Path
     """
     from safetensors.torch import save
 
+    model = unwrap_compiled(model)  # torch.compile's wrapper: the model inside, its own keys
     folder = check_out_folder(folder)
     record = read_run(run_dir, eval_json, config)
     described = describe(model, record, architecture, model_kwargs, provenance)

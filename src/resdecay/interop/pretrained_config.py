@@ -148,6 +148,10 @@ def architecture_of(model: nn.Module, name: str | None, kwargs: dict | None) -> 
     stored = getattr(model, "resdecay_architecture", None) or {}
     module = type(model).__module__
     library = next((lib for lib in LIBRARIES if module.startswith(lib + ".")), None)
+    if library is None and module.startswith(("transformers.", "diffusers.")):
+        raise UserError(f"resdecay.save_pretrained rebuilds timm and torchvision models by name; a {type(model).__name__} "
+                        f"saves with its own model.save_pretrained(folder), whose config.json keeps the decay "
+                        "(config.resdecay): reload it with from_pretrained, then resdecay.interop.restore(model, folder)")
     if library is None:
         raise UserError(f"save_pretrained rebuilds timm and torchvision models by name; a {module}.{type(model).__name__} "
                         "cannot be rebuilt from config.json: save its weights with resdecay.save_decayified(model, path)")

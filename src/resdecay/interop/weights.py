@@ -28,49 +28,12 @@ import torch.nn as nn
 from ..errors import CheckpointError
 from ..io import atomic_save, safe_load
 from ..nn.decayify import decayify
-from ..nn.residual import shortcut_names
-from ..schedule import BRANCHES, SCHEDULES
+from ..nn.spec import COMPILED_PREFIX, LEGACY_SPEC_KEYS, SPEC_KEYS, check_spec, unwrap_compiled  # noqa: F401  (public here before)
 from .files import write_bytes_atomically
 
 FORMAT = "resdecay-decayified-v1"
-SPEC_KEYS = ("alpha_min", "schedule", "branches", "shortcut")  # shortcut: only where not "decay"
-LEGACY_SPEC_KEYS = ("zero_init",)  # in older files; read and ignored (an init, not structure)
-
-
 class SpecIgnoredWarning(UserWarning):
     """A checkpoint carries a ``resdecay_spec`` but the model it is loaded into is not decayified."""
-
-
-def check_spec(spec: Any, source: str) -> dict:
-    """A ``resdecay_spec`` as ``decayify`` records it, checked, or a one-line CheckpointError.
-
-    The result holds the structure only (alpha_min, schedule, branches), so ``decayify(model,
-    **spec)`` never re-initialises loaded weights; the ``zero_init`` that older files carry is
-    dropped (applying it would overwrite the loaded weights).
-
-    Args:
-        spec: the stored spec (a dict with alpha_min, schedule, branches).
-        source: where it came from, for the error message.
-    """
-    if not isinstance(spec, Mapping):
-        raise CheckpointError(f"{source}: resdecay_spec must be a dict like model.resdecay_spec, got {type(spec).__name__}")
-    unknown = sorted(set(spec) - set(SPEC_KEYS) - set(LEGACY_SPEC_KEYS))
-    if unknown or "alpha_min" not in spec:
-        raise CheckpointError(f"{source}: resdecay_spec has keys {sorted(spec)}; expected {', '.join(SPEC_KEYS)} "
-                              "(alpha_min required), as decayify records them")
-    a = spec["alpha_min"]
-    if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < a <= 1:
-        raise CheckpointError(f"{source}: resdecay_spec alpha_min must lie in (0, 1], got {a!r}")
-    out = {"alpha_min": float(a), "schedule": spec.get("schedule", "linear"), "branches": spec.get("branches", "both")}
-    if out["schedule"] not in SCHEDULES or out["branches"] not in BRANCHES:
-        raise CheckpointError(f"{source}: resdecay_spec schedule {out['schedule']!r} / branches {out['branches']!r} unknown; "
-                              f"schedules: {', '.join(SCHEDULES)}; branches: {', '.join(BRANCHES)}")
-    if spec.get("shortcut", "decay") != "decay":
-        if spec["shortcut"] not in shortcut_names():
-            raise CheckpointError(f"{source}: resdecay_spec shortcut {spec['shortcut']!r} is not a registered formula "
-                                  f"({', '.join(shortcut_names())}); register it (resdecay.register_shortcut) before loading")
-        out["shortcut"] = spec["shortcut"]
-    return out
 
 
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
@@ -134,8 +97,17 @@ def state_dict_of(obj: Any, source: str) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"{source} holds no state_dict (expected a dict of tensors, or one under 'model')")
 
 
+def without_compiled_prefix(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with the ``_orig_mod.`` of a compiled model's ``state_dict`` taken off (files written from
+    ``torch.compile(model).state_dict()``); other states as they are."""
+    if state and all(k.startswith(COMPILED_PREFIX) for k in state):
+        return {k[len(COMPILED_PREFIX):]: v for k, v in state.items()}
+    return dict(state)
+
+
 def load_strict(model: nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
-    """``model.load_state_dict(state)`` that names the first mismatch in one line.
+    """``model.load_state_dict(state)`` that names the first mismatch in one line. A ``torch.compile``
+    wrapper on either side (the model, or ``_orig_mod.`` keys in the file) is looked through.
 
     Args:
         model: the target module.
@@ -145,6 +117,7 @@ def load_strict(model: nn.Module, state: Mapping[str, torch.Tensor], source: str
     Raises:
         CheckpointError: missing keys, unexpected keys, or a tensor of another shape.
     """
+    model, state = unwrap_compiled(model), without_compiled_prefix(state)
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
@@ -170,13 +143,15 @@ def save_decayified(model: nn.Module, path: str | Path, extra: dict | None = Non
     as JSON strings there), so the alphas travel with that format too.
 
     Args:
-        model: a model ``decayify`` was applied to (it carries ``model.resdecay_spec``).
+        model: a model ``decayify`` was applied to (it carries ``model.resdecay_spec``), or its
+            ``torch.compile`` wrapper (the keys written are the model's own, without ``_orig_mod.``).
         path: the file to write (``torch.save`` format, loads with ``weights_only=True``; or ``.safetensors``).
         extra: more plain entries to store (e.g. ``{"epoch": 3}``); may not replace the above.
 
     Returns:
         The path written.
     """
+    model = unwrap_compiled(model)
     spec = getattr(model, "resdecay_spec", None)
     if spec is None:
         raise CheckpointError(f"{type(model).__name__} is not decayified (no model.resdecay_spec); call "
@@ -219,9 +194,10 @@ def load_decayified(path: str | Path, model: nn.Module) -> nn.Module:
                               "resdecay.save_decayified(model, path), or load a plain model with load_state_dict")
     spec = check_spec(blob["resdecay_spec"], str(path))  # structure only: a stored zero_init is dropped
     state = state_dict_of(blob, str(path))
-    decayify(model, **spec)
-    load_strict(model, state, str(path))
-    model.resdecay_spec = spec
+    inner = unwrap_compiled(model)  # a compiled model: decayify and load the model inside (it shares the weights)
+    decayify(inner, **spec)
+    load_strict(inner, state, str(path))
+    inner.resdecay_spec = spec
     return model
 
 
@@ -239,7 +215,7 @@ def load_weights(model: nn.Module, source: str | Path | Mapping) -> nn.Module:
     name = str(source) if isinstance(source, (str, Path)) else "checkpoint dict"
     blob = read_weights_file(source) if isinstance(source, (str, Path)) else source
     state = state_dict_of(blob, name)
-    if isinstance(blob, Mapping) and "resdecay_spec" in blob and getattr(model, "resdecay_spec", None) is None:
+    if isinstance(blob, Mapping) and "resdecay_spec" in blob and getattr(unwrap_compiled(model), "resdecay_spec", None) is None:
         spec = check_spec(blob["resdecay_spec"], name)
         warnings.warn(f"{name} was saved from a decayified model (alpha_min {spec['alpha_min']:g}, {spec['schedule']}) but "
                       f"{type(model).__name__} is not decayified, so it runs without the decay; use "

@@ -18,7 +18,9 @@ No class is subclassed or swapped, no parameter is added or renamed: the state_d
 model's own, so pretrained weights load unchanged, and with alpha_min = 1 the hooks are not even
 installed, so outputs are exactly the original model's. The settings are recorded on the model
 as ``model.resdecay_spec`` (``resdecay.save_decayified`` stores it beside the weights and
-``resdecay.load_decayified`` re-applies it). The spec is the *structure* only (alpha_min,
+``resdecay.load_decayified`` re-applies it); a transformers / diffusers model also records them in its own
+config (``model.config.resdecay``, ``resdecay.nn.config_record``), so the library's ``save_pretrained``
+keeps them and ``resdecay.interop.restore`` re-applies them after its ``from_pretrained``. The spec is the *structure* only (alpha_min,
 schedule, branches, and shortcut where it is not "decay"): ``zero_init`` is an initialisation
 done once, when asked for, and is never recorded, so ``decayify(model, **model.resdecay_spec)`` on trained weights leaves them as they are.
 
@@ -35,6 +37,7 @@ import torch.nn as nn
 
 from .adapters import adapter_for, adapters, nearest_supported
 from .adapters.hooks import remove as _remove_hooks
+from .config_record import recorder
 from .residual import ShortcutScale, check_shortcut, factors_of, shortcut_plan  # noqa: F401  (ShortcutScale: public here before)
 
 
@@ -139,6 +142,7 @@ def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_
     adds = adapter_for(found[0][1]).adds
     check_shortcut(shortcut, branches, adds, fixed_by="decayify (its hooks)", keys=("shortcut", "branches"))
     plan = shortcut_plan(len(found), alpha_min, schedule, branches, shortcut, adds)
+    record = _library_recorder(model)  # a transformers / diffusers model: its config's record, checked first
     if skipped and bool((plan.alphas != 1.0).any() or (plan.betas != 1.0).any()):
         _say_what_was_left(model, found, skipped)
     for (_name, block, _), a, b in zip(found, plan.alphas.tolist(), plan.betas.tolist(), strict=True):
@@ -152,7 +156,17 @@ def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_
     model.resdecay_spec = {"alpha_min": float(alpha_min), "schedule": schedule, "branches": branches}
     if shortcut != "decay":  # specs written before formulas reached decayify have no key: decay
         model.resdecay_spec["shortcut"] = shortcut
+    if record is not None:
+        record({"op": "decayify", "on": type(model).__name__, **model.resdecay_spec})
     return model
+
+
+def _library_recorder(model: nn.Module):
+    """For a transformers / diffusers model: ``resdecay.nn.config_record.recorder`` (the decay goes into
+    ``model.config.resdecay``, which the library's save_pretrained keeps); None for any other model."""
+    if not any(c.__module__.startswith(("transformers.", "diffusers.")) for c in type(model).__mro__):
+        return None
+    return recorder(model, "decayify")
 
 
 def _one_add_count(found: list) -> tuple[list, list[tuple[str, str]]]:

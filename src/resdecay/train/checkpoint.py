@@ -23,6 +23,7 @@ Only tensors and plain Python values: no pickled classes, so old files keep load
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import re
 import sys
@@ -96,9 +97,7 @@ def load_checkpoint(path: str | Path) -> dict:
     path = Path(path)
     exported = exported_folder(path)
     if exported is not None:  # else "does not exist" (the folder) or "a facebookresearch/mae checkpoint" (its weights)
-        raise CheckpointError(f"{path} is a save_pretrained / `export --to hf` model (config.json + model.safetensors), not "
-                              f"a training checkpoint; load it with resdecay.from_pretrained('{exported}'), or pass the "
-                              "step_*.pt it was exported from")
+        raise CheckpointError(exported_message(path, exported))
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     ckpt = safe_load(path, CheckpointError, f"{path} is not a readable resdecay checkpoint ({{reason}})")
@@ -112,6 +111,25 @@ def load_checkpoint(path: str | Path) -> dict:
     upgrade_config(ckpt.get("config") or {})
     check_plugins(ckpt, path)
     return ckpt
+
+
+def exported_message(path: Path, folder: Path) -> str:
+    """Why ``path`` (an exported folder or its weights) is no training checkpoint, and the route that reads it:
+    ``from_pretrained`` for resdecay's own ``export --to hf``; ``import-weights --format hf-vitmae`` for a
+    transformers ViTMAE folder (``export --to hf-vitmae``, a hub download), which ``from_pretrained`` refuses."""
+    try:
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        model_type = None
+    if model_type is None:
+        return (f"{path} is a save_pretrained / `export --to hf` model (config.json + model.safetensors), not a training "
+                f"checkpoint; load it with resdecay.from_pretrained('{folder}'), or pass the step_*.pt it was exported from")
+    head = f"{path} is a transformers {model_type} model (config.json + model.safetensors), not a resdecay checkpoint"
+    if model_type != "vit_mae":
+        return f"{head}; resdecay reads transformers ViTMAE folders only (resdecay import-weights FOLDER --format hf-vitmae)"
+    return (f"{head}; convert it first: resdecay import-weights {folder} --format hf-vitmae --preset PRESET --out "
+            "imported.pt (the preset gives data and training settings; the sizes come from config.json), then "
+            "resdecay eval imported.pt")
 
 
 def exported_folder(path: Path) -> Path | None:
@@ -328,7 +346,8 @@ def check_resumable(cfg: RunConfig, env, path: Path, state: dict, say, images: i
     if not all(k in state for k in ("optimizer", "scaler", "train_state", "rng")):
         raise CheckpointError(f"{path} holds model weights only (written by import-weights or export), not a training "
                               f"run's checkpoint, so there is no optimizer state to resume; evaluate it (resdecay eval "
-                              f"{path}) or fine-tune from it (resdecay finetune {path})")
+                              f"{path}), fine-tune from it (resdecay finetune {path}) or continue pretraining it as a new "
+                              f"run (resdecay pretrain --preset PRESET --from {path})")
     saved_images = state["train_state"].get("images")
     if images is not None and saved_images is not None and saved_images != images:
         say(f"note: the training set has {images} images now but had {saved_images} when {path.name} was written; "

@@ -23,8 +23,10 @@ those steps instead; with exact resume the two agree.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
+import math
 import os
 import socket
 import time
@@ -59,15 +61,18 @@ class WandbTracker(Tracker):
     def start(self, config, run_dir, resume=None, resume_step=None):
         import wandb
 
-        resume = resume or {}
+        resume, timeout = resume or {}, wandb_timeout()
         try:
             self.run = wandb.init(dir=str(run_dir), id=resume.get("id"), project=resume.get("project") or
                                   os.environ.get("WANDB_PROJECT") or PROJECT, entity=resume.get("entity") or None,
                                   name=self.run_name(run_dir), group=self.group.name if self.group else None,
-                                  config=config, allow_val_change=True, resume="allow" if resume.get("id") else None)
-        except Exception as e:  # not logged in, no network, a bad setting: one line, before training
-            raise TrackerStartError(f"Weights & Biases could not start a run ({type(e).__name__}: {one_line(e)}); run `wandb login`, "
-                                    "or set WANDB_MODE=offline to log locally, or drop wandb from train.loggers") from None
+                                  config=config, allow_val_change=True, resume="allow" if resume.get("id") else None,
+                                  settings=wandb.Settings(init_timeout=timeout))
+        except Exception as e:  # not logged in, no network, no answer, a bad setting: one line, before training
+            raise TrackerStartError(f"Weights & Biases could not start a run within {timeout:g} s ({type(e).__name__}: "
+                                    f"{one_line(e)}); run `wandb login`, check WANDB_BASE_URL, or set WANDB_MODE=offline "
+                                    "to log locally (WANDB_INIT_TIMEOUT: seconds to wait), or drop wandb from "
+                                    "train.loggers") from None
         self.steps_file = Path(run_dir) / "wandb" / f"resdecay-steps-{self.run.id}.json"
         self.logged = read_steps(self.steps_file) if resume_step is not None else {}
         # online, a resumed run starts past the server's last step (W&B would drop earlier points with a warning)
@@ -122,17 +127,18 @@ class MlflowTracker(Tracker):
         experiment = resume.get("experiment") or os.environ.get("MLFLOW_EXPERIMENT_NAME") or (
             self.group.name if self.group else PROJECT)
         try:
-            self.client = MlflowClient(tracking_uri=uri)
-            self.run_id = self._find_run(resume.get("id")) or self._new_run(experiment, self.run_name(run_dir))
-            if config is not None:
-                self._log_params(config)
-            self.held = self._held_steps() if resume_step is not None else {}
+            with bounded_mlflow_requests(connect_timeout()):
+                self.client = MlflowClient(tracking_uri=uri)
+                self.run_id = self._find_run(resume.get("id")) or self._new_run(experiment, self.run_name(run_dir))
+                if config is not None:
+                    self._log_params(config)
+                self.held = self._held_steps() if resume_step is not None else {}
+                if resume_step is None and config is not None:
+                    self.client.log_text(self.run_id, yaml.safe_dump(config, sort_keys=False), "config.yaml")
         except Exception as e:
             raise TrackerStartError(f"MLflow could not start a run at {uri} ({type(e).__name__}: {one_line(e)}); check "
                                     "MLFLOW_TRACKING_URI, or drop mlflow from train.loggers") from None
         self.last_held = max(self.held.values(), default=-1)
-        if resume_step is None and config is not None:
-            self.client.log_text(self.run_id, yaml.safe_dump(config, sort_keys=False), "config.yaml")
         return {"id": self.run_id, "uri": uri, "experiment": experiment}
 
     def tracking_uri(self, run_dir: Path, saved: str | None) -> str:
@@ -207,31 +213,92 @@ def read_steps(path: Path) -> dict[str, int]:
     return {k: v for k, v in found.items() if isinstance(v, int)} if isinstance(found, dict) else {}
 
 
-def connect_timeout() -> float:
-    """Seconds to wait for a tracking server: ``$MLFLOW_HTTP_REQUEST_TIMEOUT`` (MLflow's own setting),
-    else 10. MLflow itself retries a refused connection with back-off for minutes, silently."""
+def seconds_setting(name: str, default: float) -> float:
+    """A timeout from the environment (``$name``, else ``default``), or one line when it is not a positive
+    number of seconds."""
+    text = os.environ.get(name)
     try:
-        return max(float(os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT", 10)), 0.1)
+        value = float(text) if text is not None else default
     except ValueError:
-        raise TrackerStartError(f"MLFLOW_HTTP_REQUEST_TIMEOUT={os.environ['MLFLOW_HTTP_REQUEST_TIMEOUT']!r} is not a number "
-                                "of seconds; set it to e.g. 10") from None
+        value = float("nan")
+    if not (0 < value < float("inf")):
+        raise TrackerStartError(f"{name}={text!r} is not a number of seconds; set it to e.g. 10") from None
+    return value
+
+
+def connect_timeout() -> float:
+    """Seconds to wait for an MLflow tracking server: ``$MLFLOW_HTTP_REQUEST_TIMEOUT`` (MLflow's own setting),
+    else 10. MLflow itself retries a refused or unanswered request with back-off for minutes, silently."""
+    return max(seconds_setting("MLFLOW_HTTP_REQUEST_TIMEOUT", 10), 0.1)
+
+
+def wandb_timeout() -> float:
+    """Seconds ``wandb.init`` may take: ``$WANDB_INIT_TIMEOUT`` (W&B's own setting), else W&B's 90."""
+    return seconds_setting("WANDB_INIT_TIMEOUT", 90)
 
 
 def check_reachable(uri: str) -> None:
-    """One line, within ``connect_timeout()`` seconds, when an http(s) tracking server does not accept a
-    connection (before training starts, instead of minutes of MLflow's silent retries)."""
+    """One line, within about ``connect_timeout()`` seconds, when an http(s) tracking server does not accept
+    a connection, or accepts it and does not answer a request (before training starts, instead of minutes
+    of MLflow's silent retries)."""
     parsed = urlparse(uri)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         return
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    timeout = connect_timeout()
+    timeout, start = connect_timeout(), time.monotonic()
+    where = f"MLflow tracking server {parsed.hostname}:{port} ({uri})"
+    fix = "start it or fix MLFLOW_TRACKING_URI, or drop mlflow from train.loggers"
     try:
-        socket.create_connection((parsed.hostname, port), timeout=timeout).close()
+        conn = socket.create_connection((parsed.hostname, port), timeout=timeout)
     except OSError as e:
         reason = "no answer" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
-        raise TrackerStartError(f"MLflow tracking server {parsed.hostname}:{port} ({uri}) is not reachable ({reason}, "
-                                f"waited up to {timeout:g} s); start it or fix MLFLOW_TRACKING_URI, or drop mlflow from "
-                                "train.loggers") from None
+        raise TrackerStartError(f"{where} is not reachable ({reason}, waited up to {timeout:g} s); {fix}") from None
+    try:
+        problem = http_silence(conn, parsed, max(timeout - (time.monotonic() - start), 0.1))
+    finally:
+        conn.close()
+    if problem:
+        raise TrackerStartError(f"{where} {problem} (waited up to {timeout:g} s); {fix}")
+
+
+def http_silence(conn: socket.socket, parsed, timeout: float) -> str | None:
+    """Why a connected server is not an HTTP server that answers (None when it answers): one request for
+    ``<path>/health`` (any status counts), the first byte of the answer awaited at most ``timeout`` s."""
+    import ssl
+
+    try:
+        conn.settimeout(timeout)
+        if parsed.scheme == "https":  # only whether it answers is asked here; MLflow checks the certificate
+            context = ssl.create_default_context()
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+            conn = context.wrap_socket(conn, server_hostname=parsed.hostname)
+        path = (parsed.path.rstrip("/") or "") + "/health"
+        conn.sendall(f"GET {path} HTTP/1.1\r\nHost: {parsed.netloc}\r\nConnection: close\r\n\r\n".encode())
+        if not conn.recv(1):
+            return "accepted the connection and closed it without an answer"
+    except TimeoutError:
+        return "accepted the connection but did not answer a request"
+    except ssl.SSLError as e:
+        return f"did not complete a TLS handshake ({e.reason or type(e).__name__}: is it an http:// server?)"
+    except OSError as e:
+        return f"dropped the connection ({e.strerror or type(e).__name__})"
+    finally:
+        conn.close()  # the TLS socket, when one was wrapped around it
+    return None
+
+
+@contextlib.contextmanager
+def bounded_mlflow_requests(timeout: float):
+    """MLflow's own requests while a run starts (MLflow's defaults: 120 s each, 7 retries with back-off)
+    bounded by the same timeout and 2 retries, where the user set neither; the user's settings win."""
+    bounds = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(math.ceil(timeout), 1)), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"}
+    added = [name for name in bounds if name not in os.environ]
+    os.environ.update({name: bounds[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 class TrackerStartError(UserError):

@@ -45,9 +45,14 @@ def run_folder(path: Path, env: dist_env.DistEnv, say):
             runlock.acquire(path)
         except runlock.RunFolderBusy as e:
             problem = str(e)
-    problem = next((p for p in dist_env.gather_objects(env, problem) if p), None)
-    if problem:
-        raise runlock.RunFolderBusy(problem)
+    try:
+        refused = next((p for p in dist_env.gather_objects(env, problem) if p), None)
+    except BaseException:  # interrupted while the ranks agree: the lock taken above is not kept
+        if env.is_main and problem is None:
+            runlock.release(path)
+        raise
+    if refused:  # rank 0 was refused: it holds nothing
+        raise runlock.RunFolderBusy(refused)
     try:
         if env.is_main:
             stale = sweep_stale_temps(path / "checkpoints", owned=True)

@@ -2,7 +2,10 @@
 
 The lock belongs to the open file, so the operating system drops it when the process ends in any
 way (exit, exception, SIGKILL): a killed run never leaves a stale lock behind. The file holds the
-holder's PID, host, start time and command line, so a second start is refused naming who runs.
+holder's PID, host, start time and command line, so a second start is refused naming who runs; it is
+removed when the lock is released (a finished, failed or interrupted run leaves no ``run.lock``; only a
+killed one leaves the file, which the next start takes over). A start that opened the file just as its
+holder removed it checks that it locked the file still at that path, else it tries again.
 A process may take the lock of a folder it already holds (nested calls); it is released when the
 outermost holder lets go, so ``resdecay ablate`` and tests that train twice in one process work.
 On systems without ``fcntl`` (Windows) no lock is taken.
@@ -50,22 +53,40 @@ def acquire(folder: Path) -> None:
     if fcntl is None:
         _held[key] = [None, 1]
         return
-    path = Path(folder) / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        h = holder_of(folder)
-        who = f"process {h.get('pid', '?')} on {h.get('host', '?')}" if h else "another process"
-        cmd = f" ({h['command']}, started {h.get('started', '?')})" if h.get("command") else ""
-        raise RunFolderBusy(f"run folder {folder} is in use by {who}{cmd}; wait for it to finish, stop it, "
-                            "or pass train.out_dir=<another folder>") from None
+    fd = _lock_file(Path(folder))
     info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300]}
     os.ftruncate(fd, 0)
     os.write(fd, json.dumps(info).encode())
     _held[key] = [fd, 1]
+
+
+def _lock_file(folder: Path) -> int:
+    """The descriptor of ``<folder>/run.lock``, exclusively locked, or RunFolderBusy naming the holder."""
+    path = folder / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            h = holder_of(folder)
+            who = f"process {h.get('pid', '?')} on {h.get('host', '?')}" if h else "another process"
+            cmd = f" ({h['command']}, started {h.get('started', '?')})" if h.get("command") else ""
+            raise RunFolderBusy(f"run folder {folder} is in use by {who}{cmd}; wait for it to finish, stop it, "
+                                "or pass train.out_dir=<another folder>") from None
+        if _is_at(fd, path):
+            return fd
+        os.close(fd)  # its holder removed it between our open and lock: lock the file now at the path
+
+
+def _is_at(fd: int, path: Path) -> bool:
+    """Whether ``path`` names the open file ``fd``."""
+    try:
+        here, mine = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def release(folder: Path) -> None:
@@ -78,6 +99,12 @@ def release(folder: Path) -> None:
         return
     del _held[key]
     if entry[0] is not None:
+        path = Path(key) / LOCK_NAME
+        try:
+            if _is_at(entry[0], path):  # still ours (a failed start's clean-up may have removed it already)
+                path.unlink()
+        except OSError:  # a folder that became read-only: the lock is dropped all the same
+            pass
         os.close(entry[0])  # closing the descriptor drops the flock
 
 
