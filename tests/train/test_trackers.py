@@ -380,6 +380,7 @@ def test_an_mlflow_server_that_accepts_and_never_answers_is_one_line_within_the_
 def test_a_wandb_server_that_accepts_and_never_answers_is_one_line_within_the_timeout(capsys, tmp_path, monkeypatch):
     """Issue 38.7, W&B's side: wandb.init waits WANDB_INIT_TIMEOUT seconds (W&B's setting, passed on) for its server."""
     wandb = needs("wandb")
+    wandb.teardown()  # a session an earlier test started ignores these variables (wandb reads them once per session)
     out = tmp_path / "run"
     with silent_server() as port:
         for name, value in (("WANDB_MODE", "online"), ("WANDB_BASE_URL", f"http://127.0.0.1:{port}"),
