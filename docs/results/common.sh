@@ -45,3 +45,11 @@ wait_for() {
   local pid
   for pid in "$@"; do while kill -0 "$pid" 2>/dev/null; do sleep 30; done; done
 }
+
+# claim DIR KEY: whether this worker takes queue item KEY. mkdir DIR/KEY is atomic, so of several workers sharing a
+# queue exactly one takes each item (delete DIR before restarting after the workers died). With --dry-run every
+# item is taken and nothing is created.
+claim() {
+  [ "$DRY_RUN" = 1 ] && return 0
+  mkdir -p "$1" && mkdir "$1/$2" 2>/dev/null
+}

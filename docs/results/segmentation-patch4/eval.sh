@@ -17,14 +17,8 @@
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/../common.sh" "$@"
-set -- "${ARGS[@]}"
-if [ $# -ne 2 ]; then echo "usage: eval.sh [--dry-run] LEVEL SEED   (e.g. eval.sh all 0)" >&2; exit 2; fi
-level=$1 seed=$2
-RUNS=${RUNS:-$ROOT/runs/segmentation-patch4}
-pair=$RUNS/$level/seed$seed
 source "$HERE/checkpoints.sh"
-plain=$(checkpoint_of "$pair/plain") || exit 1
-a08=$(checkpoint_of "$pair/a08") || exit 1
+pair_checkpoints eval.sh "${ARGS[@]}"  # sets level, seed, RUNS, plain, a08
 
 for solver in ${SOLVERS:-exact kmeans}; do
   for e in ${SEG_SEEDS:-0}; do

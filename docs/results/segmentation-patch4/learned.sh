@@ -10,13 +10,8 @@
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/../common.sh" "$@"
-set -- "${ARGS[@]}"
-if [ $# -ne 2 ]; then echo "usage: learned.sh [--dry-run] LEVEL SEED   (e.g. learned.sh all 0)" >&2; exit 2; fi
-level=$1 seed=$2
-RUNS=${RUNS:-$ROOT/runs/segmentation-patch4}
 source "$HERE/checkpoints.sh"
-plain=$(checkpoint_of "$RUNS/$level/seed$seed/plain") || exit 1
-a08=$(checkpoint_of "$RUNS/$level/seed$seed/a08") || exit 1
+pair_checkpoints learned.sh "${ARGS[@]}"  # sets level, seed, RUNS, plain, a08
 TIME=()
 [ -x /usr/bin/time ] && TIME=(/usr/bin/time -v)
 for e in ${SEG_SEEDS:-0}; do

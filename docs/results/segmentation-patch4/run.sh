@@ -29,11 +29,8 @@ queue() {
 queue | while read -r level seed variant; do
   [ -n "$level" ] || continue
   out=$RUNS/$level/seed$seed/$variant
-  if [ "$DRY_RUN" != 1 ]; then
-    mkdir -p "$RUNS/claims"
-    mkdir "$RUNS/claims/$level-$seed-$variant" 2>/dev/null || continue
-    [ -f "$out/summary.json" ] && continue
-  fi
+  claim "$RUNS/claims" "$level-$seed-$variant" || continue
+  [ "$DRY_RUN" != 1 ] && [ -f "$out/summary.json" ] && continue
   case $level in
     clean) N="data.nuisances=[]";;
     all) N="data.nuisances=[background,colour,scale,position]";;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 20 phase diagram: `ablate --grid where-map` (plain / alpha 0.8 / alpha 0.6, 32 epochs, online eval every 4)
 # per nuisance level and seed, in the order of the queue. Start one worker per core.
-# Workers claim lines in order (mkdir RUNS/.claims/N is atomic), so two workers share the queue
+# Workers claim lines in order (claim in common.sh: mkdir RUNS/.claims/N), so two workers share the queue
 # whatever the cost of each line; delete RUNS/.claims before restarting after the workers died.
 # A level named LEVEL-eN (e.g. all-e64) trains N epochs instead of 32.
 # One thread per run, lowest priority, resumable: rerun the same line and finished variants are read back,
@@ -27,12 +27,7 @@ declare -A NUIS=([all]="[background,colour,scale,position]" [clean]="[]" [bg]="[
 i=0
 grep -v '^#' "$QUEUE" | while read -r level seed variants; do
   [ -n "$level" ] || continue
-  claimed=1
-  if [ "$DRY_RUN" != 1 ]; then
-    mkdir -p "$RUNS/.claims"
-    mkdir "$RUNS/.claims/$i" 2>/dev/null || claimed=0
-  fi
-  if [ "$claimed" = 1 ]; then
+  if claim "$RUNS/.claims" "$i"; then
     nuisances=${NUIS[${level%-e*}]}; epochs=32
     case $level in *-e*) epochs=${level##*-e};; esac
     # shellcheck disable=SC2086  # EXTRA: key=value words
