@@ -211,7 +211,7 @@ def load_failure(path: str | Path, exc: Exception) -> str:
         if head[:1] == b"\x80" or head[:2] == b"PK":
             return "it contains pickled Python data that is not plain tensors and is refused for safety"
     if head[:2] == b"PK":
-        if "zip archive" in msg or "central directory" in msg or isinstance(exc, (EOFError, RuntimeError)):
+        if "zip archive" in msg or "central directory" in msg or isinstance(exc, (EOFError, RuntimeError, OSError)):
             return f"it is truncated or damaged: an incomplete zip archive of {size} bytes"
         return first_sentence(msg) or type(exc).__name__
     if head[:6] == b"\x93NUMPY":

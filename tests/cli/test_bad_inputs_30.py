@@ -133,12 +133,21 @@ def test_an_unreachable_mlflow_server_is_one_line_within_the_timeout_and_frees_t
         pass
 
 
-def test_a_bad_mlflow_timeout_setting_is_one_line(capsys, tmp_path, monkeypatch):
+@pytest.mark.parametrize("store", ["http", "file"])
+@pytest.mark.parametrize("value", ["soon", "", "-3"])
+def test_a_bad_mlflow_timeout_setting_is_one_line(capsys, tmp_path, monkeypatch, store, value):
+    """Also with the run folder's file store, where it was wrapped in "MLflow could not start a run ...; check
+    MLFLOW_TRACKING_URI" (issue 38.7's setting, named as the thing to fix)."""
     pytest.importorskip("mlflow", reason="pip install -e '.[mlflow]' (in the test extra)")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{closed_port()}")
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "soon")
+    if store == "http":
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{closed_port()}")
+    else:
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", value)
     code, _, err = run(capsys, *pretrain(tmp_path / "run", "train.loggers=[mlflow]"))
-    assert_one_line_error(code, err, "MLFLOW_HTTP_REQUEST_TIMEOUT='soon'")
+    assert_one_line_error(code, err, f"MLFLOW_HTTP_REQUEST_TIMEOUT={value!r} is not a number of seconds")
+    assert "MLFLOW_TRACKING_URI" not in err
+    assert not (tmp_path / "run").exists()
 
 
 # ----------------------------------------------------------------------------- item 9

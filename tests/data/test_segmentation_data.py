@@ -3,6 +3,8 @@ COCO-Stuff-27 (STEGO / PiCIE curated), Pascal VOC and user folder layouts, each 
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -248,6 +250,61 @@ def test_folder_problems_are_one_line(tmp_path):
         masked_images(f"folder:{tmp_path / 'a'}", None, str(tmp_path / "b"), 32, 100)
     with pytest.raises(DataError, match="--seg-ignore-index 0 applies to label maps you supply"):
         masked_images("digits", DataConfig(), None, 8, 10, ignore_index=0)
+
+
+def _labels_all(root, value):
+    for f in (root / "labels").iterdir():
+        Image.fromarray(np.full((32, 32), value, np.uint8)).save(f)
+
+
+BAD_FOLDERS = {  # what a user's folder gets wrong -> the one line that names it
+    "no labels/ folder": (lambda r: shutil.rmtree(r / "labels"), "is not a segmentation folder: expected images/<name>"),
+    "no images/ folder": (lambda r: shutil.rmtree(r / "images"), "is not a segmentation folder: expected images/<name>"),
+    "no label maps": (lambda r: [f.unlink() for f in (r / "labels").iterdir()], "labels holds no .png label maps"),
+    "label map of another size": (lambda r: Image.fromarray(np.zeros((20, 32), np.uint8)).save(r / "labels" / "img04.png"),
+                                  "img04.png is 20x32 but its image img04.png is 32x32"),
+    "corrupt image": (lambda r: (r / "images" / "img02.png").write_bytes(b"not a png"),
+                      "cannot read {root}/images/img02.png (UnidentifiedImageError"),
+    "truncated label map": (lambda r: (r / "labels" / "img02.png").write_bytes((r / "labels" / "img02.png").read_bytes()[:60]),
+                            "cannot read {root}/labels/img02.png"),
+    "classes.txt not text": (lambda r: (r / "classes.txt").write_bytes(b"ground\n\xf0\x28\x8c\n"),
+                             "cannot read {root}/classes.txt (UnicodeDecodeError"),
+    "one class name": (lambda r: (r / "classes.txt").write_text("ground\n"), "holds label 1 but folder has 1 classes"),
+    "every pixel ignored": (lambda r: ((r / "classes.txt").unlink(), _labels_all(r, IGNORE)),
+                            "every pixel of every label map is 255 (--seg-ignore-index), so there is nothing to score"),
+}
+
+
+@pytest.mark.parametrize("problem", list(BAD_FOLDERS))
+def test_bad_folders_are_one_line_naming_the_file(tmp_path, problem):
+    """Issue 38.10's folder layout, each thing a user's folder can get wrong: one DataError line naming the file
+    (a non-UTF-8 classes.txt was a UnicodeDecodeError traceback; an all-ignored folder "the largest, -1")."""
+    root = tmp_path / "my"
+    write_seg_folder(root, jpeg_every=0)
+    make, words = BAD_FOLDERS[problem]
+    make(root)
+    with pytest.raises(DataError) as e:
+        masked_images(f"folder:{root}", None, None, 32, 100)
+    assert words.format(root=root) in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("problem", ["missing folder", "truncated label map", "classes.txt not text"])
+def test_bad_folders_stop_eval_in_one_line_and_leave_no_report_folder(tmp_path, capsys, tiny_fmnistm_checkpoint,
+                                                                       problem):
+    from resdecay.cli import main
+
+    root = tmp_path / "my"
+    if problem == "missing folder":
+        words = f"--seg-data folder:{root} is not a folder (missing); pass the folder holding your images/ and labels/"
+    else:
+        write_seg_folder(root)
+        make, words = BAD_FOLDERS[problem]
+        make(root)
+    rc = main(["eval", str(tiny_fmnistm_checkpoint), "--evals", "segmentation", "--seg-data", f"folder:{root}",
+               "--seg-solver", "kmeans", "--no-baselines", "--no-progress", "--out", str(tmp_path / "e")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and words.format(root=root) in err[0], err
+    assert not (tmp_path / "e").exists()
 
 
 def test_label_map_draw_is_class_balanced_seeded_and_nested():

@@ -219,6 +219,13 @@ BAD_TEMPERATURES = ["nan", "0", "-1", "inf"]  # issue 38.6: each was accepted an
     (["--metric-option", "segmentation.lr=0"], ("segmentation.lr must be a positive finite number, got 0",)),
     (["--metric-option", "segmentation.ema=1.5"], ("segmentation.ema must be a number in [0, 1], got 1.5",)),
     (["--metric-option", "segmentation.min_weight=nan"], ("segmentation.min_weight must be a number in [-1, 1]",)),
+    *[(["--seg-ignore-index", v], (f"--seg-ignore-index {v}: segmentation.ignore_index must be an integer in "
+                                   f"[0, 65535], got {v}",)) for v in ("-1", "70000")],
+    (["--metric-option", "segmentation.ignore_index=70000"], ("segmentation.ignore_index must be an integer in [0, 65535]",)),
+    # beyond a C integer: was an OverflowError traceback from inside the probe's epoch loop
+    (["--metric-option", f"probe.epochs={10**23}"], (f"probe.epochs must be a positive integer below 2**63, got {10**23}",)),
+    (["--probe-epochs", str(10**23)], (f"--probe-epochs {10**23}: probe.epochs must be a positive integer below 2**63",)),
+    (["--k", str(10**23)], ("knn.k must be a positive integer below 2**63",)),
 ])
 def test_every_metric_option_is_range_checked_where_it_enters_the_cli(tiny_checkpoints, tmp_path, capsys, monkeypatch,
                                                                        args, needles):

@@ -208,7 +208,11 @@ def test_eval_reports_segmentation_with_protocol_card_and_baselines(tiny_fmnistm
     (["--seg-data", "voc"], "--seg-data voc reads a folder: pass --seg-path DIR"),
     (["--layer", "all"], "segmentation measures one block"),
     (["--seg-ignore-index", "0"], "--seg-ignore-index 0 applies to label maps you supply (--seg-data folder or voc)"),
-    (["--seg-data", "folder:/no/such/folder"], "--seg-path /no/such/folder is not a folder"),
+    (["--seg-data", "folder:/no/such/folder"],  # was "--seg-path ... is not a folder; pass the folder folder"
+     "--seg-data folder:/no/such/folder is not a folder (missing); pass the folder holding your images/ and labels/"),
+    (["--seg-data", "voc", "--seg-path", "/no/such/folder"], "--seg-path /no/such/folder is not a folder (missing); "
+                                                             "pass the voc folder"),
+    (["--seg-data", "folder:"], "--seg-data folder:: name the folder after the colon"),
 ])
 def test_eval_refuses_bad_segmentation_settings_before_extracting(tiny_fmnistm_checkpoint, tmp_path, capsys, monkeypatch,
                                                                   args, message):
@@ -223,6 +227,7 @@ def test_eval_refuses_bad_segmentation_settings_before_extracting(tiny_fmnistm_c
                *args])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and message in err[0]
+    assert not (tmp_path / "e").exists()
 
 
 # ----------------------------------------------------------------------------- figures

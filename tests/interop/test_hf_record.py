@@ -156,6 +156,16 @@ def test_folders_written_by_earlier_versions_still_restore(tmp_path):
     ({"version": 1, "steps": [{"op": "decayify", "on": "Dinov2Model", "alpha_min": 0.5}]}, "holds no such module"),
     ({"version": 1, "steps": [{"op": "unet_skips", "skip_sources": [3], "decoder_start": "encoder"}]}, "pass the folder too"),
     ({"alpha": 0.5}, "no version"),
+    ("garbage", "its 'resdecay' section is str 'garbage', not a JSON object"),
+    ([1, 2], "its 'resdecay' section is list [1, 2], not a JSON object"),
+    ({"version": 99, "steps": []}, "schema version 99; this resdecay reads version 1; upgrade resdecay"),
+    ({"version": True, "steps": []}, "schema version True; this resdecay reads version 1"),
+    ({"version": 1, "steps": "decayify"}, "(steps a list, note a string)"),
+    ({"version": 1, "steps": [], "note": 5}, "(steps a list, note a string)"),
+    ({"version": 1, "steps": ["decayify"]}, "step 0: 'decayify' is not a resdecay step"),
+    ({"version": 1, "steps": [{"op": ["decayify"]}]}, "is not a resdecay step (op must be one of decayify, unet_skips)"),
+    ({"unet": "x"}, "its 'resdecay' section's 'unet' is 'x', not a JSON object"),
+    ({"encoder": 5}, "its 'resdecay' section's 'encoder' is 5, not a JSON object"),
 ])
 def test_what_restore_cannot_restore_is_one_line_and_changes_nothing(section, words):
     model = hf_model()
@@ -165,6 +175,25 @@ def test_what_restore_cannot_restore_is_one_line_and_changes_nothing(section, wo
         restore(model)
     assert words in str(info.value) and "\n" not in str(info.value)
     assert torch.equal(logits(model), before) and not hasattr(model, "resdecay_unet")
+
+
+@pytest.mark.parametrize("section, words", [
+    ("garbage", "config.json: its 'resdecay' section is str 'garbage', not a JSON object"),
+    ({"version": 99, "steps": []}, "config.json: its 'resdecay' section is schema version 99"),
+    ({"version": 1, "steps": [{"op": "prune"}]}, "config.json step 0: {'op': 'prune'} is not a resdecay step"),
+])
+def test_a_garbage_record_in_the_folders_config_json_is_one_line(tmp_path, section, words):
+    """A model without a record reads the folder's config.json: a section there that is not resdecay's is refused
+    in one UserError line naming that file, and the model is left as it was."""
+    hf_model().save_pretrained(tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "resdecay": section}))
+    model = hf_model()
+    before = logits(model)
+    with pytest.raises(UserError) as info:
+        restore(model, tmp_path / "m")
+    assert words in str(info.value) and "\n" not in str(info.value)
+    assert torch.equal(logits(model), before) and not hasattr(model.vit, "resdecay_spec")
 
 
 def test_restore_names_the_right_place(tmp_path):

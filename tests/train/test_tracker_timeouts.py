@@ -102,7 +102,7 @@ def test_a_wandb_server_that_accepts_and_never_answers_is_one_line_within_the_ti
     assert not out.exists()
 
 
-@pytest.mark.parametrize("timeout", ["soon", "0", "-1", "nan"])
+@pytest.mark.parametrize("timeout", ["soon", "0", "-1", "nan", "inf", ""])
 def test_a_bad_tracker_timeout_is_one_line(capsys, tmp_path, monkeypatch, timeout):
     monkeypatch.setenv("WANDB_INIT_TIMEOUT", timeout)
     with pytest.raises(TrackerStartError, match=re.escape(f"WANDB_INIT_TIMEOUT={timeout!r} is not a number of seconds")):

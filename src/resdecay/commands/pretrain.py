@@ -66,9 +66,9 @@ def run_pretrain(preset: str, overrides: list[str], resume: str | None = None, p
 def record_source(summary: dict, start: Source | None) -> dict:
     """summary.json's ``pretrained``: the source the run's weights started from (pretrained.json), whichever
     launch of the run this is; a finished run's summary is left as it was."""
-    if start is not None and not start.used and summary.get("resumed_from"):
-        print(f"note: --from {start.pretrained.path} was not loaded: the run resumed from its own checkpoint "
-              f"{summary['resumed_from']}")
+    own = summary.get("resumed_from") or (summary.get("already_finished") and summary.get("checkpoint"))
+    if start is not None and not start.used and own:
+        print(f"note: --from {start.pretrained.path} was not loaded: the run resumed from its own checkpoint {own}")
     record = read_record(Path(summary["out_dir"])) if summary.get("out_dir") else None
     if record is None or summary.get("already_finished"):
         return summary

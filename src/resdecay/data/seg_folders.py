@@ -178,7 +178,12 @@ def class_names_file(root: Path) -> list[str] | None:
     file = root / "classes.txt"
     if not file.is_file():
         return None
-    names = [ln.strip() for ln in file.read_text().splitlines()]
+    try:
+        text = file.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read {file} ({type(e).__name__}: {e}); save it as UTF-8 text, one class name a "
+                        "line") from None
+    names = [ln.strip() for ln in text.splitlines()]
     while names and not names[-1]:
         names.pop()
     if not names:
@@ -211,6 +216,10 @@ def _classes(layout: Layout, values: list[np.ndarray], ignore: int) -> tuple[np.
                                 "--seg-ignore-index to the label of unlabelled pixels")
     else:
         raw = max((int(v[v != ignore].max()) + 1 for v in values if (v != ignore).any()), default=0)
+        if not raw:
+            raise DataError(f"{layout.root}: every pixel of every label map is {ignore} (--seg-ignore-index), so there "
+                            "is nothing to score: check the label maps, or set --seg-ignore-index to the label of "
+                            "unlabelled pixels")
         source = f"the label maps (every value up to the largest, {raw - 1}; {ignore} ignored)"
         standard = layout.name == "voc" and raw == len(VOC_NAMES) and ignore >= raw
         listed = list(VOC_NAMES) if standard else [str(i) for i in range(raw)]

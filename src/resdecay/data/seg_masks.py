@@ -119,6 +119,7 @@ def masked_images(name: str, cfg, path: str | None, side: int, limit: int, seed:
         ignore_index: the label value of unlabelled pixels in voc / folder label maps (``--seg-ignore-index``).
         channels: the model's input channels (a folder's images are read as RGB, or grey for 1).
     """
+    given = name
     name, path = seg_source(name, path)
     if name not in SEG_DATA:
         raise DataError(f"{name} has no label maps, so segmentation cannot be scored on it: {SEG_FIX}")
@@ -133,7 +134,9 @@ def masked_images(name: str, cfg, path: str | None, side: int, limit: int, seed:
         raise DataError(f"--seg-data {name} reads a folder: pass --seg-path DIR (or --seg-data {name}:DIR)")
     root = Path(path).expanduser()
     if not root.is_dir():
-        raise DataError(f"--seg-path {root} is not a folder; pass the {name} folder")
+        flag = f"--seg-data {given}" if ":" in given else f"--seg-path {root}"
+        what = "the folder holding your images/ and labels/" if name == "folder" else f"the {name} folder"
+        raise DataError(f"{flag} is not a folder ({'missing' if not root.exists() else 'a file'}); pass {what}")
     return read_folder(name, root, side, limit, seed, ignore_index, channels)
 
 

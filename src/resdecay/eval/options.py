@@ -282,5 +282,8 @@ def convert(value: Any, kind: Any, where: str, label: str | None = None) -> Any:
         if k is float and not math.isfinite(typed) or k in (int, float) and limit and not limit.holds(typed):
             range_words = limit.words(k is int) if limit else "a finite number"
             raise UserError(f"{label}: {where} must be {range_words}, got {value}")
+        if k is int and not -2**63 <= typed < 2**63:  # beyond a C integer: a traceback deep in the metric
+            raise UserError(f"{label}: {where} must be {limit.words(True) if limit else 'an integer'} below 2**63, "
+                            f"got {value}")
         return typed
     raise UserError(f"{label}: {where} takes {_words(bare)}, got {value!r}")

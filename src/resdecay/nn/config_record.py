@@ -85,26 +85,26 @@ def write_section(model: nn.Module, steps: list[dict], note: str | None = None) 
 def parse(section: Any, where: str) -> tuple[list[dict], str | None]:
     """(steps, note) of a ``resdecay`` section in this schema or an earlier one, checked, or one UserError line."""
     if not isinstance(section, Mapping):
-        raise UserError(f"{where}: its 'resdecay' section is a {type(section).__name__}, not a JSON object as resdecay "
-                        "writes it")
+        raise UserError(f"{where}: its 'resdecay' section is {type(section).__name__} {section!r:.60}, not a JSON object "
+                        "as resdecay writes it")
     if "version" not in section:
         return _legacy_steps(section, where), section.get("note")
     version = section["version"]
-    if version != VERSION:
+    if type(version) is not int or version != VERSION:  # true == 1 in Python, not in the schema
         newer = isinstance(version, int) and not isinstance(version, bool) and version > VERSION
         raise UserError(f"{where}: its 'resdecay' section is schema version {version!r}; this resdecay reads version "
                         f"{VERSION}" + ("; upgrade resdecay to restore it" if newer else ""))
     unknown = sorted(set(section) - set(TOP_KEYS))
-    if unknown or not isinstance(section.get("steps"), list):
+    if unknown or not isinstance(section.get("steps"), list) or not isinstance(section.get("note", ""), str):
         raise UserError(f"{where}: its 'resdecay' section has keys {sorted(section)}; version {VERSION} has "
-                        f"{', '.join(TOP_KEYS)} (steps a list)")
+                        f"{', '.join(TOP_KEYS)} (steps a list, note a string)")
     return [check_step(step, f"{where} step {i}") for i, step in enumerate(section["steps"])], section.get("note")
 
 
 def check_step(step: Any, where: str) -> dict:
     """One step, its values checked (decayify's as ``check_spec`` checks a spec)."""
     op = step.get("op") if isinstance(step, Mapping) else None
-    if op not in STEP_KEYS:
+    if not isinstance(op, str) or op not in STEP_KEYS:
         raise UserError(f"{where}: {step!r} is not a resdecay step (op must be one of {', '.join(STEP_KEYS)})")
     unknown = sorted(set(step) - set(STEP_KEYS[op]))
     if unknown:
@@ -129,6 +129,10 @@ def _legacy_steps(section: Mapping, where: str) -> list[dict]:
         if unknown:
             raise UserError(f"{where}: its 'resdecay' section has unknown key(s) {', '.join(unknown)} beside "
                             f"{', '.join(LEGACY_UNET_KEYS)}")
+        bad = next((k for k in LEGACY_UNET_KEYS if section.get(k) is not None and not isinstance(section[k], Mapping)),
+                   None)
+        if bad:
+            raise UserError(f"{where}: its 'resdecay' section's {bad!r} is {section[bad]!r:.60}, not a JSON object")
         steps = []
         if section.get("encoder"):
             steps.append(check_step({"op": "decayify", "on": "ViTMAEModel", **section["encoder"]}, where))

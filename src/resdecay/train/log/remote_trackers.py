@@ -126,8 +126,9 @@ class MlflowTracker(Tracker):
         check_reachable(uri)
         experiment = resume.get("experiment") or os.environ.get("MLFLOW_EXPERIMENT_NAME") or (
             self.group.name if self.group else PROJECT)
+        timeout = connect_timeout()  # a bad $MLFLOW_HTTP_REQUEST_TIMEOUT is its own line, not "check the URI"
         try:
-            with bounded_mlflow_requests(connect_timeout()):
+            with bounded_mlflow_requests(timeout):
                 self.client = MlflowClient(tracking_uri=uri)
                 self.run_id = self._find_run(resume.get("id")) or self._new_run(experiment, self.run_name(run_dir))
                 if config is not None:
