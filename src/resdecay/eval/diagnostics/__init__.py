@@ -1,0 +1,191 @@
+"""Residual-stream diagnostics (issue 40): what the identity path carries, for any model whose blocks
+``decayify``'s adapters reach (resdecay's families, timm ViTs, transformers ViT / ViTMAE / DINOv2,
+diffusers' DiT), decayified or not (alpha = 1).
+
+    from resdecay.eval.diagnostics import diagnose
+    report = diagnose(model, test_images, train_images=train_images, labels=y_test, train_labels=y_train)
+    report["paths"]["direct_projection"]      # per block: the share of the stream that is (prod alpha) x_0
+
+Four measurements, one module each (their docstrings hold the formulas):
+
+* ``paths``     exact decomposition of the stream into the direct path and every branch, per depth;
+* ``pixels``    ridge R^2 of each patch's normalised pixels / their high frequencies from its token;
+* ``branches``  ||alpha x||, ||f(x)||, their ratio and cosine per sub-block;
+* ``knockout``  the change of the last layer, and its kNN, when one block's branch is set to zero.
+
+Nothing changes in the model: forward hooks read it (``record``), and every hook is removed after.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.utils.data import Dataset
+
+from ...errors import UserError
+from ..protocol import KNN_K
+from .branches import BranchStats
+from .knockout import UNITS, KnockoutStats
+from .paths import PathStats
+from .pixels import PixelStats, ridge_r2
+from .record import Pass, hooked
+from .runner import Forward, image_batches, model_runner
+from .sites import Site, find_sites, patch_size_of
+
+DIAGNOSTICS = ("paths", "pixels", "branches", "knockout")
+
+__all__ = ["DIAGNOSTICS", "UNITS", "diagnose", "find_sites", "ridge_r2"]
+
+
+def _check_stream(sites: list[Site], rec: Pass) -> None:
+    """One token stream of one shape through every block (a Swin's merging stages are not one stream)."""
+    shape = rec.inputs[0].shape
+    for i, site in enumerate(sites):
+        if rec.inputs.get(i) is None or rec.outputs.get(i) is None:
+            raise UserError(f"diagnostics: block {site.name} did not run in the model's forward; pass forward= "
+                            "a function that runs the stream's blocks, or container= the blocks that run")
+        for t in (rec.inputs[i], rec.outputs[i]):
+            if t.shape != shape:
+                raise UserError(f"diagnostics need one token stream of one shape, but at {site.name} it is "
+                                f"{tuple(t.shape)}, not {tuple(shape)} (a stage that merges tokens)")
+
+
+class _Run:
+    """The accumulators of one ``diagnose`` call and the loop that feeds them, one batch at a time."""
+
+    def __init__(self, model: nn.Module, sites: list[Site], which: tuple, opts: dict):
+        self.model, self.sites, self.which, self.opts = model, sites, which, opts
+        self.paths = PathStats(sites) if "paths" in which else None
+        self.branches = BranchStats(sites) if "branches" in which else None
+        self.knock = KnockoutStats(sites, opts["knockout"], opts["pool"]) if "knockout" in which else None
+        self.pixels: PixelStats | None = None
+        self.labels: dict[str, list[torch.Tensor]] = {"train": [], "test": []}
+        self.shape: tuple | None = None
+        self.count = {"train": 0, "test": 0}
+
+    def _pixels(self, images: torch.Tensor) -> PixelStats:
+        if self.pixels is None:
+            patch = self.opts["patch_size"] or patch_size_of(self.model)
+            if patch is None:
+                raise UserError("diagnostics: the model's patch size is not recorded anywhere it looks; pass "
+                                "patch_size=(h, w)")
+            patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
+            sigma = self.opts["sigma"] if self.opts["sigma"] is not None else min(patch) / 4
+            self.pixels = PixelStats(len(self.sites) + 1, patch, sigma, self.opts["pixel_patches"], self.opts["seed"])
+        return self.pixels
+
+    def feed(self, split: str, source, labels: torch.Tensor | None, run, device, dtype) -> None:
+        """Every batch of ``source``: one recorded pass, then each measurement that reads this split."""
+        start, bs = 0, self.opts["batch_size"]
+        for images, y in image_batches(source, bs):
+            n = len(images)
+            y = labels[start:start + n] if labels is not None else y
+            if y is not None:
+                self.labels[split].append(torch.as_tensor(y).cpu())
+            images = images.to(device=device, dtype=dtype)
+            rec = Pass()
+            with hooked(self.sites, rec, on_pair=self.branches if split == "test" else None):
+                run(images)
+            _check_stream(self.sites, rec)
+            self.shape = tuple(rec.inputs[0].shape[1:])
+            self._measure(split, run, images, rec, start)
+            start += n
+            self.count[split] += n
+
+    def _measure(self, split: str, run, images: torch.Tensor, rec: Pass, start: int) -> None:
+        layers = [rec.inputs[0]] + [rec.outputs[i] for i in range(len(self.sites))]
+        if "pixels" in self.which:
+            if self.opts["split_test"]:  # no train images: even-numbered test images fit, odd ones score
+                even = (torch.arange(start, start + len(images)) % 2 == 0).to(images.device)
+                for part, keep in (("train", even), ("test", ~even)):
+                    if bool(keep.any()):
+                        self._pixels(images).update(part, [t[keep] for t in layers], images[keep])
+            else:
+                self._pixels(images).update(split, layers, images)
+        if split == "test" and self.paths is not None:
+            self.paths.update(rec)
+        if self.knock is not None and (split == "test" or self.opts["knn"]):
+            self.knock.update(split, run, images, rec, measure=split == "test")
+
+    def report(self) -> dict:
+        sites = self.sites
+        out: dict = {"model": type(self.model).__name__, "blocks": [s.name for s in sites],
+                     "kinds": sorted({s.kind for s in sites}),
+                     "sub_blocks": [sub.name for s in sites for sub in s.subs],
+                     "alphas": [[sub.alpha for sub in s.subs] for s in sites],
+                     "images": self.count["test"], "train_images": self.count["train"],
+                     "tokens": self.shape[0], "width": self.shape[-1]}
+        if self.paths is not None:
+            out["paths"] = self.paths.summary()
+        if self.pixels is not None:
+            out["pixels"] = self.pixels.summary(self.opts["ridge"])
+            out["pixels"]["split"] = "even/odd test images" if self.opts["split_test"] else "train/test images"
+        if self.branches is not None:
+            out["branches"] = self.branches.summary()
+        if self.knock is not None:
+            lab = {s: torch.cat(v) if v else None for s, v in self.labels.items()}
+            knn = self.opts["knn"] and lab["train"] is not None and lab["test"] is not None
+            out["knockout"] = self.knock.summary(lab["train"] if knn else None, lab["test"] if knn else None,
+                                                 self.opts["knn_k"])
+        return out
+
+
+@torch.no_grad()
+def diagnose(model: nn.Module, images, *, train_images=None, labels=None, train_labels=None,
+             conditioning: tuple = (), forward: Forward | None = None, which: tuple = DIAGNOSTICS,
+             container: str | None = None, batch_size: int = 32, patch_size: int | tuple | None = None,
+             ridge: float = 1e-3, sigma: float | None = None, pixel_patches: int | None = None,
+             knockout: str = "block", pool: str = "mean", knn_k: int = KNN_K, seed: int = 0) -> dict:
+    """Residual-stream diagnostics of ``model`` on ``images``: a JSON-able dict of per-layer lists.
+
+    Args:
+        model: a resdecay model, or a timm / transformers / diffusers one (decayified or not).
+        images: the images measured, (N, C, H, W) tensor or array, or a Dataset of (image, label).
+        train_images: images the pixel ridge is fitted on and the kNN bank is built from; without
+            them the ridge fits on the even-numbered ``images`` and scores on the odd ones, and there is
+            no kNN.
+        labels, train_labels: class indices of ``images`` / ``train_images`` (else a Dataset's), for kNN.
+        conditioning: fixed values a diffusion backbone takes after x, e.g. ``(t, y)`` (``runner``).
+        forward: ``forward(model, x)`` running the stream's blocks, for a model ``runner`` does not know.
+        which: the diagnostics to run, a subset of ``DIAGNOSTICS``.
+        container: the module holding the stream's blocks (default: the first that holds any).
+        batch_size: images per forward.
+        patch_size: the model's patch size, if it cannot be read from the model.
+        ridge: the pixel ridge's relative penalty (``pixels.default_lambda``).
+        sigma: the low-pass blur's sigma in pixels (default: patch side / 4).
+        pixel_patches: patches per image in the pixel ridge (default: all).
+        knockout: "block" (both sub-blocks at once) or "sub_block".
+        pool: token pooling for the knock-out's pooled change and kNN ("mean", "cls", "patch_mean").
+        knn_k: neighbours of the kNN vote.
+        seed: seed of the pixel patches' sampling.
+
+    Returns:
+        ``{"model", "blocks", "kinds", "sub_blocks", "alphas", "images", "train_images", "tokens", "width",
+        "paths", "pixels", "branches", "knockout"}`` (the last four as asked by ``which``).
+    """
+    bad = [w for w in which if w not in DIAGNOSTICS]
+    if bad:
+        raise UserError(f"unknown diagnostic(s) {', '.join(map(str, bad))}; choose from {', '.join(DIAGNOSTICS)}")
+    if knockout not in UNITS:
+        raise UserError(f"knockout unit {knockout!r} is unknown; choose one of {', '.join(UNITS)}")
+    sites = find_sites(model, container)
+    param = next((p for p in model.parameters() if p.is_floating_point()), None)
+    device, dtype = (param.device, param.dtype) if param is not None else (torch.device("cpu"), torch.float32)
+    knn = train_images is not None and (train_labels is not None or isinstance(train_images, Dataset))
+    opts = dict(batch_size=batch_size, patch_size=patch_size, ridge=ridge, sigma=sigma, pixel_patches=pixel_patches,
+                knockout=knockout, pool=pool, knn_k=knn_k, seed=seed, split_test=train_images is None, knn=knn)
+    state = _Run(model, sites, tuple(which), opts)
+    was_training = model.training
+    model.eval()
+    try:
+        with model_runner(model, conditioning, forward) as run:
+            if train_images is not None and ("pixels" in which or ("knockout" in which and knn)):
+                state.feed("train", train_images, _tensor(train_labels), run, device, dtype)
+            state.feed("test", images, _tensor(labels), run, device, dtype)
+    finally:
+        model.train(was_training)
+    return state.report()
+
+
+def _tensor(labels) -> torch.Tensor | None:
+    return None if labels is None else torch.as_tensor(labels)

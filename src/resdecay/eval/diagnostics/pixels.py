@@ -1,0 +1,192 @@
+"""Pixel detail at depth (issue 40 item 2): how much of each patch's own pixels is linearly decodable
+from that patch's token at each layer, the paper's "shallow, high-frequency detail" as one number per
+layer.
+
+Samples are (image, patch) pairs: the token of a patch (prefix tokens such as cls dropped) is the
+input, that patch's pixels the output. Two targets:
+
+* ``pixels``: the patch normalised by its own mean and variance, ``(p - mean) / sqrt(var + 1e-6)``
+  over its ph*pw*C values (unbiased variance): the MAE target with ``norm_pix_loss`` (paper-notes §2).
+* ``high_freq``: the image minus a Gaussian-blurred copy (sigma = patch side / 4 pixels by default,
+  reflect padding), patchified and divided by the same per-patch scale: the detail finer than a
+  quarter patch, the part of the normalised target a blurry copy would not give.
+
+Regression: ridge with an intercept, closed form in float64, fitted on the train images' tokens and
+scored on the test images' tokens: ``W = (Xc^T Xc + lambda I)^-1 Xc^T Yc`` with X, Y centred on
+their train means (scikit-learn's ``Ridge(alpha=lambda, fit_intercept=True)``). lambda is fixed, not
+tuned: ``ridge * trace(Xc^T Xc) / D``, i.e. ``ridge`` (default 1e-3) times the summed variance of one
+average feature, so it scales with the layer's feature norm and the number of tokens; the lambda used
+is reported per layer. Score: R^2 ``variance_weighted`` as scikit-learn's ``r2_score`` (1 - total
+squared error / total variance of the test targets about their own mean, over all output columns),
+so that pixels with little variance weigh little. Everything is computed from sums over tokens (one
+Gram matrix per layer and split), so no token is kept in memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ...errors import UserError
+
+NORM_EPS = 1e-6  # MAE's norm_pix_loss: (x - mean) / (var + 1e-6) ** 0.5
+
+
+def patchify(images: torch.Tensor, patch: tuple[int, int]) -> torch.Tensor:
+    """(B, C, H, W) -> (B, N, ph*pw*C), patches row-major, pixels (p, q, c) as MAE's ``patchify``."""
+    B, C, H, W = images.shape
+    ph, pw = patch
+    gh, gw = H // ph, W // pw
+    x = images[:, :, :gh * ph, :gw * pw].reshape(B, C, gh, ph, gw, pw)
+    return x.permute(0, 2, 4, 3, 5, 1).reshape(B, gh * gw, ph * pw * C)
+
+
+def gaussian_blur(images: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Separable Gaussian blur of (B, C, H, W), reflect padding, radius ceil(3 sigma) (at most side - 1)."""
+    B, C, H, W = images.shape
+    r = min(math.ceil(3 * sigma), H - 1, W - 1)
+    if sigma <= 0 or r < 1:
+        return images.clone()
+    t = torch.arange(-r, r + 1, dtype=torch.float64)
+    k = torch.exp(-0.5 * (t / sigma) ** 2)
+    k = (k / k.sum()).to(images.dtype).to(images.device)
+    x = F.pad(images, (r, r, r, r), mode="reflect")
+    x = F.conv2d(x, k.view(1, 1, 1, -1).expand(C, 1, 1, -1), groups=C)  # along width
+    return F.conv2d(x, k.view(1, 1, -1, 1).expand(C, 1, -1, 1), groups=C)  # along height
+
+
+def pixel_targets(images: torch.Tensor, patch: tuple[int, int], sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(normalised pixels, their high-frequency part), each (B, N, ph*pw*C); see the module docstring."""
+    raw = patchify(images, patch)
+    mean, var = raw.mean(-1, keepdim=True), raw.var(-1, keepdim=True)
+    scale = (var + NORM_EPS).sqrt()
+    high = patchify(images - gaussian_blur(images, sigma), patch)
+    return (raw - mean) / scale, high / scale
+
+
+class RidgeStats:
+    """Sums over samples (float64) from which a ridge fit and its R^2 follow in closed form.
+
+    Args:
+        dim: input width D.
+        outputs: output columns P.
+    """
+
+    def __init__(self, dim: int, outputs: int):
+        f = dict(dtype=torch.float64)
+        self.n = 0
+        self.sx, self.sy = torch.zeros(dim, **f), torch.zeros(outputs, **f)
+        self.sxx, self.sxy = torch.zeros(dim, dim, **f), torch.zeros(dim, outputs, **f)
+        self.syy = torch.zeros(outputs, **f)  # per column sum of squares
+
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """x (n, D), y (n, P)."""
+        x, y = x.double(), y.double()
+        self.n += len(x)
+        self.sx += x.sum(0).cpu()
+        self.sy += y.sum(0).cpu()
+        self.sxx += (x.T @ x).cpu()
+        self.sxy += (x.T @ y).cpu()
+        self.syy += y.pow(2).sum(0).cpu()
+
+    def centred(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(mean x, mean y, Xc^T Xc, Xc^T Yc)."""
+        mx, my = self.sx / self.n, self.sy / self.n
+        return mx, my, self.sxx - self.n * torch.outer(mx, mx), self.sxy - self.n * torch.outer(mx, my)
+
+
+def default_lambda(train: RidgeStats, ridge: float) -> float:
+    """``ridge * trace(Xc^T Xc) / D``: the ridge penalty relative to one average feature's summed variance."""
+    _, _, cxx, _ = train.centred()
+    return float(ridge * cxx.trace() / cxx.shape[0])
+
+
+def ridge_fit(train: RidgeStats, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W (D, P), b (P)) minimising ||Y - X W - b||^2 + lam ||W||^2 (scikit-learn's Ridge, fit_intercept=True)."""
+    mx, my, cxx, cxy = train.centred()
+    A = cxx + lam * torch.eye(len(cxx), dtype=torch.float64)
+    W = torch.linalg.solve(A, cxy)
+    return W, my - mx @ W
+
+
+def r2_variance_weighted(test: RidgeStats, W: torch.Tensor, b: torch.Tensor, cols: slice = slice(None)) -> float:
+    """R^2 of ``X W + b`` on the test sums, scikit-learn's ``r2_score(..., multioutput="variance_weighted")``,
+    over the output columns ``cols``: 1 - sum_j SSE_j / sum_j SST_j, SST about the test targets' own means."""
+    W, b = W[:, cols], b[cols]
+    sxy, sy, syy = test.sxy[:, cols], test.sy[cols], test.syy[cols]
+    # sum ||y - xW - b||^2 expanded into the sums: y.y - 2 y.(xW + b) + ||xW + b||^2
+    sse = (syy.sum() - 2 * (W * sxy).sum() - 2 * (b * sy).sum() + ((test.sxx @ W) * W).sum()
+           + 2 * (b * (test.sx @ W)).sum() + test.n * b.pow(2).sum())
+    sst = (syy - sy.pow(2) / test.n).sum()
+    return float(1.0 - sse / sst) if sst > 0 else float("nan")
+
+
+def ridge_r2(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor,
+             lam: float | None = None, ridge: float = 1e-3) -> tuple[float, float]:
+    """(R^2 variance-weighted on the test set, lambda) of a ridge fitted on the train set, from tensors.
+
+    Args:
+        train_x, test_x: inputs (n, D).
+        train_y, test_y: outputs (n, P).
+        lam: the penalty; default ``default_lambda(train, ridge)``.
+        ridge: the relative penalty used when ``lam`` is None.
+    """
+    train, test = RidgeStats(train_x.shape[1], train_y.shape[1]), RidgeStats(test_x.shape[1], test_y.shape[1])
+    train.add(train_x, train_y)
+    test.add(test_x, test_y)
+    lam = default_lambda(train, ridge) if lam is None else float(lam)
+    W, b = ridge_fit(train, lam)
+    return r2_variance_weighted(test, W, b), lam
+
+
+class PixelStats:
+    """Per layer (x0, then every block output) and split, the ridge sums of tokens -> (pixels, high_freq).
+
+    Args:
+        layers: number of layers recorded (blocks + 1).
+        patch: the model's patch size (height, width).
+        sigma: the low-pass blur's sigma in pixels.
+        per_image: patches sampled per image (None: all), the same positions for a given seed and batch order.
+        seed: the sampling seed.
+    """
+
+    def __init__(self, layers: int, patch: tuple[int, int], sigma: float, per_image: int | None = None, seed: int = 0):
+        self.layers, self.patch, self.sigma, self.per_image = layers, patch, sigma, per_image
+        self.gen = torch.Generator().manual_seed(seed)
+        self.stats: dict[str, list[RidgeStats]] = {}
+        self.P = 0
+
+    def update(self, split: str, tokens: list[torch.Tensor], images: torch.Tensor) -> None:
+        """Add one batch: ``tokens`` per layer (B, T, D), the last N of which are the patches in image order."""
+        pix, high = pixel_targets(images, self.patch, self.sigma)
+        y = torch.cat([pix, high], dim=-1)  # (B, N, 2P): one solve serves both targets
+        B, N, _ = y.shape
+        self.P = pix.shape[-1]
+        idx = None
+        if self.per_image is not None and self.per_image < N:
+            idx = torch.rand(B, N, generator=self.gen).argsort(1)[:, :self.per_image].to(y.device)  # (B, k)
+            y = torch.gather(y, 1, idx.unsqueeze(-1).expand(-1, -1, y.shape[-1]))
+        rows = self.stats.setdefault(split, [RidgeStats(tokens[0].shape[-1], y.shape[-1]) for _ in range(self.layers)])
+        for stats, t in zip(rows, tokens, strict=True):
+            x = t[:, t.shape[1] - N:]  # drop the prefix tokens (cls, registers): (B, N, D)
+            if idx is not None:
+                x = torch.gather(x, 1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+            stats.add(x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1]))
+
+    def summary(self, ridge: float) -> dict:
+        """Per layer: R^2 of the normalised pixels and of their high-frequency part, and the lambda used."""
+        if not {"train", "test"} <= set(self.stats):
+            raise UserError("diagnostics: the pixel ridge needs train and test images (give train_images, or at "
+                            "least two images)")
+        out: dict = {"layer": list(range(self.layers)), "r2_pixels": [], "r2_high_freq": [], "lambda": [],
+                     "train_tokens": self.stats["train"][0].n, "test_tokens": self.stats["test"][0].n,
+                     "r2": "variance_weighted", "ridge": ridge, "sigma": self.sigma, "patch": list(self.patch)}
+        for train, test in zip(self.stats["train"], self.stats["test"], strict=True):
+            lam = default_lambda(train, ridge)
+            W, b = ridge_fit(train, lam)
+            out["r2_pixels"].append(r2_variance_weighted(test, W, b, slice(0, self.P)))
+            out["r2_high_freq"].append(r2_variance_weighted(test, W, b, slice(self.P, None)))
+            out["lambda"].append(lam)
+        return out
