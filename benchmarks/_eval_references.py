@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from resdecay.eval.probe import IN100_RECIPE
+from resdecay.eval.features.probe import IN100_RECIPE
 
 KNN_K, KNN_T = 20, 0.07
 

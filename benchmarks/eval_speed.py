@@ -70,9 +70,9 @@ import torch
 
 from _eval_references import KNN_K, KNN_T, knn_reference, probe_reference, rank_covariance, rank_gram
 from _measure import MEM_LABEL, bad_input, mem_peak, mem_start, proc_kb, sync
-from resdecay.eval.knn import knn_topk
-from resdecay.eval.probe import IN100_RECIPE, linear_probe
-from resdecay.eval.rank import effective_rank
+from resdecay.eval.features.knn import knn_topk
+from resdecay.eval.features.probe import IN100_RECIPE, linear_probe
+from resdecay.eval.features.rank import effective_rank
 
 KNN_DEFAULTS = {"cpu": dict(bank=60_000, queries=10_000, dim=192, classes=10, target_s=30.0),
                 "cuda": dict(bank=1_281_167, queries=50_000, dim=768, classes=1000, target_s=10.0)}

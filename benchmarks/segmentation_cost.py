@@ -1,5 +1,5 @@
 """What the segmentation metric costs: wall seconds and peak memory of
-``resdecay.eval.segmentation.segment`` with each solver, beside the kNN on the same features.
+``resdecay.eval.segmentation.segment.segment`` with each solver, beside the kNN on the same features.
 
 What is measured
     Synthetic token features with planted classes, made before any timing (seeded): each image has a
@@ -83,7 +83,7 @@ def run_row(args) -> dict:
     import torch
 
     from _measure import mem_peak, mem_start
-    from resdecay.eval import segmentation as seg
+    from resdecay.eval.segmentation import segment as seg
     from resdecay.io import progress_bar
 
     if args.threads:
@@ -97,7 +97,7 @@ def run_row(args) -> dict:
     device = torch.device("cpu")
     extra = {}
     if solver == "knn":
-        from resdecay.eval.knn import knn_topk
+        from resdecay.eval.features.knn import knn_topk
 
         half = n // 2
         bank, bank_y = x[:half].reshape(-1, args.dim), labels[:half].reshape(-1)
@@ -216,7 +216,7 @@ def parse():
     ap.add_argument("--_row", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
-    from resdecay.eval.segmentation import SegProtocol
+    from resdecay.eval.segmentation.segment import SegProtocol
 
     d = SegProtocol()
     args.epochs = d.epochs if args.epochs is None else args.epochs

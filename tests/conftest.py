@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -12,12 +13,21 @@ import torch
 from helpers import TINY, seed_proxy_cache, write_idx
 from resdecay.io import atomic_save
 
+# README's test command spreads the tests over the cores with pytest-xdist (-n auto): one worker process per core,
+# each with the cores it may call its own (one on a 2-core machine), since two workers of two threads each on two
+# cores lose more to the threads waiting on each other than the second thread gains on these tiny models. The
+# processes a test starts (torchrun, the CLI in a subprocess) inherit that count, unless the test sets its own. A
+# plain run (no -n) is alone on the machine and keeps two threads.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+THREADS = max(1, min(2, (os.cpu_count() or 1) // WORKERS)) if WORKERS else 2
+if WORKERS:
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(THREADS)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
     """The pixel-baseline cache ($XDG_CACHE_HOME/resdecay) of the tests lives in a temporary folder, shared by
     the session (so the ablate tests reuse it) and never the developer's own."""
-    import os
     old = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
     yield
@@ -29,7 +39,7 @@ def _private_cache(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _threads(monkeypatch):
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
     monkeypatch.setenv("WANDB_MODE", "offline")  # train.loggers=[wandb] never reaches a network in the tests
 
 
@@ -98,7 +108,7 @@ def tiny_checkpoints(tmp_path_factory):
     from resdecay.train import train
     from resdecay.train.config import load_config
 
-    torch.set_num_threads(2)  # as every test runs (_threads): the same bits as a run trained inside a test
+    torch.set_num_threads(THREADS)  # as every test runs (_threads): the same bits as a run trained inside a test
     root = tmp_path_factory.mktemp("ckpts")
     out = {}
     for name, preset in (("decayed", "mae-tiny-digits"), ("plain", "mae-tiny-digits-plain")):
@@ -113,7 +123,7 @@ def tiny_fmnistm_checkpoint(tmp_path_factory):
     from resdecay.train import train
     from resdecay.train.config import load_config
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
     root = tmp_path_factory.mktemp("fmnistm")
     fmnist = write_fake_fmnist(root / "fmnist")
     cfg = load_config("mae-tiny-fmnistm", [*TINY, "train.epochs=1", "train.batch_size=48",
@@ -127,7 +137,7 @@ def digits_proxy(tmp_path_factory) -> Path:
     a cache folder of its own copies the file there (helpers.seed_proxy_cache) instead of training it again."""
     from resdecay.eval.fid import proxy_extractor
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
     cache = tmp_path_factory.mktemp("digits-proxy")
     proxy_extractor("digits", cache_dir=cache)
     (path,) = cache.glob("proxy-cnn-digits-8px-*.pt")
@@ -172,3 +182,8 @@ def diffusion_proxy_cache(tmp_path_factory, monkeypatch, digits_proxy):
     xdg = tmp_path_factory.getbasetemp() / "cache"
     seed_proxy_cache(digits_proxy, xdg / "resdecay" / "fid")
     monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    return 3

@@ -30,14 +30,14 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from .errors import UserError
-from .eval.features import POOLINGS
-from .eval.features import extract_block_features as _extract
-from .eval.knn import knn_accuracy as _knn_accuracy
+from .eval.features.extract import POOLINGS
+from .eval.features.extract import extract_block_features as _extract
+from .eval.features.knn import knn_accuracy as _knn_accuracy
+from .eval.features.probe import IN100_RECIPE, ProbeRecipe
+from .eval.features.probe import linear_probe as _linear_probe
+from .eval.features.rank import effective_rank as _effective_rank
 from .eval.options import check_option
-from .eval.probe import IN100_RECIPE, ProbeRecipe
-from .eval.probe import linear_probe as _linear_probe
 from .eval.protocol import KNN_K, KNN_TEMPERATURE
-from .eval.rank import effective_rank as _effective_rank
 from .interop.pretrained import attach_hub_methods
 from .models import build_model
 from .models.common import BlockIndexError, resolve_blocks
@@ -182,7 +182,7 @@ def linear_probe(train_feats: Array, train_labels: Array, test_feats: Array, tes
 
 
 def effective_rank(feats: Array, exp: bool = False) -> float:
-    """Effective rank of (N, D) features, paper eq. 6 (see ``resdecay.eval.rank.effective_rank``).
+    """Effective rank of (N, D) features, paper eq. 6 (see ``resdecay.eval.features.rank.effective_rank``).
 
     Args:
         feats: (N, D) features, N >= 2 (tensor or numpy array).

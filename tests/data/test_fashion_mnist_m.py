@@ -11,7 +11,7 @@ from resdecay.commands.ablate import load_grid, run_grid
 from resdecay.data import DataConfig, build_dataset
 from resdecay.data.fashion_mnist_m import composite
 from resdecay.data.subsets import balanced_indices
-from resdecay.eval.baselines import baseline_value, random_init_model
+from resdecay.eval.features.baselines import baseline_value, random_init_model
 
 
 def _square_garments(n=6):

@@ -12,9 +12,9 @@ from helpers import assert_one_line_error, run
 from resdecay.commands.ablate import plan_grid
 from resdecay.data import DataConfig, build_dataset
 from resdecay.data.subsets import balanced_indices, dataset_labels
-from resdecay.eval import baselines
-from resdecay.eval.baselines import default_baseline_cache, pixel_rows
-from resdecay.eval.feature_cache import FeatureCache
+from resdecay.eval.features import baselines as baselines
+from resdecay.eval.features.baselines import default_baseline_cache, pixel_rows
+from resdecay.eval.features.cache import FeatureCache
 from resdecay.eval.metrics import FEATURES, registered
 from resdecay.eval.online import OnlineEval
 from resdecay.eval.protocol import FAST_RECIPE, MetricSettings
@@ -107,7 +107,7 @@ def test_eval_max_train_draws_every_class_and_keys_the_cache_by_the_draw(sorted_
                                           "model.decoder_embed_dim=32", "model.decoder_depth=1", "model.decoder_num_heads=2"])
     torch.manual_seed(0)
     model = build_model(cfg.model).eval()
-    s = EvalSettings(evals=("knn",), knn_k=2, progress=False)
+    s = EvalSettings(evals=("knn",), metric_options={"knn": {"k": 2}}, progress=False)
     cache = FeatureCache.open(tmp_path / "cache")
     feats, labels, card, hit = cached_features(model, "x", data, "train", SIDE, [1], ("mean",), 8, s, cache, "cpu")
     assert counts(labels) == [2, 2, 2, 2] and not hit  # --max-train 8 was 8 images of class 0

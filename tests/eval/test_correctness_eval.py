@@ -17,9 +17,9 @@ import torch
 
 from helpers import TINY, assert_one_line_error, model_overrides, run, seed_proxy_cache
 from helpers import train_online as train
-from resdecay.eval import fid as fidmod
-from resdecay.eval import suite
+from resdecay.eval.features import source as features_source
 from resdecay.eval.fid import feature_stats, fid, proxy_extractor, reference_images
+from resdecay.eval.fid import proxy as fidmod
 from resdecay.train.config import load_config
 
 FAST = ["--no-progress", "--evals", "knn", "--no-baselines"]
@@ -166,7 +166,7 @@ def _no_extraction(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("features were extracted before the inputs were checked")
 
-    monkeypatch.setattr(suite, "extract_block_features", fail)
+    monkeypatch.setattr(features_source, "extract_block_features", fail)
 
 
 def test_eval_unwritable_out_is_one_line_before_any_extraction(capsys, tmp_path, tiny_checkpoints, monkeypatch):

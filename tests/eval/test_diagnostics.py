@@ -204,6 +204,8 @@ def test_knocking_out_a_zero_branch_changes_nothing():
     assert knock["change_tokens"][2] == 0.0 and knock["change_pooled"][2] == 0.0
     assert knock["knn_top1"][2] == knock["knn_top1_intact"]
     assert min(knock["change_tokens"][k] for k in (0, 1, 3)) > 1e-4
+    capped = diagnose(model, x, which=("knockout",), knockout_images=4, batch_size=4)["knockout"]
+    assert capped["images"] == 4 and capped["change_tokens"][2] == 0.0
     sub = diagnose(model, x, which=("knockout",), knockout="sub_block")["knockout"]
     assert len(sub["removed"]) == 8 and sub["change_tokens"][4:6] == [0.0, 0.0]
 

@@ -88,7 +88,7 @@ def test_pooling():
 def test_linear_probe_separates_linearly_separable_data():
     from dataclasses import replace
 
-    from resdecay.eval.probe import FAST_RECIPE, IN100_RECIPE, linear_probe
+    from resdecay.eval.features.probe import FAST_RECIPE, IN100_RECIPE, linear_probe
 
     g = torch.Generator().manual_seed(0)
     means = torch.randn(10, 32, generator=g) * 3

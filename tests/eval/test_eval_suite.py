@@ -10,11 +10,11 @@ import torch
 
 from helpers import TINY, assert_one_line_error, run
 from helpers import train_online as train
-from resdecay.eval import suite
+from resdecay.eval.features import source as features_source
 from resdecay.eval.suite import EvalSettings, evaluate_checkpoint
 from resdecay.train.config import load_config
 
-FAST = dict(probe_epochs=5, progress=False)
+FAST = dict(metric_options={"probe": {"epochs": 5}}, progress=False)
 
 
 def test_report_carries_protocol_cards(tiny_checkpoints, tmp_path):
@@ -33,13 +33,13 @@ def test_report_carries_protocol_cards(tiny_checkpoints, tmp_path):
 
 def test_feature_cache_is_reused_and_invalidated(tiny_checkpoints, tmp_path, monkeypatch):
     calls = {"n": 0}
-    real = suite.extract_block_features
+    real = features_source.extract_block_features
 
     def counting(*a, **k):
         calls["n"] += 1
         return real(*a, **k)
 
-    monkeypatch.setattr(suite, "extract_block_features", counting)
+    monkeypatch.setattr(features_source, "extract_block_features", counting)
     s = EvalSettings(evals=("knn",), cache_dir=str(tmp_path), baselines=False, **FAST)  # baselines: own test
     first = evaluate_checkpoint(tiny_checkpoints["decayed"], s)
     assert calls["n"] == 2 and not first["cache"]["train_hit"]

@@ -16,6 +16,7 @@ import torch
 
 from helpers import TINY, assert_one_line_error, run
 from resdecay.eval.metrics import registered, unregister_metric
+from resdecay.eval.sources import source_kinds, unregister_source
 from resdecay.models import FAMILIES
 from resdecay.nn import residual
 from resdecay.nn.residual import factors_of
@@ -37,7 +38,7 @@ def shown(command: str) -> str:
 def registries_restored():
     """What a plugin registers (formulas, families, metrics, its module) is gone after the test."""
     formulas, families, modules = dict(residual.SHORTCUT_FORMULAS), dict(FAMILIES), set(sys.modules)
-    metrics = {m.name for m in registered()}
+    metrics, kinds = {m.name for m in registered()}, set(source_kinds())
     yield
     residual.SHORTCUT_FORMULAS.clear()
     residual.SHORTCUT_FORMULAS.update(formulas)
@@ -45,6 +46,8 @@ def registries_restored():
     FAMILIES.update(families)
     for name in {m.name for m in registered()} - metrics:
         unregister_metric(name)
+    for kind in set(source_kinds()) - kinds:
+        unregister_source(kind)
     for name in set(sys.modules) - modules:
         if name.startswith("resdecay_plugin_"):
             del sys.modules[name]
@@ -173,7 +176,7 @@ def test_linear_cka_is_the_textbook_formula(registries_restored):
 def test_a_metric_over_two_blocks_in_one_file_runs_through_eval(tiny_checkpoints, capsys, tmp_path, registries_restored):
     """(d): linear CKA between the first and the last block through ``resdecay eval --evals cka``, checked
     against CKA computed here from the same blocks' features."""
-    from resdecay.eval.features import extract_block_features
+    from resdecay.eval.features.extract import extract_block_features
     from resdecay.eval.inputs import eval_split
     from resdecay.eval.suite import EvalSettings, checked_checkpoint
 
@@ -209,3 +212,29 @@ def test_a_metric_over_two_blocks_in_one_file_runs_through_eval(tiny_checkpoints
     assert_one_line_error(*run(capsys, "--plugin", str(EXAMPLES / "cka.py"), "eval", ck, "--evals", "cka",
                                "--metric-option", "cka.reference=first", *common, "--out", str(tmp_path / "x"))[::2],
                           "cka.reference takes an integer, got 'first'")
+
+
+def test_a_new_input_kind_in_one_file_runs_through_eval(tiny_checkpoints, capsys, tmp_path, registries_restored):
+    """(e): a source and a metric of a new input kind (the MAE's pixel reconstructions) in one plugin file,
+    through the unchanged ``resdecay eval``: its number is the MAE's own loss on the same images and masks."""
+    from resdecay.eval.inputs import eval_split
+    from resdecay.eval.suite import EvalSettings, checked_checkpoint
+
+    shown("resdecay --plugin docs/examples/extending/reconstruction.py eval RUN/checkpoints/step_N.pt --evals knn,recon_mse")
+    ck = tiny_checkpoints["decayed"]
+    code, out, err = run(capsys, "--plugin", str(EXAMPLES / "reconstruction.py"), "eval", ck, "--evals", "knn,recon_mse",
+                         "--metric-option", "recon_mse.images=40", "--no-progress", "--no-baselines",
+                         "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "one"))
+    assert code == 0, err
+    report = json.loads(next((tmp_path / "one").glob("*/eval.json")).read_text())
+    assert [r["metric"] for r in report["results"]] == ["knn", "recon_mse"]
+    row = report["results"][1]
+    assert row["protocol"]["images"] == 40 and row["protocol"]["test"]["images"] == 40 and row["feature"] == "pixels"
+    assert "reconstruction MSE" in out
+    state, cfg, data = checked_checkpoint(ck, EvalSettings())
+    model = ckpt.load_model(ck)[0]
+    test = eval_split(data, "test", cfg.model.img_size)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        loss = model(torch.stack([test[i][0] for i in range(40)]))[0]
+    assert row["values"]["mse"] == pytest.approx(float(loss), rel=1e-5)

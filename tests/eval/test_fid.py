@@ -10,8 +10,6 @@ import torch.nn as nn
 from helpers import seed_proxy_cache
 from resdecay.commands.fid import run_fid
 from resdecay.errors import UserError
-from resdecay.eval import fid as fidmod
-from resdecay.eval import fid_published
 from resdecay.eval.fid import (
     compute_fid,
     feature_stats,
@@ -22,6 +20,9 @@ from resdecay.eval.fid import (
     reference_images,
     save_stats,
 )
+from resdecay.eval.fid import proxy as fidproxy
+from resdecay.eval.fid import published as fid_published
+from resdecay.eval.fid import stats as fidmod
 from resdecay.io import file_sha256
 
 
@@ -116,7 +117,7 @@ def test_proxy_is_cached_not_retrained(proxy_cache, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("the cached proxy extractor was retrained")
 
-    monkeypatch.setattr(fidmod, "_train_proxy", no_training)
+    monkeypatch.setattr(fidproxy, "_train_proxy", no_training)
     again = proxy_extractor("digits", cache_dir=cache)
     assert path.stat().st_mtime_ns == mtime and again.fingerprint == ext.fingerprint
     assert again.name == "proxy-cnn-digits-8px" and again.label == "proxy FID (proxy-cnn-digits-8px)"
@@ -273,13 +274,13 @@ def test_the_proxy_id_does_not_depend_on_how_long_its_training_took(tmp_path, mo
     so the same training on a busy machine got another id and refused statistics made on a quiet one."""
     def same_training(*args, **kwargs):  # the same weights each time, as a seeded training gives
         torch.manual_seed(0)
-        return fidmod.ProxyCNN(1, 10).eval()
+        return fidproxy.ProxyCNN(1, 10).eval()
 
-    monkeypatch.setattr(fidmod, "_train_proxy", same_training)
+    monkeypatch.setattr(fidproxy, "_train_proxy", same_training)
     ids = []
     for seconds in (1.0, 9.0):  # a quiet and a loaded machine
         clock = iter([100.0, 100.0 + seconds])
-        monkeypatch.setattr(fidmod.time, "perf_counter", lambda clock=clock: next(clock))
+        monkeypatch.setattr(fidproxy.time, "perf_counter", lambda clock=clock: next(clock))
         ext = proxy_extractor("digits", cache_dir=tmp_path / f"cache{seconds:g}")
         assert ext.meta["train_seconds"] == seconds
         ids.append(ext.card.id)

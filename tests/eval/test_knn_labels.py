@@ -9,7 +9,7 @@ import torch
 
 import resdecay
 from resdecay.errors import UserError
-from resdecay.eval.knn import LabelError, knn_topk
+from resdecay.eval.features.knn import LabelError, knn_topk
 from resdecay.eval.protocol import FAST_RECIPE
 
 

@@ -15,10 +15,12 @@ import pytest
 import torch
 
 from helpers import assert_one_line_error, run
+from resdecay.cli.main import build_parser
+from resdecay.commands.evaluate import eval_settings
 from resdecay.errors import UserError
 from resdecay.eval import options as opts
-from resdecay.eval import suite
 from resdecay.eval.display import Column, Display
+from resdecay.eval.features import source as features_source
 from resdecay.eval.metrics import (
     FEATURES,
     FeatureSet,
@@ -32,7 +34,7 @@ from resdecay.eval.metrics import (
     unregister_metric,
 )
 from resdecay.eval.protocol import MetricSettings
-from resdecay.eval.segmentation import SegProtocol
+from resdecay.eval.segmentation.segment import SegProtocol
 from resdecay.eval.suite import EvalSettings
 
 
@@ -52,7 +54,7 @@ def scratch():
 def test_the_record_says_what_is_measured_and_its_display_how_it_is_shown():
     fields = [f.name for f in dataclasses.fields(Metric)]
     assert fields == ["name", "compute", "protocol", "headline", "higher_is_better", "applies_to", "where",
-                      "extra_pools", "options", "check", "display"]  # was 18, with the display mixed in
+                      "extra_pools", "options", "check", "display", "flags"]  # was 18, with the display mixed in
     assert [f.name for f in dataclasses.fields(Display)] == ["label", "describe", "column", "table_feature", "titles",
                                                              "report_values", "log_scale", "table", "filled"]
     with pytest.raises(TypeError, match="headline"):  # no default: a metric without a top-1 says what it has
@@ -154,15 +156,17 @@ def test_options_are_declared_parsed_typed_and_resolved(scratch):
 
 
 def test_builtin_flags_set_the_builtin_metrics_options():
-    s = EvalSettings(knn_k=5, knn_temperature=0.1, rank_exp=True, probe_epochs=3, probe_norm="batchnorm",
-                     segmentation=SegProtocol(solver="kmeans", seed=2))
+    flags = ["--k", "5", "--temperature", "0.1", "--rank-exp", "--probe-epochs", "3", "--probe-norm", "batchnorm",
+             "--seg-solver", "kmeans", "--seg-seed", "2"]
+    s = eval_settings(build_parser().parse_args(["eval", *flags]))
     ms = s.metric_settings()
     assert (ms.options_of("knn").k, ms.options_of("knn").temperature, ms.options_of("rank").exp) == (5, 0.1, True)
     assert get_metric("knn").protocol(ms) == {"k": 5, "temperature": 0.1, "vote": "exp(cos/T)"}
     assert get_metric("probe").protocol(ms)["probe"] == {**ms.probe.card(), "epochs": 3, "feature_norm": "batchnorm"}
     assert ms.options_of("segmentation") == SegProtocol(solver="kmeans", seed=2)
     # --metric-option wins over the flag that sets the same option
-    s = dataclasses.replace(s, metric_options={"knn": {"k": "7"}, "segmentation": {"solver": "learned"}})
+    s = eval_settings(build_parser().parse_args(["eval", *flags, "--metric-option", "knn.k=7", "--metric-option",
+                                                 "segmentation.solver=learned"]))
     ms = s.metric_settings()
     assert ms.options_of("knn").k == 7 and ms.options_of("knn").temperature == 0.1
     assert ms.options_of("segmentation") == SegProtocol(solver="learned", seed=2)
@@ -188,7 +192,7 @@ def test_bad_metric_options_stop_eval_before_any_feature_is_extracted(tiny_check
     def never(*a, **k):
         raise AssertionError("features were extracted before the options were checked")
 
-    monkeypatch.setattr(suite, "extract_block_features", never)
+    monkeypatch.setattr(features_source, "extract_block_features", never)
     ck, where = tiny_checkpoints["decayed"], ["--no-progress", "--out", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c")]
     for option, needles in (("svm.k=3", ("no metric named 'svm'", "knn, probe, rank")),
                             ("knn.neighbours=3", ("metric 'knn' has no option 'neighbours'", "its options are k, temperature")),
@@ -234,7 +238,7 @@ def test_every_metric_option_is_range_checked_where_it_enters_the_cli(tiny_check
     def never(*a, **k):
         raise AssertionError("features were extracted before the options were checked")
 
-    monkeypatch.setattr(suite, "extract_block_features", never)
+    monkeypatch.setattr(features_source, "extract_block_features", never)
     code, _, err = run(capsys, "eval", tiny_checkpoints["decayed"], "--evals", "knn,probe,rank,segmentation", *args,
                        "--no-progress", "--out", tmp_path / "o", "--cache-dir", tmp_path / "c")
     assert_one_line_error(code, err, *needles)
@@ -249,7 +253,7 @@ def test_every_metric_option_is_range_checked_in_the_python_settings(value):
 
     if not isinstance(value, str):
         with pytest.raises(UserError, match=re.escape("knn.temperature must be a positive finite number")) as e:
-            EvalSettings(knn_temperature=value).validate()
+            eval_settings(build_parser().parse_args(["eval", "--temperature", str(value)])).validate()
         assert "\n" not in str(e.value) and str(e.value).startswith(f"--temperature {value}")
         with pytest.raises(UserError, match=r"^knn.temperature=.*: knn.temperature must be a positive finite number"):
             MetricSettings(options={"knn": {"temperature": value}})
@@ -259,8 +263,9 @@ def test_every_metric_option_is_range_checked_in_the_python_settings(value):
     with pytest.raises(UserError, match=r"^--metric-option knn.temperature=.*: knn.temperature must be a positive finite"):
         EvalSettings(metric_options={"knn": {"temperature": value}}).validate()
     with pytest.raises(UserError, match=re.escape("segmentation.lr=-2.0: segmentation.lr must be a positive finite")):
-        EvalSettings(segmentation=SegProtocol(lr=-2.0)).validate()
-    assert EvalSettings(knn_temperature=1, segmentation=SegProtocol(k=None)).metric_settings().options_of("knn").temperature == 1.0
+        EvalSettings.from_dict({"metric_options": {"segmentation": {"lr": -2.0}}}).validate()
+    assert EvalSettings.from_dict({"knn_temperature": 1, "metric_options": {"segmentation": {"k": None}}}).metric_settings(
+    ).options_of("knn").temperature == 1.0
 
 
 def test_a_metric_declares_its_options_ranges_with_their_types(scratch):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers import TINY, assert_one_line_error, run
-from resdecay.errors import UserError
+from resdecay.errors import RegistryError, UserError
 from resdecay.eval.metrics import (
     FEATURES,
     Metric,
@@ -65,7 +65,7 @@ def test_register_metric_refuses_bad_entries_in_one_line():
     for kw, needle in (({"name": "Bad Name"}, "must be lower-case"), ({"name": "knn"}, "already registered"),
                        ({"applies_to": "pixels"}, "applies_to 'pixels' is unknown"),
                        ({"where": frozenset({"never"})}, "where 'never' is unknown")):
-        with pytest.raises(UserError, match=needle):
+        with pytest.raises(RegistryError, match=needle):
             register_metric(make(**kw))
     assert get_metric("ok") is None
 
@@ -174,8 +174,8 @@ def test_a_layers_metric_reads_every_block_and_is_opt_in():
                                                                  "reference": 0, "blocks": [0, 2]}
         ms = MetricSettings(options={"gap": {"reference": -1}})
         assert measure([m], LayerSet(1, blocks, torch.zeros(5), "mean"), ms, {}, 1)[1] == {"gap_gap": pytest.approx(2 * 15 ** 0.5)}
-        assert "gap" not in EvalSettings().evals and EvalSettings().layer_metrics() == []
-        assert EvalSettings(evals=("knn", "gap")).layer_metrics() == [m] and EvalSettings(evals=("gap",), layer="all").layer_metrics() == [m]
+        assert "gap" not in EvalSettings().evals and EvalSettings().metrics(LAYERS) == []
+        assert EvalSettings(evals=("knn", "gap")).metrics(LAYERS) == [m] and EvalSettings(evals=("gap",), layer="all").metrics(LAYERS) == [m]
         EvalSettings(evals=("gap",), metric_options={"gap": {"reference": "2"}}).validate()
         with pytest.raises(UserError, match="gap.reference takes an integer"):
             EvalSettings(evals=("gap",), metric_options={"gap": {"reference": "last"}}).validate()

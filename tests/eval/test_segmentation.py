@@ -12,7 +12,7 @@ import torch
 from scipy.linalg import subspace_angles
 
 from resdecay.errors import UserError
-from resdecay.eval import segmentation as S
+from resdecay.eval.segmentation import segment as S
 
 
 def _maps(seed: int, n: int = 3, k: int = 4, classes: int = 4, side: int = 12):
@@ -217,7 +217,7 @@ def test_eval_reports_segmentation_with_protocol_card_and_baselines(tiny_fmnistm
 def test_eval_refuses_bad_segmentation_settings_before_extracting(tiny_fmnistm_checkpoint, tmp_path, capsys, monkeypatch,
                                                                   args, message):
     from resdecay.cli import main
-    from resdecay.eval import segmentation_eval
+    from resdecay.eval.segmentation import source as segmentation_eval
 
     def no_extraction(*a, **k):
         raise AssertionError("tokens were extracted before the settings were checked")

@@ -113,7 +113,7 @@ def evaluated_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("run")
     cfg = load_config("mae-tiny-digits", [*TINY, "train.epochs=1", f"train.out_dir={root / 'run'}"])
     ckpt = train(cfg, progress=False)["checkpoint"]
-    run_eval([ckpt], EvalSettings(probe_epochs=2, max_train=300, max_test=100, progress=False))
+    run_eval([ckpt], EvalSettings(metric_options={"probe": {"epochs": 2}}, max_train=300, max_test=100, progress=False))
     return root / "run", ckpt
 
 

@@ -13,7 +13,7 @@ import torch
 
 import resdecay
 from resdecay.errors import UserError
-from resdecay.eval.probe import FAST_RECIPE
+from resdecay.eval.features.probe import FAST_RECIPE
 
 
 @pytest.fixture
@@ -64,7 +64,7 @@ def test_what_is_neither_tensor_nor_numeric_array_is_refused_in_one_line(feats, 
 
 def test_every_notebook_function_documents_its_arguments():
     """Issue 23.10: ``effective_rank`` had no docstring; the API's measuring functions name their arguments."""
-    from resdecay.eval.rank import effective_rank
+    from resdecay.eval.features.rank import effective_rank
 
     for name in ("create_model", "extract_features", "knn_accuracy", "linear_probe", "effective_rank"):
         doc = getattr(resdecay, name).__doc__ or ""

@@ -84,7 +84,7 @@ def pixel_baselines(size: int = 2000) -> dict:
     first ``size`` test images as queries, k=20, T=0.07, the fast probe recipe."""
     from resdecay.api import knn_accuracy, linear_probe
     from resdecay.data import DataConfig, build_dataset
-    from resdecay.eval.probe import FAST_RECIPE
+    from resdecay.eval.features.probe import FAST_RECIPE
 
     out = {}
     for level, nuisances in LEVELS.items():

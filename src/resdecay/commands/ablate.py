@@ -35,7 +35,7 @@ import torch
 
 from .. import yaml_io
 from ..errors import UserError
-from ..eval.baselines import default_baseline_cache
+from ..eval.features.baselines import default_baseline_cache
 from ..eval.metrics import FEATURES, Metric, registered, row_columns
 from ..eval.suite import EvalSettings, evaluate_checkpoint
 from ..models import build_model
@@ -157,9 +157,7 @@ def plan_grid(grid: str, out: str | None = None, only: list[str] | None = None, 
                                                                    f"train.out_dir={out_dir / slug(v['name'])}"])
             for v in g["variants"]}
     # raw pixels are measured once per data set and protocol, not once per variant (cache shared with `eval --baseline pixels`)
-    settings = EvalSettings(**{"pixel_cache": str(default_baseline_cache()), **g.get("eval", {}), "progress": progress})
-    if isinstance(settings.evals, list):
-        settings.evals = tuple(settings.evals)
+    settings = EvalSettings.from_dict({"pixel_cache": str(default_baseline_cache()), **g.get("eval", {}), "progress": progress})
     return GridPlan(g, cfgs, out_dir, only, settings)
 
 

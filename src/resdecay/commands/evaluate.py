@@ -15,14 +15,14 @@ import torch.distributed as dist
 from ..data import DataConfig, build_dataset
 from ..data.subsets import balanced_subset
 from ..errors import UserError
-from ..eval.baselines import default_baseline_cache, pixel_rows
 from ..eval.compare import compare_reports, format_comparison, load_report
-from ..eval.diffusion_probe import FAST_RECIPE, NOISE_LEVELS, check_levels, probe_grid
+from ..eval.diffusion.probe import FAST_RECIPE, NOISE_LEVELS, check_levels, probe_grid
+from ..eval.features.baselines import default_baseline_cache
 from ..eval.inputs import check_data_path, check_writable, removed_if_refused, write_failure
-from ..eval.metrics import FEATURES, metric_names
+from ..eval.metrics import FEATURES, flag_options, metric_names
 from ..eval.options import parse_assignments
 from ..eval.reports import format_report, protocol_text, values_text
-from ..eval.suite import EvalSettings, checked_checkpoint, evaluate_checkpoint
+from ..eval.suite import EvalSettings, checked_checkpoint, evaluate_checkpoint, evaluate_pixels
 from ..io import run_dir_of
 from ..models import is_diffusion
 from ..train import distributed as dist_env
@@ -30,27 +30,27 @@ from ..train.checkpoint import load_checkpoint, load_model
 from ..train.config import from_dict
 from ..train.distributed import is_main_process, resolve_device
 from ..viz.plots import plot_bars, plot_grid, plot_profile
-from .options import block_index, data_config, noise_levels, seg_protocol
+from .options import data_config, noise_levels
 
 
 def _report_dir(ckpt: str, out: str | None) -> Path:
     return Path(out) / run_dir_of(Path(ckpt)).name if out else run_dir_of(Path(ckpt)) / "eval"
 
 
-def check_eval_inputs(checkpoints: list[str], settings: EvalSettings, out: str | None = None) -> None:
+def check_eval_inputs(reports: dict[str, Path], settings: EvalSettings, out: str | None = None) -> None:
     """Every checkpoint, option and output folder, checked before the first feature is extracted:
     a bad second checkpoint, a U-ViT among MAEs or a read-only run folder must not cost the first
     checkpoint's evaluation.
 
     Args:
-        checkpoints: the checkpoints to evaluate; settings: the evaluation settings; out: ``--out`` or None.
+        reports: each checkpoint's report folder; settings: the evaluation settings; out: ``--out`` or None.
     """
-    for ckpt in checkpoints:
+    for ckpt in reports:
         checked_checkpoint(ckpt, settings)
     fix = "pass --out DIR (a folder you can write)" if out is None else "pass --out with a folder you can write"
-    for ckpt in checkpoints:
-        check_writable(_report_dir(ckpt, out), fix)
-    if settings.layer == "all" and len(checkpoints) > 1:
+    for folder in reports.values():
+        check_writable(folder, fix)
+    if settings.layer == "all" and len(reports) > 1:
         check_writable(Path(out or "runs/eval"), fix)
 
 
@@ -84,30 +84,30 @@ def _protocol_note(settings: EvalSettings) -> str:
 
 def run_eval(checkpoints: list[str], settings: EvalSettings, out: str | None = None) -> dict:
     """``_evaluate_all``; a refused evaluation removes the report and cache folders it created and left empty."""
-    folders = [_report_dir(c, out) for c in checkpoints] + [Path(out or "runs/eval")] * (settings.layer == "all")
+    reports = {c: _report_dir(c, out) for c in checkpoints}
+    folders = [*reports.values()] + [Path(out or "runs/eval")] * (settings.layer == "all")
     folders += [Path(settings.cache_dir) if settings.cache_dir else run_dir_of(Path(c)) / "eval" / "cache" for c in checkpoints]
     with removed_if_refused(folders):
-        return _evaluate_all(checkpoints, settings, out)
+        return _evaluate_all(reports, settings, out)
 
 
-def _evaluate_all(checkpoints: list[str], settings: EvalSettings, out: str | None = None) -> dict:
+def _evaluate_all(reports: dict[str, Path], settings: EvalSettings, out: str | None = None) -> dict:
     """Evaluate each checkpoint, write ``eval.json`` (or ``profile.json`` + PNG with ``layer="all"``)
     and, for several profiles, an overlay. Under torchrun every rank extracts, rank 0 reports.
 
     Args:
-        checkpoints: encoder checkpoints; settings: the evaluation settings;
+        reports: encoder checkpoints and their report folders; settings: the evaluation settings;
         out: the report folder (default ``<run>/eval``; one sub-folder per run).
     """
     layer = settings.layer
-    check_eval_inputs(checkpoints, settings, out)
+    check_eval_inputs(reports, settings, out)
     if settings.unused_options() and is_main_process():
         print(f"warning: --metric-option {', '.join(settings.unused_options())} set for a metric not in --evals "
               f"({', '.join(settings.evals)}): ignored; add it to --evals to run it")
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     env = dist_env.setup("cpu" if settings.device == "cpu" else "auto") if distributed else None
     profiles, reports = {}, {}
-    for ckpt in checkpoints:
-        folder = _report_dir(ckpt, out)
+    for ckpt, folder in reports.items():
         report = evaluate_checkpoint(ckpt, settings, folder)
         if report is None:  # a non-zero torchrun rank: it only helped extract features
             continue
@@ -251,10 +251,8 @@ def run_pixel_baseline(data: DataConfig | None, settings: EvalSettings, img_size
         raise UserError(f"--baseline pixels measures images with labels; {data.name} has no pixels worth a baseline")
     side = pixel_side(data, img_size)
     folder = check_writable(Path(out or f"runs/eval/pixels-{data.name}"), "pass --out DIR (a folder you can write)")
-    cache = Path(settings.cache_dir) if settings.cache_dir else default_baseline_cache()
-    metrics = [m for m in settings.metrics() if "baselines" in m.where]
-    ms = replace(settings.metric_settings(resolve_device(settings.device, "--device")), progress=False)
-    rows, hit = pixel_rows(data, side, metrics, ms, settings.max_train, settings.max_test, None, cache)
+    cache = settings.cache_dir or str(default_baseline_cache())
+    rows, hit = evaluate_pixels(data, side, replace(settings, pixel_cache=cache))
     report = {"resdecay_eval": 1, "baseline": "pixels", "data": data.name, "img_size": side, "baselines": rows,
               "cache": hit}
     try:
@@ -269,23 +267,26 @@ def run_pixel_baseline(data: DataConfig | None, settings: EvalSettings, img_size
     return report
 
 
-def eval_command(args) -> None:
-    """``resdecay eval``: the parsed options as evaluation settings, then the checkpoints measured, or
-    (``--baseline pixels``) the raw pixels of a data set alone."""
-    layer = "all" if args.layer == "all" else block_index(args.layer, "--layer")
+def eval_settings(args) -> EvalSettings:
+    """``resdecay eval``'s parsed options as evaluation settings; a metric's own flags (``--k``) and
+    ``--metric-option`` (which wins) both set its options."""
     data = None
     if args.data:  # --data-path alone: the checkpoint's data set at another path
         data = DataConfig(name=args.data, path=args.data_path, num_workers=args.num_workers)
     evals = tuple(e.strip() for e in args.evals.split(",") if e.strip()) if args.evals else metric_names(FEATURES)
-    settings = EvalSettings(evals=evals, layer=layer,
-                            feature=args.feature, knn_k=args.k, knn_temperature=args.temperature,
-                            probe_epochs=args.probe_epochs, probe_norm=args.probe_norm, rank_exp=args.rank_exp, data=data,
-                            max_train=args.max_train, max_test=args.max_test, batch_size=args.batch_size,
-                            num_workers=args.num_workers, device=args.device, cache_dir=args.cache_dir,
-                            progress=not args.no_progress, baselines=not args.no_baselines,
-                            data_path=None if args.data else args.data_path, segmentation=seg_protocol(args),
-                            seg_data=args.seg_data, seg_path=args.seg_path,
-                            metric_options=parse_assignments(args.metric_option))
+    flags, given = flag_options(args.metric_flags), parse_assignments(args.metric_option)
+    return EvalSettings(evals=evals, layer=args.layer, feature=args.feature, data=data, max_train=args.max_train,
+                        max_test=args.max_test, batch_size=args.batch_size, num_workers=args.num_workers,
+                        device=args.device, cache_dir=args.cache_dir, progress=not args.no_progress,
+                        baselines=not args.no_baselines, data_path=None if args.data else args.data_path,
+                        metric_options={n: {**flags.get(n, {}), **given.get(n, {})} for n in [*flags, *given]})
+
+
+def eval_command(args) -> None:
+    """``resdecay eval``: the parsed options as evaluation settings, then the checkpoints measured, or
+    (``--baseline pixels``) the raw pixels of a data set alone."""
+    settings = eval_settings(args)
+    data = settings.data
     if args.baseline:  # raw pixels alone: no checkpoint
         if args.checkpoints:
             raise UserError(f"--baseline pixels measures no checkpoint: drop {args.checkpoints[0]}, or drop --baseline "

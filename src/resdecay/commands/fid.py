@@ -27,18 +27,18 @@ from ..eval.fid import (
     PROXY_DATASETS,
     WEIGHTS_FIX,
     ProxyCNN,
-    _res,
     check_count,
     compute_fid,
     dataset_reference,
     feature_stats,
     inception_extractor,
     load_stats,
-    npz_has_stats,
     proxy_extractor,
     save_stats,
 )
-from ..eval.image_sets import ImageSet, describe_set, is_image_set
+from ..eval.fid.image_sets import ImageSet, describe_set, is_image_set
+from ..eval.fid.published import npz_has_stats
+from ..eval.fid.stats import _res
 from ..eval.inputs import check_data_path, check_writable
 from ..train.distributed import resolve_device
 

@@ -1,5 +1,5 @@
 """Option values several commands read the same way, turned into what the library takes, each
-refused in one line that names the flag: a block index, the segmentation protocol, a data set
+refused in one line that names the flag: a block index, the metrics' own flags and the segmentation protocol, a data set
 named on the command line, a list of noise levels."""
 
 from __future__ import annotations
@@ -7,7 +7,9 @@ from __future__ import annotations
 from ..data import DataConfig
 from ..errors import UserError
 from ..eval.inputs import check_data_path
-from ..eval.segmentation import SegProtocol
+from ..eval.metrics import flag_options
+from ..eval.options import resolve
+from ..eval.segmentation.segment import SegProtocol
 
 
 def block_index(value: str, flag: str) -> int:
@@ -19,9 +21,8 @@ def block_index(value: str, flag: str) -> int:
 
 
 def seg_protocol(args) -> SegProtocol:
-    """The segmentation protocol of the ``--seg-*`` options (``eval`` and ``figures --segmentation``)."""
-    return SegProtocol(solver=args.seg_solver, k=args.seg_k, images=args.seg_images, seed=args.seg_seed,
-                       ignore_index=args.seg_ignore_index)
+    """The segmentation protocol of the ``--seg-*`` flags (``figures --segmentation``)."""
+    return resolve("segmentation", flag_options(getattr(args, "metric_flags", None)).get("segmentation", {}))
 
 
 def data_config(name: str | None, path: str | None, normalize: str = "dataset") -> DataConfig | None:

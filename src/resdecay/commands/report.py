@@ -125,7 +125,8 @@ def figures_command(args) -> None:
     (``--segmentation``) their segmentation figures."""
     data = DataConfig(name=args.data, path=args.data_path) if args.data else None
     if args.segmentation:
-        run_segmentation_figures(args.checkpoints, args.out, seg_protocol(args), data, args.seg_data, args.seg_path,
+        protocol = seg_protocol(args)
+        run_segmentation_figures(args.checkpoints, args.out, protocol, data, protocol.data, protocol.path,
                                  images=args.images, layer=block_index(args.layer, "--layer"))
         return
     run_figures(args.checkpoints, args.out, data, per_class=args.per_class, images=args.images,

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..data import DataConfig, build_dataset
 from ..data.badfiles import SkipBadFiles, count_bad_files, record_bad_file
 from ..data.datasets import DataInfo, folder_stats, normalization_card
-from ..data.subsets import describe_subset
+from ..data.subsets import balanced_subset, describe_subset
 from ..errors import UserError, one_line
 from ..io import is_disk_full, no_space_message
 from ..models import is_diffusion
@@ -225,3 +225,17 @@ def restore_replaced(folder: Path, split: str, text: str) -> int:
         if path:
             record_bad_file(bad_files_list(folder, split), path, reason)
     return replaced_count(folder, split)
+
+
+def fixed_subsets(data, img_size: int, size: int):
+    """(bank, queries, card): ``size`` train and ``size`` test images, class-balanced and seeded,
+    the same at every evaluation of the run, and the card saying how they were drawn."""
+    bank, info = build_dataset(data, "train", img_size, augment=False)
+    queries, _ = build_dataset(data, "test", img_size, augment=False)
+    chosen = [balanced_subset(ds, size, data.subset_seed) for ds in (bank, queries)]
+    card = {"bank": describe_subset(len(chosen[0]), len(bank), "train", data.subset_seed),
+            "queries": describe_subset(len(chosen[1]), len(queries), "test", data.subset_seed),
+            "subset": f"each class's images shuffled with data.subset_seed={data.subset_seed}, classes dealt in turn "
+                      "(an even share per class), the same images at every evaluation",
+            "normalize": normalization_card(data, info)}
+    return chosen[0], chosen[1], card

@@ -5,7 +5,8 @@ during training, ``ablate``'s table, ``compare``, the text reports and the figur
 registry; none of them names a metric. A new measurement is therefore one file that builds a
 ``Metric`` and calls ``register_metric`` (imported before the command line is built, e.g. with
 ``--plugin FILE``): it then appears in ``eval.json``, the report table, ``ablate``'s columns, the
-online log and the ``--evals`` choices. The built-in metrics are registered in ``builtin_metrics.py``.
+online log and the ``--evals`` choices. The built-in metrics are registered by each pipeline's
+``metric(s).py`` (``features/``, ``fid/``, ``diffusion/``, ``segmentation/``).
 
 A ``Metric`` says what is measured: its name, how it is computed, its protocol card, its headline
 value (the one number tables, deltas and the online log follow; required, and checked against the
@@ -13,17 +14,18 @@ first result the metric returns), its direction, the input it reads, and the opt
 (``eval/options.py``: ``--metric-option NAME.KEY=VALUE``). How it is shown (label, report text,
 column keys, axis titles, table headers) is its ``Display`` (``eval/display.py``).
 
-A metric applies to one kind of input, and each evaluator hands it that input:
+A metric applies to one kind of input, and the source registered for that kind (``sources.py``) makes it:
 
 * ``features`` (kNN, linear probe, effective rank): a ``FeatureSet``, frozen pooled features of a
-  labelled train and test split;
+  labelled train and test split (``features/source.py``);
 * ``layers`` (e.g. CKA between two blocks): a ``LayerSet``, the same test images' pooled features at
   every encoder block (opt-in: such a metric runs when ``--evals`` names it);
 * ``blocks`` (token norm, shortcut ratio): a ``BlockStats``, one encoder block's norm statistics;
-* ``samples`` (FID): a ``SampleSet``, generated images, reference statistics and an extractor;
+* ``samples`` (FID): a ``SampleSet``, generated images, reference statistics and an extractor (``fid/source.py``);
 * ``diffusion`` (the diffusion probe grid): a ``DiffusionSet``, a diffusion model and labelled images;
 * ``segmentation`` (unsupervised segmentation): a ``SegmentationSet``, patch tokens and label maps
-  (opt-in: ``--evals segmentation``, since only data sets with label maps can be scored).
+  (opt-in: ``--evals segmentation``, since only data sets with label maps can be scored);
+* any kind a plugin registers with ``sources.register_source``.
 
 ``where`` says which evaluators run it: ``eval`` (one layer), ``profile`` (every layer),
 ``baselines`` (raw pixels, random init) and ``online`` (during training).
@@ -31,111 +33,37 @@ A metric applies to one kind of input, and each evaluator hands it that input:
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..errors import UserError
+from ..errors import Registry, RegistryError, UserError, defined_at
+from ..io import atomic_write_text
 from . import options as opts
 from .display import Column, Display, TableSpec
+from .features.sets import BlockStats, FeatureSet, LayerSet  # plugins written before the sources import them here
+from .inputs import warn, write_failure
 from .protocol import MetricSettings
+from .sources import (
+    BLOCKS,
+    DIFFUSION,
+    FEATURES,
+    LAYERS,
+    SAMPLES,
+    SEGMENTATION,
+    Prepared,
+    source_kinds,
+)
 
-FEATURES, LAYERS, BLOCKS, SAMPLES, DIFFUSION, SEGMENTATION = ("features", "layers", "blocks", "samples", "diffusion",
-                                                              "segmentation")
-KINDS = (FEATURES, LAYERS, BLOCKS, SAMPLES, DIFFUSION, SEGMENTATION)
 WHERE = ("eval", "profile", "baselines", "online")
 
 
 # ----------------------------------------------------------------------------- what metrics read and return
-@dataclass
-class FeatureSet:
-    """What a ``features`` metric reads: one source's pooled features of a labelled train and test split.
-
-    Args:
-        train, test: pooling -> (N, D) features. ``train`` holds at least ``feature`` (online tracking extracts
-            only that); ``test`` also every pooling a selected metric's ``extra_pools`` asks for, in the order a
-            metric reporting every pooling (rank) follows.
-        train_labels, test_labels: (N,) class indices.
-        feature: the pooling single-feature metrics (kNN, probe) use (``pixels`` for the raw-pixel baseline).
-    """
-
-    train: dict[str, torch.Tensor]
-    train_labels: torch.Tensor
-    test: dict[str, torch.Tensor]
-    test_labels: torch.Tensor
-    feature: str
-
-
-@dataclass
-class LayerSet:
-    """What a ``layers`` metric reads: the same test images' pooled features at every encoder block,
-    so that a metric over two blocks (CKA between the first and the last) is one function.
-
-    Args:
-        layer: the block being evaluated (``--layer``; each block in turn for the profile).
-        blocks: block index -> (N, D) test features of the evaluation's pooling, every block of the encoder.
-        labels: (N,) class indices of the test images.
-        feature: the pooling (``--feature``).
-    """
-
-    layer: int
-    blocks: dict[int, torch.Tensor]
-    labels: torch.Tensor
-    feature: str
-
-
-@dataclass
-class BlockStats:
-    """What a ``blocks`` metric reads: mean per-token L2 norms of one encoder block (``output``,
-    ``shortcut_attn``, ``branch_attn``, ``shortcut_mlp``, ``branch_mlp``; ``nn.blocks.block_statistics``)."""
-
-    layer: int
-    norms: dict[str, float]
-
-
-@dataclass
-class SampleSet:
-    """What a ``samples`` metric reads: generated images, the reference statistics and the extractor."""
-
-    samples: Any  # float tensor in [0, 1], uint8 NHWC array or an .npz path (eval.fid reads all three)
-    reference: dict
-    extractor: torch.nn.Module
-
-
-@dataclass
-class DiffusionSet:
-    """What a ``diffusion`` metric reads: a diffusion model and labelled images to probe its blocks with."""
-
-    model: torch.nn.Module
-    train_set: Any
-    test_set: Any
-    levels: tuple[float, ...]
-
-
-@dataclass
-class SegmentationSet:
-    """What a ``segmentation`` metric reads: patch tokens (cls dropped) of N images and their label maps.
-
-    Args:
-        tokens: (N, T, D), T = grid[0] * grid[1] in raster order; grid: the token grid;
-        labels: (N, H, W) class indices, 255 ignored; classes: the number of classes;
-        protocol: the segmentation protocol (``eval.segmentation.SegProtocol``);
-        keep: where the metric leaves its cluster maps and embedding for figures (None: not kept);
-        names: the class names (label i is names[i]; None: unknown).
-    """
-
-    tokens: torch.Tensor
-    grid: tuple[int, int]
-    labels: torch.Tensor
-    classes: int
-    protocol: Any
-    keep: dict | None = None
-    names: tuple[str, ...] | None = None
-
-
 @dataclass
 class Result:
     """One measurement.
@@ -156,6 +84,26 @@ class Result:
 
 # ----------------------------------------------------------------------------- the metric
 @dataclass(frozen=True)
+class Flag:
+    """A command-line flag of ``resdecay eval`` that sets one of its metric's options (``--k`` sets ``knn.k``);
+    the CLI builds it from the registry, and a bad value is refused in one line naming the flag.
+
+    Args:
+        name: the flag ("--k"); key: the option it sets ("k"); help: its help text.
+        switch: a flag without a value that sets True (``--rank-exp``).
+        type: an argparse type checking the text first (None: the option's declared type checks it).
+        metavar: the value's placeholder in --help.
+    """
+
+    name: str
+    key: str
+    help: str = ""
+    switch: bool = False
+    type: Callable[[str], Any] | None = None
+    metavar: str | None = None
+
+
+@dataclass(frozen=True)
 class Metric:
     """One measurement: what it measures, on which input, in which evaluators, and how it is shown.
 
@@ -169,13 +117,14 @@ class Metric:
         headline: the value tables, deltas and the online log follow (e.g. "top1"); every result must
             hold it, which the first result of every run is checked for.
         higher_is_better: the direction of a better model; figures say "lower is better" otherwise.
-        applies_to: one of ``KINDS``. where: the evaluators that run it (``WHERE``).
+        applies_to: a registered input kind (``sources.source_kinds()``). where: the evaluators that run it (``WHERE``).
         extra_pools: poolings it reads on the test split besides the evaluation's feature (rank: cls).
         options: its own options' defaults: a dataclass instance (typed fields) or a dict (None: none).
         check: ``check(n_train, settings)``: refuse settings that cannot work with ``n_train`` training
             images (kNN: k larger than the bank) before any feature is extracted.
         display: how it is shown (``display.Display``; default: labelled by its name). The column key
             and the reported values default to ``<name>_<headline>`` and the headline.
+        flags: the command-line flags that set its options (``Flag``), besides ``--metric-option``.
     """
 
     name: str
@@ -189,6 +138,7 @@ class Metric:
     options: Any = None
     check: Callable[[int, MetricSettings], None] | None = None
     display: Display | None = None
+    flags: tuple[Flag, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.headline, str) or not self.headline:
@@ -214,7 +164,8 @@ _REGISTRY: dict[str, Metric] = {}
 
 
 def register_metric(metric: Metric, replace: bool = False) -> Metric:
-    """Add a metric to the registry (``replace=True`` swaps out one of the same name).
+    """Add a metric to the registry: a name another metric holds is refused (``RegistryError``, one
+    line) unless ``replace=True``, which swaps out the one of the same name.
 
     Args:
         metric: the metric.
@@ -224,24 +175,28 @@ def register_metric(metric: Metric, replace: bool = False) -> Metric:
         the metric, so a module can write ``RANKME = register_metric(Metric(...))``.
     """
     if not re.fullmatch(r"[a-z][a-z0-9_]*", metric.name):
-        raise UserError(f"metric name {metric.name!r} must be lower-case letters, digits and _ (it is a key in "
-                        "eval.json and an --evals choice)")
-    if metric.applies_to not in KINDS:
-        raise UserError(f"metric {metric.name!r}: applies_to {metric.applies_to!r} is unknown; choose one of {', '.join(KINDS)}")
+        raise RegistryError(f"metric name {metric.name!r} must be lower-case letters, digits and _ (it is a key in "
+                            "eval.json and an --evals choice)")
+    if metric.applies_to not in source_kinds():  # a plugin's new kind registers its source first
+        raise RegistryError(f"metric {metric.name!r}: applies_to {metric.applies_to!r} is unknown (no registered input kind); "
+                            f"choose one of {', '.join(source_kinds())}, or register_source({metric.applies_to!r}, ...) "
+                            "first")
     bad = sorted(set(metric.where) - set(WHERE))
     if bad:
-        raise UserError(f"metric {metric.name!r}: where {bad[0]!r} is unknown; choose from {', '.join(WHERE)}")
-    if metric.name in _REGISTRY and not replace:
-        raise UserError(f"a metric named {metric.name!r} is already registered; pick another name "
-                        "(or register_metric(..., replace=True))")
-    opts.declare(metric.name, metric.options)  # refuses an option type a command line cannot write
-    _REGISTRY[metric.name] = metric
-    return metric
+        raise RegistryError(f"metric {metric.name!r}: where {bad[0]!r} is unknown; choose from {', '.join(WHERE)}")
+    metrics = Registry("metric", "register_metric", _REGISTRY, origin=lambda m: f"by {defined_at(m.compute)}")
+    metrics.check(metric.name, metric, replace)
+    try:
+        opts.declare(metric.name, metric.options)  # refuses an option type a command line cannot write
+    except UserError as e:
+        raise RegistryError(str(e)) from None
+    return metrics.add(metric.name, metric, replace)
 
 
 def unregister_metric(name: str) -> None:
-    """Remove a metric (tests and notebooks that registered one for a while)."""
-    _REGISTRY.pop(name, None)
+    """Remove a metric (tests and notebooks that registered one for a while); ``RegistryError`` if
+    none is registered under ``name``."""
+    Registry("metric", "register_metric", _REGISTRY).remove(name)
     opts.forget(name)
 
 
@@ -259,6 +214,17 @@ def registered(applies_to: str | None = None, where: str | None = None) -> list[
 def metric_names(applies_to: str = FEATURES) -> tuple[str, ...]:
     """Names of the registered metrics of one kind: the ``--evals`` choices for ``features``."""
     return tuple(m.name for m in registered(applies_to))
+
+
+def option_flags() -> dict[str, str]:
+    """``NAME.KEY`` -> the flag that sets it, of every registered metric (``knn.k`` -> ``--k``)."""
+    return {f"{m.name}.{f.key}": f.name for m in _REGISTRY.values() for f in m.flags}
+
+
+def flag_options(given: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """The options the metrics' own flags set (``{"knn": {"k": "10"}}`` from ``--k 10``), typed and in range,
+    a bad value refused in one line naming its flag."""
+    return opts.checked(given or {}, list(_REGISTRY), option_flags())
 
 
 def column_metric(column: str) -> Metric | None:
@@ -312,6 +278,45 @@ def measure(metrics: list[Metric], inputs, settings: MetricSettings, card: dict,
     return rows, columns
 
 
+def cached_rows(file: Path | None) -> list[dict] | None:
+    """The rows kept in a ``Prepared.rows_cache`` file, or None (none yet, or unreadable: measured again)."""
+    if file is None:
+        return None
+    try:
+        return json.loads(file.read_text())["rows"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def keep_rows(file: Path | None, key: Any, rows: list[dict]) -> None:
+    """Write rows to a ``rows_cache`` file (rank 0; a failure is a warning: it is only a cache)."""
+    if file is None or torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(file, json.dumps({"key": key, "rows": rows}, indent=1))
+    except OSError as e:
+        warn(write_failure(file, e, "the rows are measured anyway, not cached"))
+
+
+def measure_prepared(metrics: list[Metric], prepared: Prepared, settings: MetricSettings,
+                     source: str | None = None) -> tuple[list[dict], dict]:
+    """``measure`` of one ``Prepared`` input: its rows read from its ``rows_cache`` when the same input was
+    measured under the same protocol before (then no columns), else measured and kept there.
+
+    Args:
+        metrics: the metrics; prepared: the input, its layer and card; settings: the protocol;
+        source: the baseline's name, or None for the model.
+    """
+    rows = cached_rows(prepared.rows_cache)
+    if rows is not None:
+        return rows, {}
+    inputs = prepared.inputs() if callable(prepared.inputs) else prepared.inputs  # lazy: made only when measured
+    rows, columns = measure(metrics, inputs, settings, prepared.card, prepared.layer, source)
+    keep_rows(prepared.rows_cache, prepared.cache_key, rows)
+    return rows, columns
+
+
 def row_columns(row: dict, table_only: bool = False) -> dict:
     """``{column: value}`` of one ``eval.json`` row of a registered metric ({} for an unknown one).
 
@@ -331,7 +336,7 @@ def row_columns(row: dict, table_only: bool = False) -> dict:
     return m.columns(row["feature"], row["values"])
 
 
-__all__ = ["BLOCKS", "DIFFUSION", "FEATURES", "KINDS", "LAYERS", "SAMPLES", "SEGMENTATION", "WHERE", "BlockStats",
-           "Column", "DiffusionSet", "Display", "FeatureSet", "LayerSet", "Metric", "Result", "SampleSet",
-           "SegmentationSet", "TableSpec", "column_metric", "column_title", "get_metric", "measure", "metric_names",
+__all__ = ["BLOCKS", "DIFFUSION", "FEATURES", "LAYERS", "SAMPLES", "SEGMENTATION", "WHERE",
+           "BlockStats", "Column", "Display", "FeatureSet", "Flag", "LayerSet", "Metric", "Result", "TableSpec", "column_metric", "column_title", "get_metric", "cached_rows", "flag_options", "keep_rows", "measure", "measure_prepared", "option_flags",
+           "metric_names",
            "register_metric", "registered", "result_row", "row_columns", "unregister_metric"]

@@ -23,36 +23,21 @@ same numbers only printed them twice); see ``online_evaluator``.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..data import build_dataset
-from ..data.datasets import normalization_card
-from ..data.subsets import balanced_subset, describe_subset
-from ..diffusion.samplers import DEFAULT_SAMPLER, DEFAULT_STEPS, sample, to_uint8
-from ..errors import ConfigError
+from ..diffusion.samplers import DEFAULT_SAMPLER, DEFAULT_STEPS
 from ..models import is_diffusion
-from .features import extract_block_features
-from .fid import PROXY_DATASETS, dataset_reference, default_cache_dir, proxy_extractor
-from .metrics import DIFFUSION, FEATURES, SAMPLES, DiffusionSet, FeatureSet, SampleSet, measure, registered
+from .features.extract import extract_block_features
+from .features.sets import FeatureSet
+from .inputs import fixed_subsets
+from .metrics import DIFFUSION, FEATURES, SAMPLES, measure, measure_prepared, registered
 from .protocol import FAST_RECIPE, KNN_K, ONLINE_LEVELS, MetricSettings
+from .sources import Evaluation, get_source
 
 FEATURE = "mean"  # the pooling online kNN / probe use: all tokens of the last block
-
-
-def _fixed_subsets(data, img_size: int, size: int):
-    """(bank, queries, card): ``size`` train and ``size`` test images, class-balanced and seeded,
-    the same at every evaluation of the run, and the card saying how they were drawn."""
-    bank, info = build_dataset(data, "train", img_size, augment=False)
-    queries, _ = build_dataset(data, "test", img_size, augment=False)
-    chosen = [balanced_subset(ds, size, data.subset_seed) for ds in (bank, queries)]
-    card = {"bank": describe_subset(len(chosen[0]), len(bank), "train", data.subset_seed),
-            "queries": describe_subset(len(chosen[1]), len(queries), "test", data.subset_seed),
-            "subset": f"each class's images shuffled with data.subset_seed={data.subset_seed}, classes dealt in turn "
-                      "(an even share per class), the same images at every evaluation",
-            "normalize": normalization_card(data, info)}
-    return chosen[0], chosen[1], card
 
 
 def _distributed() -> bool:
@@ -68,7 +53,7 @@ class OnlineEval:
     def __init__(self, cfg, every: int, size: int, device: torch.device):
         self.every, self.epochs, self.device = every, cfg.train.epochs, device
         # the same images every time, so that the curves measure the model, not the sample
-        self.bank, self.queries, subset_card = _fixed_subsets(cfg.data, cfg.model.img_size, size)
+        self.bank, self.queries, subset_card = fixed_subsets(cfg.data, cfg.model.img_size, size)
         self.metrics = registered(FEATURES, "online")
         self.settings = MetricSettings(knn_k=min(KNN_K, len(self.bank)), probe=FAST_RECIPE, device=device)
         self.test_pools = tuple(sorted({FEATURE, *(p for m in self.metrics for p in m.extra_pools)}))
@@ -93,28 +78,38 @@ class OnlineEval:
             dist.barrier()
 
 
+@dataclass(frozen=True)
+class OnlineSampling:
+    """The samples source's settings during training: how many samples, drawn with which sampler and steps."""
+
+    size: int
+    sampler: str
+    steps: int
+
+
 ONLINE_STEPS = {"dpm-solver++": 25}  # U-ViT's sampler at the 25 steps RESULTS §10 uses; dopri5 picks its own
 
 
 class OnlineDiffusionEval:
+    """Every N epochs the ``samples`` and ``diffusion`` sources' inputs (``fid/source.py``,
+    ``diffusion/source.py``): fresh EMA samples against the train split's proxy statistics, and the probe
+    grid on fixed subsets; their ``check`` builds the extractor, the reference and the subsets once, here."""
+
     def __init__(self, cfg, every: int, size: int, device: torch.device):
-        m, d = cfg.model, cfg.data
-        _check_proxy_data(d)
-        self.every, self.epochs, self.device, self.size = every, cfg.train.epochs, device, size
-        self.extractor = proxy_extractor(d.name, data_path=d.path, in_chans=m.in_chans, device=device)
-        ref_out = default_cache_dir() / f"{d.name}-train-{self.extractor.name}.pt"  # next to the extractor, built once
-        self.ref, ref_path, _ = dataset_reference(d.name, self.extractor, d.path, device=device, ref_out=ref_out, progress=False)
-        dim = len(self.ref["mu"])
-        if size <= dim:  # n samples give a covariance of rank <= n - 1
-            raise ConfigError(f"train.online_eval_size={size} is too few samples for a proxy FID on {dim}-d features; "
-                              f"set train.online_eval_size to at least {dim + 1} (e.g. 1000)")
-        self.sampler = DEFAULT_SAMPLER[m.objective]
-        self.steps = ONLINE_STEPS.get(self.sampler, DEFAULT_STEPS.get(self.sampler, 50))
-        self.shape = (m.in_chans, m.img_size, m.img_size)
-        self.bank, self.queries, subset_card = _fixed_subsets(d, m.img_size, size)
-        self.protocol = {"data": d.name, "samples": f"{size} samples, EMA weights when kept, seed 0, no guidance",
-                         "sampler": self.sampler, "steps": "adaptive" if self.sampler == "dopri5" else self.steps,
-                         "fid": f"{self.extractor.label} vs the train split ({ref_path})",
+        m = cfg.model
+        self.every, self.epochs = every, cfg.train.epochs
+        sampler = DEFAULT_SAMPLER[m.objective]
+        steps = ONLINE_STEPS.get(sampler, DEFAULT_STEPS.get(sampler, 50))
+        self.ev = Evaluation(None, None, {}, cfg, None, cfg.data, OnlineSampling(size, sampler, steps), [-1], device, None)
+        self.plan = [(get_source(kind), registered(kind, "online")) for kind in (SAMPLES, DIFFUSION)]
+        for source, metrics in self.plan:
+            source.check(self.ev, metrics)
+        _, _, subset_card = self.ev.shared["subsets"]
+        extractor = self.ev.shared["extractor"]
+        self.label = extractor.label
+        self.protocol = {"data": cfg.data.name, "samples": f"{size} samples, EMA weights when kept, seed 0, no guidance",
+                         "sampler": sampler, "steps": "adaptive" if sampler == "dopri5" else steps,
+                         "fid": f"{extractor.label} vs the train split ({self.ev.shared['reference_path']})",
                          "probe": f"fast linear probe, mean tokens of every block, noise levels {list(ONLINE_LEVELS)}, "
                                   f"{subset_card['bank']} -> {subset_card['queries']}, null label",
                          "subset": subset_card["subset"]}
@@ -124,29 +119,19 @@ class OnlineDiffusionEval:
         if done % self.every and done != self.epochs:
             return
         t0 = time.perf_counter()
-        g = torch.Generator().manual_seed(0)
-        x = sample(model, self.size, sampler=self.sampler, steps=self.steps, image_shape=self.shape, generator=g,
-                   device=self.device, batch_size=500, clip_denoised=True)
-        settings = MetricSettings(probe=FAST_RECIPE, device=self.device)
+        self.ev.model = model
+        settings = MetricSettings(probe=FAST_RECIPE, device=self.ev.device)
         columns = {}  # sample metrics first (FID), then the model's probe grid: the order the RNG has always seen
-        for kind, inputs in ((SAMPLES, SampleSet(to_uint8(x.cpu()), self.ref, self.extractor)),
-                             (DIFFUSION, DiffusionSet(model, self.bank, self.queries, ONLINE_LEVELS))):
-            columns.update(measure(registered(kind, "online"), inputs, settings, {}, None)[1])
+        for source, metrics in self.plan:
+            for prepared in source.prepare(self.ev, metrics):
+                columns.update(measure_prepared(metrics, prepared, settings)[1])
         if _distributed() and dist.get_rank() != 0:  # the same numbers as rank 0's (see online_evaluator): one line
             return
         row = {"step": step, "epoch": float(done), **_log_columns(columns),
                "online_eval_s": time.perf_counter() - t0, "online_protocol": self.protocol}
         log.write(row)
         shown = ", ".join(f"{k} {v:.4f}" for k, v in columns.items() if isinstance(v, (int, float)))
-        print(f"epoch {done}: online {shown} ({self.extractor.label}) [{row['online_eval_s']:.0f} s]")
-
-
-def _check_proxy_data(d) -> None:
-    """The diffusion evaluator's proxy FID needs a data set with a proxy network (every rank checks)."""
-    if d.name not in PROXY_DATASETS:
-        raise ConfigError(f"train.online_eval_every for a diffusion model scores samples with a proxy FID, which needs "
-                          f"one of {', '.join(PROXY_DATASETS)} (data.name={d.name}); set train.online_eval_every=0 "
-                          "and score checkpoints with `resdecay sample` + `resdecay fid`")
+        print(f"epoch {done}: online {shown} ({self.label}) [{row['online_eval_s']:.0f} s]")
 
 
 def online_evaluator(cfg, device: torch.device):

@@ -70,6 +70,10 @@ class ClassifierConfig(ModelConfig):
     def encoder_config(self) -> MAEConfig:
         return MAEConfig(**self.encoder)
 
+    @property
+    def token_grid(self) -> tuple[int, int]:
+        return self.encoder_config().token_grid
+
     def validate(self) -> None:
         if not self.encoder:
             raise ValueError("model.encoder is empty: build classifiers with `resdecay finetune CHECKPOINT`")

@@ -57,6 +57,12 @@ class ModelConfig:
         """Residual blocks the decay runs over (``model.depth`` unless the family counts otherwise)."""
         return self.depth
 
+    @property
+    def token_grid(self) -> tuple[int, int] | None:
+        """(rows, columns) of the patch tokens the blocks see, in raster order after any cls token; None
+        for a family without patch tokens (a ResNet's feature maps). Patch families override it."""
+        return None
+
     def validate(self) -> None:
         """Raise ValueError / ConfigError, in one line, for settings the family cannot build."""
 

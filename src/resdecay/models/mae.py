@@ -62,6 +62,10 @@ class MAEConfig(ModelConfig):
     norm_pix_loss: bool = True  # per-patch normalised pixel targets (MAE's best setting)
     grad_checkpointing: bool = False  # recompute block activations in the backward pass (memory; same gradients)
 
+    @property
+    def token_grid(self) -> tuple[int, int]:
+        return (self.img_size // self.patch_size,) * 2
+
     def validate(self) -> None:
         check_fields(self, "model", positive=("depth", "decoder_depth", "embed_dim", "decoder_embed_dim", "patch_size", "img_size"))
         check_alpha_min(self.alpha_min)

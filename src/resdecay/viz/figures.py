@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Subset
 
-from ..eval.features import extract_block_features
+from ..eval.features.extract import extract_block_features
 from ..eval.metrics import DIFFUSION, SAMPLES, column_metric, column_title, registered
 from .backend import plt
 from .plots import _save

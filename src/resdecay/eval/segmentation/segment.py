@@ -35,9 +35,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import UserError
-from ..io import progress_bar
-from .options import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, SEED, Limit
+from ...errors import UserError
+from ...io import progress_bar
+from ..options import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, SEED, Limit
 
 if TYPE_CHECKING:
     import scipy.sparse as sp
@@ -68,6 +68,9 @@ class SegProtocol:
     seed: Annotated[int, SEED] = 0
     images: Annotated[int, AT_LEAST_ONE] = 100  # evaluation images (the authors' loader returns 100)
     ignore_index: Annotated[int, Limit(least=0, most=65535)] = IGNORE  # unlabelled pixels' value in your label maps
+    # where the label maps come from (the card names them itself: data set, folder, images drawn)
+    data: str | None = None  # a seg_masks.SEG_DATA name, or NAME:DIR (default: the evaluation's data set)
+    path: str | None = None  # the cocostuff27 / voc / folder folder
 
     def validate(self) -> None:
         if self.solver not in SOLVERS:
@@ -79,6 +82,8 @@ class SegProtocol:
 
     def card(self) -> dict:
         c = asdict(self)
+        for key in ("data", "path"):  # the test card says which images were read
+            c.pop(key)
         if self.solver != "learned":
             for key in ("lr", "steps_per_batch", "ema", "epochs"):
                 c.pop(key)

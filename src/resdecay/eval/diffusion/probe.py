@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..diffusion.objectives import objective_for
-from ..errors import UserError
-from .features import extract_block_features
-from .probe import linear_probe
-from .protocol import FAST_RECIPE, NOISE_LEVELS
+from ...diffusion.objectives import objective_for
+from ...errors import UserError
+from ..features.extract import extract_block_features
+from ..features.probe import linear_probe
+from ..protocol import FAST_RECIPE, NOISE_LEVELS
 
 __all__ = ["FAST_RECIPE", "NOISE_LEVELS", "NoisedFeatures", "check_levels", "probe_grid"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import UserError
+from ...errors import UserError
 
 STATS_FORMAT = "resdecay-fid-stats-v1"
 INCEPTION_LABEL = "FID (Inception-v3, torchmetrics)"

@@ -26,15 +26,15 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from ..data import DataConfig
-from ..data.subsets import balanced_subset, dataset_labels
-from ..io import atomic_write_text
-from ..models import build_model
-from .inputs import eval_split, replaced_count, split_card, warn, write_failure
-from .metrics import FeatureSet, Metric, measure
-from .protocol import MetricSettings
+from ...data import DataConfig
+from ...data.subsets import balanced_subset, dataset_labels
+from ...models import build_model
+from ..inputs import eval_split, replaced_count, split_card
+from ..metrics import Metric, cached_rows, measure_prepared
+from ..protocol import MetricSettings
+from ..sources import Prepared
+from .sets import FeatureSet
 
-SOURCES = ("pixels", "random-init")
 BASELINE_FORMAT = 1  # bump when the pixel features change, so old cached rows are not reused
 
 
@@ -80,10 +80,10 @@ def _digest(x) -> str:
     return hashlib.sha256(x.encode() if isinstance(x, str) else x).hexdigest()[:20]
 
 
-def pixel_rows(data: DataConfig, img_size: int, metrics: list[Metric], ms: MetricSettings, max_train: int | None,
-               max_test: int | None, bad_files: Path | None = None, cache_dir: str | Path | None = None) -> tuple[list, dict]:
-    """The raw-pixel baseline's ``eval.json`` rows, from ``cache_dir`` when the same images were
-    measured under the same protocol before. Returns (rows, {"file", "hit"}).
+def pixel_input(data: DataConfig, img_size: int, metrics: list[Metric], ms: MetricSettings, max_train: int | None,
+                max_test: int | None, bad_files: Path | None = None, cache_dir: str | Path | None = None) -> Prepared:
+    """The raw-pixel baseline as a ``Prepared`` input: the pixel features are made only if its rows are not
+    in ``cache_dir`` already (the same images measured under the same protocol before).
 
     The key holds the split cards (data set, folder, image counts, subset draw, side), every
     metric's protocol card, a digest of the chosen labels and of the first chosen image as the
@@ -104,25 +104,28 @@ def pixel_rows(data: DataConfig, img_size: int, metrics: list[Metric], ms: Metri
         if m.check is not None:
             m.check(len(splits["train"]), ms)
     skip = data.on_bad_file == "skip" and bad_files is not None
-    file = None
+    file = key = None
     if cache_dir is not None and not skip:
         key = {"format": BASELINE_FORMAT, "card": card, "metrics": [[m.name, m.protocol(ms)] for m in metrics],
                **{f"{split}_labels": _digest(dataset_labels(ds).astype("int64").tobytes()) for split, ds in splits.items()},
                **{f"{split}_first": _digest(ds[0][0].float().numpy().tobytes()) for split, ds in splits.items()}}
         file = Path(cache_dir) / f"pixels-{_digest(json.dumps(key, sort_keys=True, default=str))}.json"
-        try:
-            return json.loads(file.read_text())["rows"], {"file": str(file), "hit": True}
-        except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: measured again
-            pass
-    (tr, tr_y), (te, te_y) = (pixel_features(splits[split]) for split in ("train", "test"))
-    if skip:
-        for split in ("train", "test"):
-            card[split]["unreadable_replaced"] = replaced_count(bad_files, split)
-    rows = measure(metrics, FeatureSet({"pixels": tr}, tr_y, {"pixels": te}, te_y, "pixels"), ms, card, None, "pixels")[0]
-    if file is not None and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
-        try:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(file, json.dumps({"key": key, "rows": rows}, indent=1))
-        except OSError as e:  # only a cache: the rows are returned anyway
-            warn(write_failure(file, e, "the pixel baseline is measured anyway, its rows are not cached"))
-    return rows, {"file": str(file) if file else None, "hit": False}
+
+    def features() -> FeatureSet:
+        (tr, tr_y), (te, te_y) = (pixel_features(splits[split]) for split in ("train", "test"))
+        if skip:
+            for split in ("train", "test"):
+                card[split]["unreadable_replaced"] = replaced_count(bad_files, split)
+        return FeatureSet({"pixels": tr}, tr_y, {"pixels": te}, te_y, "pixels")
+
+    return Prepared(None, features, card, rows_cache=file, cache_key=key)
+
+
+def pixel_rows(data: DataConfig, img_size: int, metrics: list[Metric], ms: MetricSettings, max_train: int | None,
+               max_test: int | None, bad_files: Path | None = None, cache_dir: str | Path | None = None) -> tuple[list, dict]:
+    """The raw-pixel baseline's ``eval.json`` rows (``pixel_input``'s arguments), from ``cache_dir`` when
+    measured before. Returns (rows, {"file", "hit"})."""
+    prepared = pixel_input(data, img_size, metrics, ms, max_train, max_test, bad_files, cache_dir)
+    hit = cached_rows(prepared.rows_cache) is not None
+    rows = measure_prepared(metrics, prepared, ms, "pixels")[0]
+    return rows, {"file": str(prepared.rows_cache) if prepared.rows_cache else None, "hit": hit}

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from ..io import progress_bar
+from ...io import progress_bar
 
 POOLINGS = ("mean", "cls", "patch_mean")
 

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.datasets import IMG_EXTENSIONS
-from ..errors import UserError, one_line
-from ..io import first_sentence
+from ...data.datasets import IMG_EXTENSIONS
+from ...errors import UserError, one_line
+from ...io import first_sentence
 
 ARRAY_SUFFIXES = (".npz", ".npy")
 GRAY_MODES = ("L", "1")

@@ -20,9 +20,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..io import progress_bar
+from ...io import progress_bar
+from ..protocol import FAST_RECIPE, IN100_RECIPE, ProbeRecipe
 from .knn import check_labels, topk_accuracy
-from .protocol import FAST_RECIPE, IN100_RECIPE, ProbeRecipe
 
 __all__ = ["FAST_RECIPE", "IN100_RECIPE", "ProbeRecipe", "linear_probe"]  # the recipes live in eval/protocol.py
 

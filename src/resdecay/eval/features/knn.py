@@ -13,8 +13,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from ..errors import UserError
-from .protocol import KNN_K, KNN_TEMPERATURE
+from ...errors import UserError
+from ..protocol import KNN_K, KNN_TEMPERATURE
 
 
 class LabelError(UserError, ValueError):

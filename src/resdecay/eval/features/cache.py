@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserError, one_line
-from ..io import atomic_save, safe_load, sweep_stale_temps
-from .inputs import unwritable_reason, warn, write_failure
+from ...errors import UserError, one_line
+from ...io import atomic_save, safe_load, sweep_stale_temps
+from ..inputs import unwritable_reason, warn, write_failure
 
 
 @dataclass
