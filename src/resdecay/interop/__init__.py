@@ -4,7 +4,11 @@ weights (import_weights.py), exporting a resdecay encoder as a decayified timm V
 (export_timm.py), and sharing a model as a huggingface_hub-style folder with a model card
 (pretrained.py: save_pretrained / from_pretrained / push_to_hub), and ``restore``: what resdecay did to a
 transformers / diffusers model, recorded in its own config, re-done after the library's from_pretrained
-(hf_unet.py; the record itself: nn/config_record.py)."""
+(hf_unet.py; the record itself: nn/config_record.py).
+
+The formats stand side by side: each imports only the shared checkpoint I/O (checkpoint_io.py:
+readers, strict loading, export metadata, save_pretrained folders, the model an export reads; files.py;
+pretrained_config.py), never another format; import_weights.py dispatches ``--format`` to them."""
 
 from .export_timm import export_to_timm, load_exported
 from .hf_unet import restore

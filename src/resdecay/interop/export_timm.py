@@ -31,13 +31,11 @@ import torch.nn as nn
 
 from ..errors import CheckpointError, UserError
 from ..nn.decayify import alphas_of, decayify
-from ..train.checkpoint import load_checkpoint, load_model
+from ..nn.spec import check_spec
+from .checkpoint_io import TIMM_FORMAT, exported_kwargs, load_strict, read_safetensors, source_model
 from .files import check_out_file, write_bytes_atomically
-from .pretrained import from_pretrained
-from .pretrained_config import architecture_dict, family_config
-from .weights import check_spec, load_strict, read_safetensors
 
-FORMAT = "resdecay-timm-export-v1"
+FORMAT = TIMM_FORMAT  # "resdecay-timm-export-v1", the metadata file_meta.py recognises too
 TIMM_MODEL = "vit_base_patch16_224"  # architecture template only: timm_kwargs set every dimension
 
 
@@ -106,25 +104,6 @@ def build_timm(kwargs: dict, spec: dict, state: dict, source: str) -> nn.Module:
     return model.eval()
 
 
-def source_model(checkpoint: str | Path, ema: bool) -> tuple[nn.Module, object]:
-    """(model, its model config) of a resdecay checkpoint or of a ``save_pretrained`` folder."""
-    if Path(checkpoint).is_dir():
-        if ema:
-            raise UserError(f"--ema applies to a checkpoint; {checkpoint} is a save_pretrained folder with one set of weights")
-        model = from_pretrained(checkpoint)
-        config = model.resdecay_config
-        if config["kind"] != "resdecay":
-            raise UserError(f"{checkpoint} holds a decayified {architecture_dict(config)['library']} model, not a resdecay encoder; "
-                            "load it with resdecay.from_pretrained")
-        return model, family_config(model)
-    state = load_checkpoint(checkpoint)
-    if ema and "ema" not in state:  # load_model would fall back to the raw weights without a word
-        raise UserError(f"{checkpoint} holds no EMA weights (the run was trained with train.ema_decay=0); "
-                        "drop --ema to export its weights")
-    model, cfg = load_model(checkpoint, ema=ema, state=state)
-    return model, cfg.model
-
-
 def export_to_timm(checkpoint: str | Path, out: str | Path, ema: bool = False) -> Path:
     """Write a resdecay MAE / classifier checkpoint's encoder as a timm ViT safetensors file.
 
@@ -176,19 +155,3 @@ def load_exported(path: str | Path) -> nn.Module:
         raise CheckpointError(f"{path} carries no resdecay_spec, so its alphas are unknown; export it again")
     kwargs = exported_kwargs(meta, str(path))
     return build_timm(kwargs, check_spec(blob["resdecay_spec"], str(path)), blob["model"], str(path))
-
-
-def exported_kwargs(meta: dict, source: str) -> dict:
-    """The ``timm_kwargs`` of an export's metadata (every dimension, the heads included), checked.
-
-    Args:
-        meta: the safetensors metadata ``resdecay export`` wrote.
-        source: the file, for the error message.
-    """
-    try:
-        kwargs = json.loads(meta["timm_kwargs"])
-    except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{source}: unreadable export metadata ({e}); export it again") from None
-    if not isinstance(kwargs, dict):
-        raise CheckpointError(f"{source}: export metadata timm_kwargs is not a dict; export it again")
-    return kwargs

@@ -24,10 +24,8 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import CheckpointError
-from .export_timm import FORMAT, exported_kwargs
-from .weights import check_spec
-
-Stated = dict[str, tuple[Any, str]]  # model field -> (value, where the file says it)
+from ..nn.spec import check_spec
+from .checkpoint_io import TIMM_FORMAT, Stated, exported_kwargs
 
 # ViT sizes (width, depth, heads) as MAE's models_mae.py and timm name them
 VIT_SIZES = {"tiny": (192, 12, 3), "small": (384, 12, 6), "base": (768, 12, 12), "large": (1024, 24, 16),
@@ -98,7 +96,7 @@ def _timm_name(name: Any, kwargs: Any, where: str) -> Stated:
 
 def _exported(meta: Mapping, source: str) -> Stated:
     """Dimensions and heads from ``resdecay export`` metadata (``timm_kwargs``)."""
-    if meta.get("format") != FORMAT:
+    if meta.get("format") != TIMM_FORMAT:
         return {}
     kw = exported_kwargs(meta, source)
     return {k: (kw[k], "its timm_kwargs") for k in ("img_size", "patch_size", "in_chans", "embed_dim", "depth",

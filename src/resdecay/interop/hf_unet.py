@@ -14,8 +14,9 @@ with them), so ``unet_skips`` adds the rest of the method, by composition as ``d
   bottleneck must carry what the decoder needs. ``decoder_start="encoder"`` keeps HF's start (the encoder
   output, mask tokens, positions): with zero fusions and alpha 1 the model is then exactly the original.
 
-Forward hooks on the encoder layers keep their outputs (per thread), a pre-hook on the decoder keeps
-``ids_restore``, and a pre-hook on each decoder layer j fuses the j-th skip into its input. New parameters
+Forward hooks on the encoder layers keep their outputs, a pre-hook on the decoder keeps ``ids_restore``, and
+a pre-hook on each decoder layer j fuses the j-th skip into its input; what they hand each other is kept per
+thread in ``nn/adapters/hooks.thread_state``, the table decayify's own hooks use. New parameters
 live under ``model.resdecay_unet.`` (``skip_fusions.{j}.{mask_token,fc1,fc2}``, and for the content-free
 start ``decoder_cls_token``, ``decoder_embed``); HF's own keys are unchanged. The settings are recorded in
 ``model.config.resdecay`` beside any ``decayify`` (one schema, ``resdecay.nn.config_record``; saved in config.json by
@@ -25,7 +26,6 @@ transformers' own ``from_pretrained`` loaded, and loads the ``resdecay_unet.`` w
 
 from __future__ import annotations
 
-import threading
 import warnings
 from pathlib import Path
 from typing import Literal
@@ -36,14 +36,18 @@ import torch.nn as nn
 from ..errors import CheckpointError, UserError
 from ..models.mae import SkipFusion, choose_skip_sources
 from ..nn.adapters import adapter_for
+from ..nn.adapters.hooks import thread_state
 from ..nn.config_record import KEY, parse, read_section, recorder, replaying, write_section
 from ..nn.decayify import decayify, residual_blocks
 from ..nn.spec import unwrap_compiled
 from .files import read_json_object
 
 PREFIX = "resdecay_unet."
-_LOCAL = threading.local()
 _REF = "_resdecay_unet_ref"  # on hooked HF modules: the UNetSkips they serve (a plain attribute, not a child)
+
+
+def _fresh_state() -> dict:
+    return {"skips": {}, "ids_restore": None}
 
 
 class UNetSkips(nn.Module):
@@ -68,8 +72,8 @@ class UNetSkips(nn.Module):
         self.__dict__["_key"] = object()  # this instance's per-thread state (a deepcopy gets its own)
 
     def state(self) -> dict:
-        table = _LOCAL.__dict__.setdefault("state", {})
-        return table.setdefault(self.__dict__["_key"], {"skips": {}, "ids_restore": None})
+        """This thread's skips and ``ids_restore`` of the current forward (``nn/adapters/hooks.thread_state``)."""
+        return thread_state(self.__dict__["_key"], _fresh_state)
 
     def content_free_start(self, decoder_pos_embed: torch.Tensor, batch: int) -> torch.Tensor:
         """(B, 1+N, Dd): positions and a cls token only, as resdecay's U-Net MAE starts its decoder."""

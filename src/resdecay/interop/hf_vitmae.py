@@ -40,10 +40,8 @@ import torch
 
 from ..errors import CheckpointError, UserError
 from ..nn.config_record import VERSION, parse
-from .export_timm import source_model
-from .file_meta import Stated
+from .checkpoint_io import Stated, read_weights_file, source_model, state_dict_of
 from .files import check_out_file, read_json_object, write_bytes_atomically
-from .weights import read_weights_file, state_dict_of
 
 RESDECAY_EPS = 1e-6
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")

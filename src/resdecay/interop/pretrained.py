@@ -30,24 +30,15 @@ import torch.nn as nn
 
 from ..errors import CheckpointError, UserError
 from ..io import file_sha256, run_dir_of
+from ..nn.spec import unwrap_compiled
 from ..train.checkpoint import list_checkpoints, load_checkpoint, load_model
 from ..train.config import RunConfig, from_dict
+from .checkpoint_io import CARD_NAME, CONFIG_NAME, EVAL_NAME, WEIGHTS_NAME, load_folder
 from .files import check_out_file, read_json_object, write_bytes_atomically
 from .hub_model import with_hub_methods
 from .model_card import model_card
-from .pretrained_config import (
-    FORMAT,
-    build_from_config,
-    check_config,
-    check_factors,
-    check_weights_metadata,
-    describe_decayified,
-    describe_resdecay,
-    family_config,
-)
-from .weights import load_strict, read_safetensors, unwrap_compiled
+from .pretrained_config import FORMAT, describe_decayified, describe_resdecay, family_config
 
-CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, EVAL_NAME = "config.json", "model.safetensors", "README.md", "eval.json"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # user/name, as huggingface_hub's validate_repo_id
 TRAINING_KEYS = ("steps", "epochs", "images", "effective_batch", "lr", "final_loss", "train_time_s")
 HUB_EXTRA = "huggingface_hub is not installed; pip install 'resdecay[hub]' (or pip install huggingface_hub)"
@@ -237,19 +228,6 @@ def resolve_folder(name_or_path: str | Path, revision: str | None = None, cache_
     return Path(local)
 
 
-def read_folder(folder: Path) -> tuple[dict, dict, dict]:
-    """(config.json, the weights, their safetensors metadata) of a save_pretrained folder, each
-    checked, or a one-line error."""
-    config_path, weights_path = folder / CONFIG_NAME, folder / WEIGHTS_NAME
-    for path, what in ((config_path, "the model's config"), (weights_path, "its weights")):
-        if not path.is_file():
-            raise CheckpointError(f"{folder} holds no {path.name} ({what}); pass a folder written by resdecay.save_pretrained "
-                                  "or resdecay export --to hf (a download may have been cut short: fetch it again)")
-    config = check_config(read_json_object(config_path, CONFIG_NAME, "save the model again"), str(config_path))
-    blob = read_safetensors(weights_path)
-    return config, blob["model"], blob["metadata"]
-
-
 def from_pretrained(name_or_path: str | Path, *, device: str = "cpu", revision: str | None = None,
                     cache_dir: str | Path | None = None, local_files_only: bool = False,
                     token: str | bool | None = None) -> nn.Module:
@@ -272,13 +250,7 @@ def from_pretrained(name_or_path: str | Path, *, device: str = "cpu", revision: 
         DeprecationWarning.
     """
     folder = resolve_folder(name_or_path, revision, cache_dir, local_files_only, token)
-    config, state, meta = read_folder(folder)
-    source = str(folder / WEIGHTS_NAME)
-    model, _ = build_from_config(config, str(folder / CONFIG_NAME))  # an unregistered family is named first
-    # the weights repeat config.json in their metadata: a config.json from another save is refused, not trusted
-    check_weights_metadata(config, meta, str(folder), CONFIG_NAME, WEIGHTS_NAME)
-    load_strict(model, state, source)
-    check_factors(model, config, str(folder))
+    model, config = load_folder(folder)  # rebuilt, decay re-applied, weights strict, factors checked
     return attach_hub_methods(model.to(device).eval(), config, unpackable=True)
 
 

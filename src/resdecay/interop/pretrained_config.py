@@ -36,10 +36,10 @@ from .._version import __version__
 from ..errors import CheckpointError, UserError
 from ..models import FAMILIES, ModelConfig, build_model
 from ..nn.decayify import alphas_of, decayify
+from ..nn.spec import check_spec
 from ..schedule import effective_decay
 from ..train.checkpoint import upgrade_config
 from ..train.config import RunConfig, from_dict
-from .weights import check_spec
 
 FORMAT = "resdecay-pretrained-v1"
 KINDS = ("resdecay", "decayified")

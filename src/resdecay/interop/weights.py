@@ -1,4 +1,5 @@
-"""Decayed models travel with their alphas: save / load beside the weights, strict loading.
+"""Decayed models travel with their alphas: save / load beside the weights, strict loading (the
+readers and ``load_strict`` are ``checkpoint_io.py``'s, shared by every format; they stay importable here).
 
 ``decayify`` adds no parameter, so a decayified model's ``state_dict`` is the original model's,
 key for key, and loads into a plain model without complaint -- and without the decay. The
@@ -20,120 +21,29 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
-import torch
 import torch.nn as nn
 
 from ..errors import CheckpointError
-from ..io import atomic_save, safe_load
+from ..io import atomic_save
 from ..nn.decayify import decayify
 from ..nn.spec import COMPILED_PREFIX, LEGACY_SPEC_KEYS, SPEC_KEYS, check_spec, unwrap_compiled  # noqa: F401  (public here before)
+from .checkpoint_io import (  # noqa: F401  (the readers live in checkpoint_io.py, shared by every format; public here before)
+    WEIGHT_SUFFIXES,
+    load_strict,
+    read_safetensors,
+    read_weights_file,
+    state_dict_of,
+    without_compiled_prefix,
+)
 from .files import write_bytes_atomically
 
 FORMAT = "resdecay-decayified-v1"
+
+
 class SpecIgnoredWarning(UserWarning):
     """A checkpoint carries a ``resdecay_spec`` but the model it is loaded into is not decayified."""
-
-
-WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
-
-
-def read_weights_file(path: str | Path) -> Any:
-    """The contents of a weights file on CPU, or a one-line CheckpointError: ``torch.load(path,
-    weights_only=True)``, or for ``.safetensors`` ``{"model": tensors, "metadata": {...}}`` (with
-    ``resdecay_spec`` parsed from the metadata where ``resdecay export`` stored it).
-
-    Args:
-        path: a ``.pt`` / ``.pth`` / ``.safetensors`` file.
-    """
-    path = Path(path)
-    if path.is_dir():
-        inside = sorted(p.name for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES)[:3]
-        hint = f" (it holds {', '.join(inside)})" if inside else f" (it holds no {' / '.join(WEIGHT_SUFFIXES)} file)"
-        raise CheckpointError(f"{path} is a folder; pass the checkpoint file itself, a .pt / .pth / .safetensors file{hint}")
-    if not path.is_file():
-        raise CheckpointError(f"{path} does not exist; pass a checkpoint file")
-    if path.suffix == ".safetensors":
-        return read_safetensors(path)
-    return safe_load(path, CheckpointError, f"{path} is not a readable weights file ({{reason}})")
-
-
-def read_safetensors(path: Path) -> dict:
-    """``{"model": tensors, "metadata": {...}}`` of a safetensors file (it holds no code to run);
-    ``resdecay_spec`` beside them when the metadata carries one."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = dict(f.metadata() or {})
-        state = load_file(str(path))
-    except Exception as e:
-        raise CheckpointError(f"{path} is not a readable safetensors file ({' '.join(str(e).split())[:120]})") from None
-    blob: dict[str, Any] = {"model": state, "metadata": meta}
-    if "resdecay_spec" in meta:
-        try:
-            blob["resdecay_spec"] = json.loads(meta["resdecay_spec"])
-        except ValueError as e:
-            raise CheckpointError(f"{path}: its resdecay_spec metadata is not JSON ({e}); export it again") from None
-    return blob
-
-
-def state_dict_of(obj: Any, source: str) -> dict[str, torch.Tensor]:
-    """The state_dict inside a loaded checkpoint: ``obj["model"]``, ``obj["state_dict"]`` or ``obj``.
-
-    Args:
-        obj: what ``torch.load`` returned.
-        source: where it came from, for the error message.
-    """
-    if isinstance(obj, Mapping):
-        for key in ("model", "state_dict"):
-            if isinstance(obj.get(key), Mapping):
-                obj = obj[key]
-                break
-        if obj and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
-            return dict(obj)
-    raise CheckpointError(f"{source} holds no state_dict (expected a dict of tensors, or one under 'model')")
-
-
-def without_compiled_prefix(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state`` with the ``_orig_mod.`` of a compiled model's ``state_dict`` taken off (files written from
-    ``torch.compile(model).state_dict()``); other states as they are."""
-    if state and all(k.startswith(COMPILED_PREFIX) for k in state):
-        return {k[len(COMPILED_PREFIX):]: v for k, v in state.items()}
-    return dict(state)
-
-
-def load_strict(model: nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
-    """``model.load_state_dict(state)`` that names the first mismatch in one line. A ``torch.compile``
-    wrapper on either side (the model, or ``_orig_mod.`` keys in the file) is looked through.
-
-    Args:
-        model: the target module.
-        state: the weights (keys as ``model.state_dict()``).
-        source: where they came from, for the error message.
-
-    Raises:
-        CheckpointError: missing keys, unexpected keys, or a tensor of another shape.
-    """
-    model, state = unwrap_compiled(model), without_compiled_prefix(state)
-    own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [f"{k} {tuple(state[k].shape)} vs model {tuple(v.shape)}" for k, v in own.items()
-              if k in state and tuple(state[k].shape) != tuple(v.shape)]
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} missing key(s) (first {missing[0]})")
-    if unexpected:
-        problems.append(f"{len(unexpected)} unexpected key(s) (first {unexpected[0]})")
-    if shapes:
-        problems.append(f"{len(shapes)} shape mismatch(es) (first {shapes[0]})")
-    if problems:
-        raise CheckpointError(f"{source} does not fit {type(model).__name__}: {'; '.join(problems)}; "
-                              "build the model with the checkpoint's dimensions")
-    model.load_state_dict(state, strict=True)
 
 
 def save_decayified(model: nn.Module, path: str | Path, extra: dict | None = None) -> Path:

@@ -22,6 +22,11 @@ not shared, else its pre-norm), as ``resdecay_alpha`` / ``resdecay_beta``: a fac
 shows in the next forward and in ``alphas_of``. The pending inputs are kept per *thread* under a key
 object (the slot) that the modules of one block share: one model called from several threads never
 mixes two calls' inputs, and a ``copy.deepcopy`` (EMA, torch.compile) gets its own slots.
+
+``thread_state``      (hooks that hand tensors to each other within one forward)
+    The same per-thread table for other hook sets: a state dict per key object, e.g. the encoder->decoder
+    skips of ``resdecay.interop.hf_unet`` (forward hooks on encoder layers keep their outputs, a pre-hook
+    on the decoder keeps ``ids_restore``, pre-hooks on decoder layers fuse them).
 """
 
 from __future__ import annotations
@@ -52,6 +57,18 @@ def _pending() -> dict:
     if table is None:
         table = _LOCAL.pending = {}
     return table
+
+
+def thread_state(key: object, fresh: Callable[[], dict]) -> dict:
+    """The calling thread's state under ``key`` (an identity object its hooks share; ``fresh()`` makes it on
+    the thread's first use): what the hooks of one call hand to each other, never another thread's."""
+    table = getattr(_LOCAL, "states", None)
+    if table is None:
+        table = _LOCAL.states = {}
+    state = table.get(key)
+    if state is None:
+        state = table[key] = fresh()
+    return state
 
 
 def _stash_input(pre: nn.Module, args: tuple, kwargs: dict) -> None:
