@@ -62,6 +62,7 @@ class _Run:
         self.labels: dict[str, list[torch.Tensor]] = {"train": [], "test": []}
         self.shape: tuple | None = None
         self.count = {"train": 0, "test": 0}
+        self.knocked = {"train": 0, "test": 0}  # images knocked out so far (knockout_images caps them)
 
     def _pixels(self, images: torch.Tensor) -> PixelStats:
         if self.pixels is None:
@@ -104,8 +105,10 @@ class _Run:
                 self._pixels(images).update(split, layers, images)
         if split == "test" and self.paths is not None:
             self.paths.update(rec)
-        if self.knock is not None and (split == "test" or self.opts["knn"]):
+        cap = self.opts["knockout_images"]
+        if self.knock is not None and (split == "test" or self.opts["knn"]) and (cap is None or self.knocked[split] < cap):
             self.knock.update(split, run, images, rec, measure=split == "test")
+            self.knocked[split] += len(images)
 
     def report(self) -> dict:
         sites = self.sites
@@ -123,10 +126,11 @@ class _Run:
         if self.branches is not None:
             out["branches"] = self.branches.summary()
         if self.knock is not None:
-            lab = {s: torch.cat(v) if v else None for s, v in self.labels.items()}
+            lab = {s: torch.cat(v)[:self.knocked[s]] if v else None for s, v in self.labels.items()}
             knn = self.opts["knn"] and lab["train"] is not None and lab["test"] is not None
             out["knockout"] = self.knock.summary(lab["train"] if knn else None, lab["test"] if knn else None,
                                                  self.opts["knn_k"])
+            out["knockout"].update(images=self.knocked["test"], train_images=self.knocked["train"])
         return out
 
 
@@ -134,8 +138,9 @@ class _Run:
 def diagnose(model: nn.Module, images, *, train_images=None, labels=None, train_labels=None,
              conditioning: tuple = (), forward: Forward | None = None, which: tuple = DIAGNOSTICS,
              container: str | None = None, batch_size: int = 32, patch_size: int | tuple | None = None,
-             ridge: float = 1e-3, sigma: float | None = None, pixel_patches: int | None = None,
-             knockout: str = "block", pool: str = "mean", knn_k: int = KNN_K, seed: int = 0) -> dict:
+             ridge: float = 1e-3, sigma: float | None = None, pixel_patches: int | None = 64,
+             knockout: str = "block", knockout_images: int | None = None, pool: str = "mean",
+             knn_k: int = KNN_K, seed: int = 0) -> dict:
     """Residual-stream diagnostics of ``model`` on ``images``: a JSON-able dict of per-layer lists.
 
     Args:
@@ -153,8 +158,12 @@ def diagnose(model: nn.Module, images, *, train_images=None, labels=None, train_
         patch_size: the model's patch size, if it cannot be read from the model.
         ridge: the pixel ridge's relative penalty (``pixels.default_lambda``).
         sigma: the low-pass blur's sigma in pixels (default: patch side / 4).
-        pixel_patches: patches per image in the pixel ridge (default: all).
+        pixel_patches: patches per image in the pixel ridge, drawn at random (``seed``) per image; None: all.
+            64 (of ViT-S/16's 196) keeps the ridge's products below the forward's cost at 1,000 images.
         knockout: "block" (both sub-blocks at once) or "sub_block".
+        knockout_images: knock out on the first this many images of each split only (whole batches;
+            default all). Knocking out each of L blocks in turn costs about (L+1)/2 forwards per image
+            (the blocks before the knocked-out one are replayed, not run); the rest about one forward.
         pool: token pooling for the knock-out's pooled change and kNN ("mean", "cls", "patch_mean").
         knn_k: neighbours of the kNN vote.
         seed: seed of the pixel patches' sampling.
@@ -171,9 +180,11 @@ def diagnose(model: nn.Module, images, *, train_images=None, labels=None, train_
     sites = find_sites(model, container)
     param = next((p for p in model.parameters() if p.is_floating_point()), None)
     device, dtype = (param.device, param.dtype) if param is not None else (torch.device("cpu"), torch.float32)
-    knn = train_images is not None and (train_labels is not None or isinstance(train_images, Dataset))
+    knn = (train_images is not None and (train_labels is not None or isinstance(train_images, Dataset))
+           and (labels is not None or isinstance(images, Dataset)))
     opts = dict(batch_size=batch_size, patch_size=patch_size, ridge=ridge, sigma=sigma, pixel_patches=pixel_patches,
-                knockout=knockout, pool=pool, knn_k=knn_k, seed=seed, split_test=train_images is None, knn=knn)
+                knockout=knockout, knockout_images=knockout_images, pool=pool, knn_k=knn_k, seed=seed,
+                split_test=train_images is None, knn=knn)
     state = _Run(model, sites, tuple(which), opts)
     was_training = model.training
     model.eval()

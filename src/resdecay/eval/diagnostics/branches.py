@@ -37,7 +37,7 @@ class BranchStats:
         """One add's input x and branch g, (B, T, D) each (the record hooks' ``on_pair``)."""
         alpha = self.sites[i].subs[j].alpha
         nx, ng = x.norm(dim=-1), g.norm(dim=-1)  # (B, T)
-        dot = (x * g).sum(-1)
+        dot = torch.bmm(x.reshape(-1, 1, x.shape[-1]), g.reshape(-1, g.shape[-1], 1)).view(nx.shape)  # no (B, T, D) temporary
         sign = 1.0 if alpha >= 0 else -1.0
         cos = torch.where((nx > 0) & (ng > 0), sign * dot / (nx * ng).clamp_min(EPS), torch.zeros_like(dot))
         k = self.row[(i, j)]

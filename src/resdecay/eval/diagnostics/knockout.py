@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ..features import pool_tokens
-from ..knn import knn_accuracy
+from ..features.extract import pool_tokens
+from ..features.knn import knn_accuracy
 from ..protocol import KNN_K
 from .record import Pass, hooked, replayed
 from .sites import Site

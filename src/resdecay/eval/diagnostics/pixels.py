@@ -72,14 +72,22 @@ class RidgeStats:
     Args:
         dim: input width D.
         outputs: output columns P.
+        layers: a leading axis on the input sums (several layers' tokens against the same outputs), or None.
     """
 
-    def __init__(self, dim: int, outputs: int):
+    def __init__(self, dim: int, outputs: int, layers: int | None = None):
         f = dict(dtype=torch.float64)
+        lead = () if layers is None else (layers,)
         self.n = 0
-        self.sx, self.sy = torch.zeros(dim, **f), torch.zeros(outputs, **f)
-        self.sxx, self.sxy = torch.zeros(dim, dim, **f), torch.zeros(dim, outputs, **f)
+        self.sx, self.sy = torch.zeros(*lead, dim, **f), torch.zeros(outputs, **f)
+        self.sxx, self.sxy = torch.zeros(*lead, dim, dim, **f), torch.zeros(*lead, dim, outputs, **f)
         self.syy = torch.zeros(outputs, **f)  # per column sum of squares
+
+    def layer(self, k: int) -> RidgeStats:
+        """The sums of layer ``k`` of stacked sums, as a single-layer ``RidgeStats``."""
+        one = RidgeStats(self.sx.shape[-1], self.sy.shape[-1])
+        one.n, one.sx, one.sy, one.sxx, one.sxy, one.syy = self.n, self.sx[k], self.sy, self.sxx[k], self.sxy[k], self.syy
+        return one
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """x (n, D), y (n, P)."""
@@ -142,7 +150,8 @@ def ridge_r2(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
 
 
 class PixelStats:
-    """Per layer (x0, then every block output) and split, the ridge sums of tokens -> (pixels, high_freq).
+    """Per layer (x0, then every block output) and split, the ridge sums of tokens -> (pixels, high_freq),
+    all layers stacked so that one batched product per batch serves them all.
 
     Args:
         layers: number of layers recorded (blocks + 1).
@@ -155,7 +164,7 @@ class PixelStats:
     def __init__(self, layers: int, patch: tuple[int, int], sigma: float, per_image: int | None = None, seed: int = 0):
         self.layers, self.patch, self.sigma, self.per_image = layers, patch, sigma, per_image
         self.gen = torch.Generator().manual_seed(seed)
-        self.stats: dict[str, list[RidgeStats]] = {}
+        self.sums: dict[str, RidgeStats] = {}  # split -> sums with a leading layer axis on sx, sxx, sxy
         self.P = 0
 
     def update(self, split: str, tokens: list[torch.Tensor], images: torch.Tensor) -> None:
@@ -164,29 +173,37 @@ class PixelStats:
         y = torch.cat([pix, high], dim=-1)  # (B, N, 2P): one solve serves both targets
         B, N, _ = y.shape
         self.P = pix.shape[-1]
-        idx = None
+        patches = [t[:, t.shape[1] - N:] for t in tokens]  # (B, N, D) per layer: prefix tokens dropped
         if self.per_image is not None and self.per_image < N:
             idx = torch.rand(B, N, generator=self.gen).argsort(1)[:, :self.per_image].to(y.device)  # (B, k)
             y = torch.gather(y, 1, idx.unsqueeze(-1).expand(-1, -1, y.shape[-1]))
-        rows = self.stats.setdefault(split, [RidgeStats(tokens[0].shape[-1], y.shape[-1]) for _ in range(self.layers)])
-        for stats, t in zip(rows, tokens, strict=True):
-            x = t[:, t.shape[1] - N:]  # drop the prefix tokens (cls, registers): (B, N, D)
-            if idx is not None:
-                x = torch.gather(x, 1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-            stats.add(x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1]))
+            patches = [torch.gather(t, 1, idx.unsqueeze(-1).expand(-1, -1, t.shape[-1])) for t in patches]
+        x = torch.stack(patches)  # (layers, B, k, D)
+        X, Y = x.reshape(len(x), -1, x.shape[-1]).double(), y.reshape(-1, y.shape[-1]).double()  # (layers, n, D), (n, 2P)
+        s = self.sums.get(split)
+        if s is None:
+            s = self.sums[split] = RidgeStats(X.shape[-1], Y.shape[-1], layers=len(X))
+        s.n += Y.shape[0]
+        s.sx += X.sum(1).cpu()
+        s.sy += Y.sum(0).cpu()
+        s.sxx += torch.bmm(X.mT, X).cpu()
+        s.sxy += (X.transpose(0, 1).reshape(Y.shape[0], -1).T @ Y).view(s.sxy.shape).cpu()  # one GEMM, all layers
+        s.syy += Y.pow(2).sum(0).cpu()
 
     def summary(self, ridge: float) -> dict:
         """Per layer: R^2 of the normalised pixels and of their high-frequency part, and the lambda used."""
-        if not {"train", "test"} <= set(self.stats):
+        if not {"train", "test"} <= set(self.sums):
             raise UserError("diagnostics: the pixel ridge needs train and test images (give train_images, or at "
                             "least two images)")
+        train, test = self.sums["train"], self.sums["test"]
         out: dict = {"layer": list(range(self.layers)), "r2_pixels": [], "r2_high_freq": [], "lambda": [],
-                     "train_tokens": self.stats["train"][0].n, "test_tokens": self.stats["test"][0].n,
+                     "train_tokens": train.n, "test_tokens": test.n, "patches_per_image": self.per_image,
                      "r2": "variance_weighted", "ridge": ridge, "sigma": self.sigma, "patch": list(self.patch)}
-        for train, test in zip(self.stats["train"], self.stats["test"], strict=True):
-            lam = default_lambda(train, ridge)
-            W, b = ridge_fit(train, lam)
-            out["r2_pixels"].append(r2_variance_weighted(test, W, b, slice(0, self.P)))
-            out["r2_high_freq"].append(r2_variance_weighted(test, W, b, slice(self.P, None)))
+        for layer in range(self.layers):
+            tr, te = train.layer(layer), test.layer(layer)
+            lam = default_lambda(tr, ridge)
+            W, b = ridge_fit(tr, lam)
+            out["r2_pixels"].append(r2_variance_weighted(te, W, b, slice(0, self.P)))
+            out["r2_high_freq"].append(r2_variance_weighted(te, W, b, slice(self.P, None)))
             out["lambda"].append(lam)
         return out

@@ -68,6 +68,8 @@ def _pre_hook(state: _State, i: int, j: int, rec: Pass | None):
 def _branch_hook(site: Site, state: _State, i: int, rec: Pass | None, on_pair: PairHook | None, zero: frozenset):
     def hook(module, args, out):
         j = state.current[i]
+        if rec is None and on_pair is None:  # a knock-out pass: only the zeroing
+            return _zeros_like(out) if (i, j) in zero else None
         sub = site.subs[j]
         g = first_tensor(out)
         if sub.beta != 1.0:
