@@ -14,8 +14,8 @@ import torch
 
 from helpers import assert_one_line_error, free_port, run
 from helpers.interop import authors_unet_layout
-from resdecay.commands.eval_classifier import evaluate_checkpoint
 from resdecay.commands.finetune import build_config, load_pretrained
+from resdecay.eval.classifier_eval import evaluate_classifier
 from resdecay.interop.hf_vitmae import export_to_vitmae
 from resdecay.io import file_sha256
 from resdecay.train import checkpoint as ckpt
@@ -118,7 +118,7 @@ def test_every_epoch_is_measured_the_best_kept_and_a_resumed_run_keeps_it(tiny_c
     best_pt = tmp_path / "a" / "checkpoints" / "best.pt"
     saved = ckpt.load_checkpoint(best_pt)
     assert saved["train_state"]["step"] == best["step"] and saved["best"]["top1"] == best["eval_top1"]
-    assert evaluate_checkpoint(best_pt, progress=False)["values"]["top1"] == best["eval_top1"]  # best.pt holds that epoch
+    assert evaluate_classifier(best_pt, progress=False)["values"]["top1"] == best["eval_top1"]  # best.pt holds that epoch
 
     # a run interrupted after epoch 2 and resumed measures epoch 3 only, yet keeps the best of all three
     step_8 = ckpt.checkpoint_path(tmp_path / "a" / "checkpoints", 8)
@@ -161,8 +161,8 @@ def test_torchrun_splits_the_evaluation_and_equals_one_process(tiny_checkpoints,
     assert proc.stdout.count("finetune: test top-1") == 1 and proc.stdout.count("epoch 2: test top-1") == 1  # rank 0 alone
     rows = eval_rows(out)
     assert [r["eval_protocol"]["processes"] for r in rows] == [2, 2] and all(r["eval_images"] == 360 for r in rows)
-    final = evaluate_checkpoint(ckpt.list_checkpoints(out / "checkpoints")[-1], device="cpu", progress=False)
+    final = evaluate_classifier(ckpt.list_checkpoints(out / "checkpoints")[-1], device="cpu", progress=False)
     assert (final["values"]["top1"], final["values"]["top5"]) == (rows[-1]["eval_top1"], rows[-1]["eval_top5"])
-    best = evaluate_checkpoint(out / "checkpoints" / "best.pt", device="cpu", progress=False)
+    best = evaluate_classifier(out / "checkpoints" / "best.pt", device="cpu", progress=False)
     summary = json.loads((out / "summary.json").read_text())
     assert best["values"]["top1"] == summary["best_top1"] and final["protocol"]["processes"] == 1

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from resdecay.cli.plugins import load_plugins
-from resdecay.errors import ConfigError
+from resdecay.errors import ConfigError, RegistryError
 from resdecay.models import (
     FAMILIES,
     MAEConfig,
@@ -99,11 +99,11 @@ def test_a_family_registered_in_a_users_file_is_checked_unchanged(tmp_path):
 
 
 def test_a_broken_registration_is_one_line():
-    with pytest.raises(ConfigError, match="already registered .*register yours under another name"):
+    with pytest.raises(RegistryError, match="already registered .*register yours under another name"):
         register_family("mae", config=MAEConfig, objective=lambda m, x, y: m(x)[0], build=lambda cfg: None)
-    with pytest.raises(ConfigError, match="needs a field `family: str = 'mae2'`"):
+    with pytest.raises(RegistryError, match="needs a field `family: str = 'mae2'`"):
         register_family("mae2", config=MAEConfig, objective=lambda m, x, y: m(x)[0], build=lambda cfg: None)
-    with pytest.raises(ConfigError, match="must be a dataclass subclassing resdecay.models.ModelConfig"):
+    with pytest.raises(RegistryError, match="must be a dataclass subclassing resdecay.models.ModelConfig"):
         register_family("plain", config=dict, objective=lambda m, x, y: m(x)[0], build=lambda cfg: None)
     assert "mae2" not in FAMILIES and "plain" not in FAMILIES
 

@@ -238,5 +238,5 @@ def test_docs_examples_run(capsys):
     out = capsys.readouterr().out
     assert "('decoder.decoder_layers.0', (0.64" in out and "[('0', (1.0, 0.8333" in out
     assert "{'op': 'unet_skips', 'skip_sources': [3, 1], 'decoder_start': 'content_free'}" in out
-    from resdecay.nn.adapters import registry
-    registry._ADAPTERS[:] = [a for a in registry._ADAPTERS if a.name != "my MyBlock"]
+    from resdecay.nn.adapters import unregister_adapter
+    unregister_adapter("my MyBlock")

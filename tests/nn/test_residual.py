@@ -11,7 +11,7 @@ import torch.nn as nn
 from timm.models.vision_transformer import VisionTransformer
 
 from resdecay import alpha_schedule, decayify, register_shortcut, residual_add
-from resdecay.errors import ConfigError
+from resdecay.errors import ConfigError, RegistryError
 from resdecay.models import FAMILIES, build_model, tiny_config
 from resdecay.nn import residual
 from resdecay.nn.blocks import Block, block_statistics, decayed_add
@@ -25,6 +25,7 @@ from resdecay.nn.residual import (
     scale_identity,
     shortcut_names,
     shortcut_plan,
+    unregister_shortcut,
 )
 from resdecay.train.config import load_config
 
@@ -39,7 +40,7 @@ def two_minus(depth, alpha_min, schedule, adds_per_block):
 def registered_two_minus():
     register_shortcut("two_minus")(two_minus)  # as a user's own file would
     yield
-    residual.SHORTCUT_FORMULAS.pop("two_minus")
+    unregister_shortcut("two_minus")
 
 
 FORMULAS = sorted(set(shortcut_names()) | {"two_minus"})
@@ -107,15 +108,15 @@ def test_tables_stay_on_cpu_when_models_are_built_on_meta(shortcut):
 
 
 def test_registry_refuses_clashes_and_bad_tables():
-    with pytest.raises(ValueError, match="already registered by"):
+    with pytest.raises(RegistryError, match="already registered by resdecay.nn.residual.decay"):
         register_shortcut("decay")(two_minus)
-    register_shortcut("two_minus")(two_minus)  # the same function again (a re-imported file) is fine
+    register_shortcut("two_minus")(two_minus)  # the same function again is no clash
     register_shortcut("bad_shape")(lambda d, a, s, n: (torch.ones(d + 1, n), 1.0))
     try:
         with pytest.raises(ValueError, match=r"returned alphas of shape \(5, 2\); expected \(4, 2\)"):
             shortcut_plan(4, 0.6, shortcut="bad_shape")
     finally:
-        residual.SHORTCUT_FORMULAS.pop("bad_shape")
+        unregister_shortcut("bad_shape")
     with pytest.raises(ConfigError, match="shortcut 'magic' is unknown; choose one of decay, learnable"):
         shortcut_plan(4, 0.6, shortcut="magic")
 

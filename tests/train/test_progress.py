@@ -69,8 +69,9 @@ def test_redirected_subprocess_gets_no_frames(tmp_path):
     assert log.read_text() == ""
 
 
-@pytest.mark.parametrize("module", ["resdecay.train.loop", "resdecay.data.vae", "resdecay.eval.fid",
-                                    "resdecay.eval.features", "resdecay.eval.probe", "resdecay.commands.finetune",
+@pytest.mark.parametrize("module", ["resdecay.train.loop", "resdecay.data.vae", "resdecay.eval.fid.stats",
+                                    "resdecay.eval.features.extract", "resdecay.eval.features.probe", "resdecay.commands.finetune",
+                                    "resdecay.eval.classifier_eval",
                                     "resdecay.diffusion.samplers"])
 def test_no_call_site_uses_tqdm_directly(module):
     """Every bar of the package goes through progress_bar, so none can write frames into a redirected log."""

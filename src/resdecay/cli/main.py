@@ -10,31 +10,30 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from .._version import __version__
 from ..commands.ablate_seeds import run_ablate
 from ..commands.check_data import run_check_data
 from ..commands.demos import run_demo_command
-from ..commands.eval_classifier import add_eval_classifier_command
 from ..commands.evaluate import eval_command, run_compare
-from ..commands.finetune import finetune_source, run_finetune
+from ..commands.finetune import run_finetune
 from ..commands.presets import print_presets
 from ..commands.pretrain import run_pretrain
 from ..commands.report import figures_command, run_plot
-from ..commands.shard import add_shard_command
 from ..commands.supervised import run_supervised
-from ..data.seg_masks import SEG_DATA
 from ..errors import TrainingDiverged, UserError, one_line
-from ..eval.metrics import FEATURES, metric_names
-from ..eval.protocol import KNN_K, KNN_TEMPERATURE
-from ..eval.segmentation import SOLVERS, SegProtocol
+from ..eval.metrics import FEATURES, get_metric, metric_names, registered
 from .alpha import add_alpha_command
 from .diffusion import add_commands as add_diffusion_commands
+from .eval_classifier import add_eval_classifier_command
 from .examples import add_examples
 from .interop import add_interop_commands
+from .metric_flags import add_metric_flags
 from .parents import data_options, device_option, progress_option, run_folder_options, run_overrides, source_options
 from .plugins import ENV as PLUGIN_ENV
 from .plugins import load_plugins
+from .shard import add_shard_command
 from .submit import add_submit_command
 
 
@@ -43,6 +42,19 @@ def cmd_pretrain(args) -> None:
                  progress=not args.no_progress, check=args.check_data, overwrite=args.overwrite,
                  allow_changes=args.allow_changes, source=args.source, fmt=args.format,
                  import_preset=args.import_preset, alpha_min=args.alpha_min, import_overrides=args.import_override)
+
+
+def finetune_source(positional: str | None, option: str | None, overrides: list[str]) -> tuple[str, list[str]]:
+    """The pretrained model named as ``finetune FILE`` or ``finetune --from FILE``, and the overrides.
+    argparse hands ``finetune --from X epochs=3`` its first key=value as the positional: an override."""
+    if positional is not None and option is not None:
+        if "=" in positional and not Path(positional).exists():
+            return option, [positional, *overrides]
+        raise UserError(f"give the pretrained model once: --from {option} or {positional}, not both")
+    if positional is None and option is None:
+        raise UserError("finetune needs the pretrained model: resdecay finetune --from FILE (a checkpoint, run folder or "
+                        "ViTMAE folder) [--preset finetune-mae|linprobe-mae]")
+    return option or positional, overrides
 
 
 def cmd_finetune(args) -> None:
@@ -94,31 +106,6 @@ def add_ablate_command(sub) -> None:
                                               progress=not a.no_progress, list_only=a.list))
 
 
-def seg_data_arg(value: str) -> str:
-    """``--seg-data NAME`` or ``NAME:DIR``: the name must be one of ``SEG_DATA``."""
-    if value.partition(":")[0] not in SEG_DATA:
-        raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(SEG_DATA)} (a folder as NAME:DIR, e.g. "
-                                         "folder:my-seg)")
-    return value
-
-
-def add_segmentation_options(p) -> None:
-    """The segmentation protocol's options (``eval --evals segmentation`` and ``figures --segmentation``)."""
-    seg = SegProtocol()
-    p.add_argument("--seg-solver", default=seg.solver, help=f"segmentation: {' | '.join(SOLVERS)} (default "
-                   f"{seg.solver}: eigenvectors of the kNN graph; learned: the authors' SGD embedding; kmeans: on the tokens)")
-    p.add_argument("--seg-k", type=int, default=None, help="segmentation clusters (default: the number of classes)")
-    p.add_argument("--seg-images", type=int, default=seg.images, help=f"segmentation images (default {seg.images})")
-    p.add_argument("--seg-seed", type=int, default=seg.seed, help=f"segmentation K-Means / solver seed (default {seg.seed})")
-    p.add_argument("--seg-data", default=None, type=seg_data_arg, metavar="NAME[:DIR]",
-                   help=f"label maps from: {' | '.join(SEG_DATA)} (default: the evaluation's data set, which must have "
-                        "them); a folder as NAME:DIR, e.g. folder:my-seg (your images/ and labels/, docs/segmentation.md), "
-                        "voc:VOC2012, cocostuff27:DIR")
-    p.add_argument("--seg-path", default=None, help="the cocostuff27 / voc / folder folder (or --seg-data NAME:DIR)")
-    p.add_argument("--seg-ignore-index", type=int, default=seg.ignore_index,
-                   help=f"the label value of unlabelled pixels in voc / folder label maps (default {seg.ignore_index})")
-
-
 def add_measurement_commands(sub) -> None:
     """eval, compare, plot, figures: the commands that measure and draw trained runs."""
     e = sub.add_parser("eval", parents=[data_options("dataset (default: the checkpoint's training data)"), device_option(), progress_option()], help="kNN, linear probe and effective rank of checkpoints (features cached)")
@@ -134,11 +121,6 @@ def add_measurement_commands(sub) -> None:
                    help="a metric's own option, e.g. knn.k=10, segmentation.solver=kmeans (repeatable; wins over "
                         "--k, --temperature, --probe-*, --rank-exp and --seg-*, which set knn.*, probe.*, rank.exp, "
                         "segmentation.*)")
-    e.add_argument("--k", type=int, default=KNN_K, help=f"kNN neighbours (default {KNN_K})")
-    e.add_argument("--temperature", type=float, default=KNN_TEMPERATURE, help=f"kNN vote temperature (default {KNN_TEMPERATURE})")
-    e.add_argument("--probe-epochs", type=int, default=None, help="probe epochs (default 200; 30 for --layer all)")
-    e.add_argument("--probe-norm", default=None, help="none | batchnorm (default: none for the 200-epoch IN-100 recipe, batchnorm for --layer all)")
-    e.add_argument("--rank-exp", action="store_true", help="report exp(effective rank) (Roy & Vetterli) instead of eq. 6")
     e.add_argument("--max-train", type=int, default=None, help="use N training images (class-balanced, seeded by data.subset_seed)")
     e.add_argument("--max-test", type=int, default=None, help="use N test images (class-balanced, seeded by data.subset_seed)")
     e.add_argument("--batch-size", type=int, default=256)
@@ -146,7 +128,7 @@ def add_measurement_commands(sub) -> None:
     e.add_argument("--cache-dir", default=None, help="feature cache (default <run>/eval/cache; --baseline pixels: "
                                                       "~/.cache/resdecay/baselines)")
     e.add_argument("--out", default=None, help="output folder (default <run>/eval)")
-    add_segmentation_options(e)
+    add_metric_flags(e, registered(where="eval"))  # --k, --probe-epochs, --seg-*, ...: each metric's own
     e.add_argument("--no-baselines", action="store_true",
                    help="skip the raw-pixel and random-init-encoder rows (measured by default with the same protocol)")
     e.set_defaults(func=eval_command)
@@ -173,7 +155,7 @@ def add_measurement_commands(sub) -> None:
     fg.add_argument("--out", default="runs/figures", help="output folder (default runs/figures)")
     fg.add_argument("--segmentation", action="store_true",
                     help="instead: the segmentation figures (spectral_rgb.png, segmentation.png) with the --seg-* protocol")
-    add_segmentation_options(fg)
+    add_metric_flags(fg, [get_metric("segmentation")])
     fg.set_defaults(func=figures_command)
 
 
@@ -232,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     cd.set_defaults(func=lambda a: run_check_data(a.preset, a.overrides, a.data, a.data_path, workers=a.workers,
                                                   progress=not a.no_progress))
 
-    add_shard_command(sub)  # commands/shard.py: an ImageFolder as tar shards (data.name=wds)
+    add_shard_command(sub)  # cli/shard.py: an ImageFolder as tar shards (data.name=wds)
 
     add_interop_commands(sub)
 

@@ -2,9 +2,10 @@
 ``RESDECAY_PLUGINS=a.py:b.py`` (``os.pathsep``-separated; a dotted module name works too).
 
 A plugin is an ordinary Python file that registers what it adds when imported: a shortcut formula
-(``resdecay.nn.residual.register_shortcut``), a model family (``resdecay.models.register_family``) or
-a metric (``resdecay.eval.metrics.register_metric``); docs/EXTENDING.md has one worked example of
-each. Plugins load *before* the parser is built because choices such as ``--evals`` come from the
+(``resdecay.nn.residual.register_shortcut``), a model family (``resdecay.models.register_family``),
+a metric (``resdecay.eval.metrics.register_metric``) or a block adapter
+(``resdecay.nn.adapters.register_adapter``); docs/EXTENDING.md has one worked example of each of the
+first three. A registration the registry refuses (a taken name) stops the command in one line naming the plugin. Plugins load *before* the parser is built because choices such as ``--evals`` come from the
 registries."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import UserError, one_line
+from ..errors import RegistryError, UserError, one_line
 
 ENV = "RESDECAY_PLUGINS"
 LOADED: list[str] = []  # every plugin this process loaded: a resolved .py path or a module name (checkpoints record them)
@@ -56,6 +57,8 @@ def load_plugin(spec: str) -> None:
     try:
         run()
         LOADED.append(source)
+    except RegistryError as e:  # a name taken, an entry refused: say which plugin did it
+        raise RegistryError(f"plugin {spec}: {one_line(e)}") from None
     except UserError:
         raise
     except (Exception, KeyboardInterrupt, SystemExit) as e:  # a plugin's own bug (or exit): name the file, one line

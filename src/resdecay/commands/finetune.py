@@ -10,7 +10,7 @@ folder; the format is detected (or given with ``--format``), and what was import
 The classifier is rebuilt from the pretrained config (alpha_min and schedule included), its
 encoder weights are loaded on a fresh start, and the run trains, checkpoints and resumes like any
 other. As MAE's main_finetune.py, the test split is measured every ``train.online_eval_every``
-epochs and at the last (split across torchrun ranks; ``eval_classifier.EpochEval``), the best
+epochs and at the last (split across torchrun ranks; ``eval.classifier_eval.EpochEval``), the best
 epoch's weights kept as ``checkpoints/best.pt``; the final numbers are written as ``eval.json``
 with the protocol card, so ``resdecay compare`` can put runs side by side.
 """
@@ -24,22 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
 
 from ..data import build_dataset
 from ..errors import CheckpointError, ConfigError, UserError, one_line
-from ..eval.knn import topk_accuracy
+from ..eval.classifier_eval import BEST, EpochEval, best_in_log, evaluate_classifier
 from ..interop.files import read_json_object
 from ..interop.hf_vitmae import WEIGHT_FILES
 from ..interop.import_weights import FORMATS, convert_weights, imported_state
 from ..interop.weights import read_weights_file
-from ..io import atomic_write_text, file_sha256, progress_bar, run_dir_of
+from ..io import atomic_write_text, file_sha256, run_dir_of
 from ..train import train
-from ..train.checkpoint import FORMAT, foreign_format, list_checkpoints, load_checkpoint, load_model
+from ..train.checkpoint import FORMAT, foreign_format, list_checkpoints, load_checkpoint
 from ..train.config import _read_preset, from_dict, parse_overrides
 from ..train.distributed import is_main_process
 from ..train.run.summary import write_summary
-from .eval_classifier import BEST, EpochEval, best_in_log, evaluate_checkpoint
 
 SOURCE_FORMATS = ("resdecay", *FORMATS)
 DESCRIBED = {"mae": "facebookresearch/mae", "unet-mae": "U-Net MAE (the authors' layout)", "timm-vit": "timm ViT",
@@ -162,19 +160,6 @@ def encoder_loader(state: dict):
     return init
 
 
-@torch.no_grad()
-def test_accuracy(checkpoint: Path, device: torch.device, batch_size: int = 256, progress: bool = True) -> tuple[dict, int]:
-    """(top-1 / top-5, test images) of any classifier checkpoint (train-supervised's ResNets too)."""
-    model, cfg = load_model(checkpoint, device)
-    dataset, _ = build_dataset(cfg.data, "test", cfg.model.img_size, augment=False)
-    scores, labels = [], []
-    for images, y in progress_bar(DataLoader(dataset, batch_size=batch_size), desc="test", disable=not progress, leave=False):
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            scores.append(model(images.to(device)).float().cpu())
-        labels.append(torch.as_tensor(y))
-    return topk_accuracy(torch.cat(scores), torch.cat(labels), (1, 5)), len(dataset)
-
-
 def run_finetune(checkpoint: str, preset: str = "finetune-mae", overrides: list[str] | None = None,
                  resume: str | None = None, progress: bool = True, overwrite: bool = False, allow_changes: bool = False,
                  fmt: str | None = None, import_preset: str | None = None, alpha_min: float | None = None,
@@ -189,7 +174,7 @@ def run_finetune(checkpoint: str, preset: str = "finetune-mae", overrides: list[
     out = Path(summary["out_dir"])
     last = evaluation.last
     if last is None or last["step"] != summary["steps"]:  # no evaluation at the last step: measure the final weights
-        report = evaluate_checkpoint(summary["checkpoint"], "test", device=cfg.train.device, progress=progress)
+        report = evaluate_classifier(summary["checkpoint"], "test", device=cfg.train.device, progress=progress)
         last = {**report["values"], "images": report["protocol"]["images"], "protocol": report["protocol"]}
     values = {"top1": last["top1"], "top5": last["top5"]}
     best = best_in_log(out)
@@ -231,16 +216,3 @@ def write_report(cfg, preset: str, pretrained: Pretrained, record: dict, summary
     best_text = f"; best top-1 {best['top1']:.4f} at epoch {best['epoch']} (checkpoints/{BEST})" if best else ""
     print(f"{metric}: test top-1 {values['top1']:.4f}, top-5 {values['top5']:.4f} on {n_test} {cfg.data.name} test images "
           f"({preset}, {t.epochs} epochs){best_text}; wrote {out / 'eval.json'}")
-
-
-def finetune_source(positional: str | None, option: str | None, overrides: list[str]) -> tuple[str, list[str]]:
-    """The pretrained model named as ``finetune FILE`` or ``finetune --from FILE``, and the overrides.
-    argparse hands ``finetune --from X epochs=3`` its first key=value as the positional: an override."""
-    if positional is not None and option is not None:
-        if "=" in positional and not Path(positional).exists():
-            return option, [positional, *overrides]
-        raise UserError(f"give the pretrained model once: --from {option} or {positional}, not both")
-    if positional is None and option is None:
-        raise UserError("finetune needs the pretrained model: resdecay finetune --from FILE (a checkpoint, run folder or "
-                        "ViTMAE folder) [--preset finetune-mae|linprobe-mae]")
-    return option or positional, overrides

@@ -17,8 +17,8 @@ from ..data import DataConfig
 from ..data.seg_masks import IGNORE, masked_images
 from ..data.subsets import label_map_order
 from ..errors import UserError
-from ..eval.segmentation import SegProtocol, segment
-from ..eval.segmentation_eval import patch_tokens, token_grid
+from ..eval.segmentation.segment import SegProtocol, segment
+from ..eval.segmentation.source import patch_tokens, token_grid
 from ..io import run_dir_of
 from ..nn.shortcut_info import describe_model
 from ..train.checkpoint import load_model

@@ -7,6 +7,7 @@ written in that order, N samples a shard: ``<DIR>/train-000000.tar`` ... with me
 ``<index>.<ext>`` (the file's own bytes, not re-encoded) and ``<index>.cls`` (the class index as
 text). Sample i of the shards is therefore image i of the folder, with the same pixels: a run reads
 the same images in the same order from either. ``<DIR>/classes.txt`` lists the class names.
+The command's parser is ``cli/shard.py``.
 """
 
 from __future__ import annotations
@@ -85,13 +86,3 @@ def run_shard(data_path: str | None, out: str | None, shard_size: int = 1000, pr
     held = " and ".join(f"{prefix}-*.tar" for prefix in written)
     print(f"shard: train with data.name=wds data.path={dest} (the folder: its {held})")
     return written
-
-
-def add_shard_command(sub) -> None:
-    """``resdecay shard``: the parser of the command."""
-    s = sub.add_parser("shard", help="write an ImageFolder as WebDataset tar shards (data.name=wds)")
-    s.add_argument("--data-path", required=True, help="the ImageFolder (train/<class>/*, val/<class>/*)")
-    s.add_argument("--out", required=True, help="folder for train-NNNNNN.tar / val-NNNNNN.tar and classes.txt")
-    s.add_argument("--shard-size", type=int, default=1000, help="images per shard (default 1000)")
-    s.add_argument("--no-progress", action="store_true", help="no progress line")
-    s.set_defaults(func=lambda a: run_shard(a.data_path, a.out, a.shard_size, not a.no_progress))

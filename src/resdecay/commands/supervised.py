@@ -15,10 +15,11 @@ from pathlib import Path
 
 from ..data import build_dataset
 from ..errors import ConfigError
-from ..eval.features import extract_block_features
+from ..eval.classifier_eval import test_accuracy
+from ..eval.features.extract import extract_block_features
+from ..eval.features.rank import effective_rank
 from ..eval.metrics import result_row
 from ..eval.protocol import RANK_FORMS
-from ..eval.rank import effective_rank
 from ..io import file_sha256
 from ..nn.decayify import alphas_of
 from ..train import train
@@ -26,7 +27,6 @@ from ..train.checkpoint import load_model
 from ..train.config import load_config
 from ..train.distributed import is_main_process, resolve_device
 from ..viz.online_figures import online_hooks
-from .finetune import test_accuracy
 
 
 def run_supervised(preset: str, overrides: list[str] | None = None, resume: str | None = None, progress: bool = True,

@@ -93,6 +93,7 @@ class Flag:
         switch: a flag without a value that sets True (``--rank-exp``).
         type: an argparse type checking the text first (None: the option's declared type checks it).
         metavar: the value's placeholder in --help.
+        choices: the values it takes, refused otherwise in one line naming the flag and them.
     """
 
     name: str
@@ -101,6 +102,7 @@ class Flag:
     switch: bool = False
     type: Callable[[str], Any] | None = None
     metavar: str | None = None
+    choices: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,10 @@ def option_flags() -> dict[str, str]:
 def flag_options(given: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
     """The options the metrics' own flags set (``{"knn": {"k": "10"}}`` from ``--k 10``), typed and in range,
     a bad value refused in one line naming its flag."""
+    for name, keys in (given or {}).items():
+        for f in _REGISTRY[name].flags if name in _REGISTRY else ():
+            if f.choices and f.key in keys and keys[f.key] not in f.choices:
+                raise UserError(f"{f.name} {keys[f.key]!r} is unknown; choose {' or '.join(f.choices)}")
     return opts.checked(given or {}, list(_REGISTRY), option_flags())
 
 

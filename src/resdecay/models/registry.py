@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.nn as nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, Registry, RegistryError, defined_at
 from ..nn.checkpointing import set_grad_checkpointing
 from .contract import ModelConfig, missing_members
 
@@ -79,44 +79,49 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {}
+_FAMILIES = Registry("model family", "register_family", FAMILIES, origin=lambda f: f"by {defined_at(f.build)}",
+                     same=lambda old, new: old.build is new.build)
 
 
 def register_family(name: str, *, config: type, objective: Objective, build: Callable[[Any], nn.Module] | None = None,
                     param_groups: Callable[[nn.Module, float], list[dict]] | None = None, tiny: Mapping[str, Any] | None = None,
-                    diffusion: bool = False, example_batch: Callable[[nn.Module, int], ExampleBatch] = image_batch):
+                    diffusion: bool = False, example_batch: Callable[[nn.Module, int], ExampleBatch] = image_batch,
+                    replace: bool = False):
     """Register a model family under ``name`` (``model.family=name``).
 
     Used as a decorator on the model class (``build`` defaults to the class), or called with
     ``build=`` given. Returns the decorated class (or ``build``) unchanged.
 
     Args:
-        name: the ``model.family`` value.
+        name: the ``model.family`` value; a name another constructor holds is refused (``RegistryError``).
         config: the config dataclass; it must subclass ``ModelConfig`` and its ``family`` field must
             default to ``name`` (a preset that omits ``model.family`` still rebuilds the family).
         objective, build, param_groups, tiny, diffusion, example_batch: see ``Family``.
+        replace: replace the family registered under ``name``.
     """
     def register(constructor):
-        check_registration(name, config, constructor)
-        FAMILIES[name] = Family(config, constructor, objective, param_groups, dict(tiny or {}), diffusion,
-                                example_batch, name)
+        check_registration(name, config)
+        _FAMILIES.add(name, Family(config, constructor, objective, param_groups, dict(tiny or {}), diffusion,
+                                   example_batch, name), replace)
         return constructor
 
     return register if build is None else register(build)
 
 
-def check_registration(name: str, config: type, constructor) -> None:
-    """One line for a registration that would break later: a taken name, a config that is not a
-    ``ModelConfig`` dataclass, or one whose ``family`` default is another name."""
-    if name in FAMILIES and FAMILIES[name].build is not constructor:
-        taken = FAMILIES[name].build
-        raise ConfigError(f"model family {name!r} is already registered (by {taken.__module__}.{taken.__qualname__}); "
-                          "register yours under another name")
+def unregister_family(name: str) -> Family:
+    """Remove the family registered under ``name`` (``RegistryError`` if there is none); returns it."""
+    return _FAMILIES.remove(name)
+
+
+def check_registration(name: str, config: type) -> None:
+    """One line for a registration that would break later: a config that is not a ``ModelConfig``
+    dataclass, or one whose ``family`` default is another name (a taken name: ``Registry.add``)."""
     if not (isinstance(config, type) and issubclass(config, ModelConfig) and dataclasses.is_dataclass(config)):
-        raise ConfigError(f"model family {name!r}: config {config!r} must be a dataclass subclassing "
-                          "resdecay.models.ModelConfig")
+        raise RegistryError(f"model family {name!r}: config {config!r} must be a dataclass subclassing "
+                            "resdecay.models.ModelConfig")
     family = next((f for f in dataclasses.fields(config) if f.name == "family"), None)
     if family is None or family.default != name:
-        raise ConfigError(f"model family {name!r}: {config.__name__} needs a field `family: str = {name!r}`")
+        raise RegistryError(f"model family {name!r}: {config.__name__} needs a field `family: str = {name!r}`")
 
 
 def get_family(name: str) -> Family:

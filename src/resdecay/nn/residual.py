@@ -43,7 +43,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn as nn
 
-from ..errors import ConfigError, one_line
+from ..errors import ConfigError, Registry, defined_at, one_line
 from ..schedule import BRANCHES, alpha_schedule, check_alpha_min
 
 
@@ -158,14 +158,17 @@ class ShortcutFormula:
 
 
 SHORTCUT_FORMULAS: dict[str, ShortcutFormula] = {}
+_FORMULAS = Registry("shortcut formula", "register_shortcut", SHORTCUT_FORMULAS,
+                     origin=lambda f: f"by {defined_at(f.factors)}", same=lambda old, new: old.factors is new.factors)
 
 
-def register_shortcut(name: str, *, learnable: bool = False) -> Callable[[Formula], Formula]:
+def register_shortcut(name: str, *, learnable: bool = False, replace: bool = False) -> Callable[[Formula], Formula]:
     """Register a shortcut formula under ``name`` (the ``model.shortcut`` value); a decorator.
 
     Args:
-        name: the setting's value; must not be taken by another function.
+        name: the setting's value; a name another function holds is refused (``RegistryError``, one line).
         learnable: alpha is trained, starting from the formula's alphas (the blocks hold it as a parameter).
+        replace: replace the formula registered under ``name`` (e.g. a plugin re-imported in a notebook).
 
     The formula is called on the CPU (under ``torch.device("cpu")``, also while a model is being built
     on the meta device), so ``torch.arange(n)`` without ``device=`` is fine; it may return floats,
@@ -173,13 +176,14 @@ def register_shortcut(name: str, *, learnable: bool = False) -> Callable[[Formul
     reported as one line naming the formula and its file.
     """
     def add(fn: Formula) -> Formula:
-        old = SHORTCUT_FORMULAS.get(name)
-        if old is not None and (old.factors.__module__, old.factors.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ValueError(f"shortcut formula {name!r} is already registered by {old.factors.__module__}."
-                             f"{old.factors.__qualname__}; register yours under another name")
-        SHORTCUT_FORMULAS[name] = ShortcutFormula(name, fn, learnable)
+        _FORMULAS.add(name, ShortcutFormula(name, fn, learnable), replace)
         return fn
     return add
+
+
+def unregister_shortcut(name: str) -> ShortcutFormula:
+    """Remove the formula registered under ``name`` (``RegistryError`` if there is none); returns it."""
+    return _FORMULAS.remove(name)
 
 
 def shortcut_names() -> tuple[str, ...]:

@@ -111,7 +111,7 @@ PROBE = Metric(
     options=ProbeOptions(),
     flags=(Flag("--probe-epochs", "epochs", "probe epochs (default 200; 30 for --layer all)"),
            Flag("--probe-norm", "feature_norm", "none | batchnorm (default: none for the 200-epoch IN-100 recipe, "
-                                                 "batchnorm for --layer all)")),
+                                                 "batchnorm for --layer all)", choices=("none", "batchnorm"))),
     display=Display("linear probe", describe=_probe_text, titles={"probe_top1": "linear-probe top-1 (fast recipe)"},
                     report_values=("top1", "top5"), table=TableSpec("probe", "d probe", "prb rand", (7, 8))))
 

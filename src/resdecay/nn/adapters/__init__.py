@@ -3,13 +3,11 @@
 One file per library (``resdecay_blocks``, ``timm_blocks``, ``torchvision_blocks``,
 ``transformers_blocks``, ``diffusers_blocks``), each registering ``BlockAdapter``s built from the three
 mechanisms in ``hooks``; a user's own block kind is one ``register_adapter`` call (docs/EXTENDING.md).
-No library is imported here: blocks are matched by class name and module.
+No library is imported here: blocks are matched by class name and module. The order adapters are
+tried in is each adapter's ``priority`` (``registry.py``), not the order of the imports below.
 """
 
-# isort: off
-# the order adapters are tried in: resdecay's own blocks first, then the libraries'
-from . import resdecay_blocks, timm_blocks, torchvision_blocks, transformers_blocks, diffusers_blocks  # noqa: F401
-# isort: on
+from . import diffusers_blocks, resdecay_blocks, timm_blocks, torchvision_blocks, transformers_blocks  # noqa: F401
 from .registry import (
     BlockAdapter,
     adapter_for,
@@ -19,7 +17,8 @@ from .registry import (
     register_adapter,
     shortcut_adapter,
     subblock_adapter,
+    unregister_adapter,
 )
 
 __all__ = ["BlockAdapter", "adapter_for", "adapters", "forward_adapter", "nearest_supported", "register_adapter",
-           "shortcut_adapter", "subblock_adapter"]
+           "shortcut_adapter", "subblock_adapter", "unregister_adapter"]

@@ -14,6 +14,12 @@ pre-norm) and the module whose output the block adds to x::
 
 Classes are matched by name and module prefix (``"timm.models:Block"``), or given as types: the
 library is never imported to look for its blocks.
+
+The order adapters are tried in is explicit: an adapter's ``priority`` (higher first; resdecay's own
+``Block`` has 10, the libraries' adapters and a user's the default 0), ties in registration order; the
+first that matches a module takes it. To take a block some registered adapter also matches (a subclass
+of a library's block), give yours a higher priority. A name that is taken is refused unless
+``replace=True`` (``RegistryError``, as every registry of the package); ``unregister_adapter`` removes one.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Callable
 
 import torch.nn as nn
 
+from ...errors import Registry
 from . import hooks
 
 Pairs = Callable[[nn.Module], list[tuple[nn.Module, nn.Module]]]
@@ -42,6 +49,7 @@ class BlockAdapter:
         factors: ``factors(block)`` reads back ``(alphas, betas)`` as the forward uses them.
         zero_init: ``zero_init(block)`` zeroes the last layer of every branch (the paper's init).
         accepts: a structural check beyond the class (an optional attribute the mechanism needs).
+        priority: the match order: adapters with a higher priority are tried first (ties: registration order).
     """
 
     name: str
@@ -51,6 +59,7 @@ class BlockAdapter:
     factors: Callable[[nn.Module], Factors]
     zero_init: Callable[[nn.Module], None]
     accepts: Callable[[nn.Module], bool] = field(default=lambda block: True)
+    priority: int = 0
 
     def matches(self, module: nn.Module) -> bool:
         cls = type(module)
@@ -69,7 +78,7 @@ class BlockAdapter:
 
 
 def subblock_adapter(name: str, classes: tuple, pairs: Pairs, zero: Callable[[nn.Module], tuple], adds: int = 2,
-                     accepts: Callable[[nn.Module], bool] = lambda block: True) -> BlockAdapter:
+                     accepts: Callable[[nn.Module], bool] = lambda block: True, priority: int = 0) -> BlockAdapter:
     """An adapter for blocks that add ``x + out`` themselves (``hooks.correct_subblocks``).
 
     Args:
@@ -77,22 +86,24 @@ def subblock_adapter(name: str, classes: tuple, pairs: Pairs, zero: Callable[[nn
             as its first argument, ``post`` outputs what the block adds to x. ``post`` may be shared.
         zero: ``zero(block)`` -> the last layer of each branch (zeroed by ``zero_init``).
         adds: the number of pairs (2 for attention + MLP).
+        priority: see ``BlockAdapter``.
     """
     return BlockAdapter(
         name, tuple(classes), adds,
         install=lambda block, a, b: hooks.correct_subblocks(block, pairs(block), a, b),
         factors=lambda block: hooks.subblock_factors(pairs(block)),
-        zero_init=lambda block: hooks.zero_(*zero(block)), accepts=accepts)
+        zero_init=lambda block: hooks.zero_(*zero(block)), accepts=accepts, priority=priority)
 
 
 def shortcut_adapter(name: str, classes: tuple, shortcut: str, branch_end: Callable[[nn.Module], nn.Module],
-                     zero: Callable[[nn.Module], tuple], accepts: Callable[[nn.Module], bool] = lambda block: True
-                     ) -> BlockAdapter:
+                     zero: Callable[[nn.Module], tuple], accepts: Callable[[nn.Module], bool] = lambda block: True,
+                     priority: int = 0) -> BlockAdapter:
     """An adapter for one-add blocks whose identity path is the attribute ``shortcut`` (a module or None).
 
     Args:
         branch_end: ``branch_end(block)`` -> the module whose output is the branch the block adds (beta).
         zero: ``zero(block)`` -> the layers to zero for the paper's init (a last norm's scale, a last conv).
+        priority: see ``BlockAdapter``.
     """
     def install(block, a, b):
         hooks.scale_shortcut(block, shortcut, a[0])
@@ -101,13 +112,15 @@ def shortcut_adapter(name: str, classes: tuple, shortcut: str, branch_end: Calla
     def factors(block):
         return (hooks.shortcut_factor(block, shortcut),), (float(branch_end(block).__dict__.get("resdecay_beta", 1.0)),)
 
-    return BlockAdapter(name, tuple(classes), 1, install, factors, lambda block: hooks.zero_(*zero(block)), accepts)
+    return BlockAdapter(name, tuple(classes), 1, install, factors, lambda block: hooks.zero_(*zero(block)), accepts,
+                        priority)
 
 
 def forward_adapter(name: str, classes: tuple, forward: Callable, adds: int, zero: Callable[[nn.Module], tuple],
-                    accepts: Callable[[nn.Module], bool] = lambda block: True) -> BlockAdapter:
+                    accepts: Callable[[nn.Module], bool] = lambda block: True, priority: int = 0) -> BlockAdapter:
     """An adapter that replaces the block's forward (``hooks.replace_forward``); ``forward(block, ...)``
-    reads ``block.resdecay_factors`` (set before the first call; absent means alpha = beta = 1)."""
+    reads ``block.resdecay_factors`` (set before the first call; absent means alpha = beta = 1);
+    ``priority``: see ``BlockAdapter``."""
     def factors(block):
         return block.__dict__.get("resdecay_factors", ((1.0,) * adds, (1.0,) * adds))
 
@@ -115,31 +128,48 @@ def forward_adapter(name: str, classes: tuple, forward: Callable, adds: int, zer
         if any(v != 1.0 for v in (*a, *b)):
             hooks.replace_forward(block, forward, a, b)
 
-    return BlockAdapter(name, tuple(classes), adds, install, factors, lambda block: hooks.zero_(*zero(block)), accepts)
+    return BlockAdapter(name, tuple(classes), adds, install, factors, lambda block: hooks.zero_(*zero(block)), accepts,
+                        priority)
 
 
-_ADAPTERS: list[BlockAdapter] = []
+_ADAPTERS: dict[str, BlockAdapter] = {}  # by name, in registration order
+_REGISTRY = Registry("block adapter", "register_adapter", _ADAPTERS,
+                     origin=lambda a: f"for {', '.join(a.class_names())}")
+_ORDER: list[BlockAdapter] = []  # _ADAPTERS in the order they are tried
 
 
-def register_adapter(adapter: BlockAdapter) -> BlockAdapter:
-    """Add ``adapter`` to the registry (replacing one of the same name). Adapters are tried in
-    registration order (the built-in ones first); the first that matches a module takes it."""
-    _ADAPTERS[:] = [a for a in _ADAPTERS if a.name != adapter.name] + [adapter]
+def _reorder() -> None:
+    _ORDER[:] = sorted(_ADAPTERS.values(), key=lambda a: -a.priority)  # a stable sort: ties keep registration order
+
+
+def register_adapter(adapter: BlockAdapter, replace: bool = False) -> BlockAdapter:
+    """Add ``adapter`` to the registry. A name that is taken is refused (``RegistryError``, one line)
+    unless ``replace=True``, which puts ``adapter`` in the place of the one of that name. Adapters are
+    tried by ``priority`` (higher first), ties in registration order; the first that matches a module takes it."""
+    _REGISTRY.add(adapter.name, adapter, replace)
+    _reorder()
+    return adapter
+
+
+def unregister_adapter(name: str) -> BlockAdapter:
+    """Remove the adapter registered under ``name`` (``RegistryError`` if there is none); returns it."""
+    adapter = _REGISTRY.remove(name)
+    _reorder()
     return adapter
 
 
 def adapters() -> list[BlockAdapter]:
     """Every registered adapter, in the order they are tried."""
-    return list(_ADAPTERS)
+    return list(_ORDER)
 
 
 def adapter_for(module: nn.Module) -> BlockAdapter | None:
     """The adapter that takes ``module``, or None."""
-    return next((a for a in _ADAPTERS if a.matches(module)), None)
+    return next((a for a in _ORDER if a.matches(module)), None)
 
 
 def nearest_supported(class_name: str) -> str:
     """The supported block class whose name is closest to ``class_name`` (for an error message)."""
-    names = {n: a.name for a in _ADAPTERS for n in a.class_names()}
+    names = {n: a.name for a in _ORDER for n in a.class_names()}
     close = difflib.get_close_matches(class_name, list(names), n=1, cutoff=0.0)
     return f"{close[0]} ({names[close[0]]})" if close else "none"

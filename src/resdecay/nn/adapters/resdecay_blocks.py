@@ -1,4 +1,6 @@
-"""resdecay's own ``Block``: its forward already is ``residual_add``; the adapter sets its factors."""
+"""resdecay's own ``Block``: its forward already is ``residual_add``; the adapter sets its factors. It is
+tried before the libraries' adapters (priority 10 against their 0): a user's subclass of ``Block`` is taken
+by it unless the user's own adapter has a higher priority."""
 
 from __future__ import annotations
 
@@ -9,4 +11,4 @@ from .registry import BlockAdapter, register_adapter
 register_adapter(BlockAdapter(
     "resdecay.nn.blocks.Block", (Block,), 2,
     install=lambda block, a, b: set_block_factors(block, *a, *b), factors=factors_of,
-    zero_init=lambda block: block.zero_init_branches()))
+    zero_init=lambda block: block.zero_init_branches(), priority=10))
