@@ -106,7 +106,7 @@ def _evaluate_all(reports: dict[str, Path], settings: EvalSettings, out: str | N
               f"({', '.join(settings.evals)}): ignored; add it to --evals to run it")
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     env = dist_env.setup("cpu" if settings.device == "cpu" else "auto") if distributed else None
-    profiles, reports = {}, {}
+    profiles, done = {}, {}
     for ckpt, folder in reports.items():
         report = evaluate_checkpoint(ckpt, settings, folder)
         if report is None:  # a non-zero torchrun rank: it only helped extract features
@@ -122,13 +122,13 @@ def _evaluate_all(reports: dict[str, Path], settings: EvalSettings, out: str | N
         hits = report["cache"]
         print(f"wrote {folder / (name + '.json')} (feature cache: train {'hit' if hits['train_hit'] else 'new'}, "
               f"test {'hit' if hits['test_hit'] else 'new'}, in {hits['dir']}{'' if hits['written'] else ', not written'})\n")
-        reports[str(ckpt)] = report
+        done[str(ckpt)] = report
     if len(profiles) > 1:
         path = plot_profile(profiles, Path(out or "runs/eval") / "profile_overlay.png", note=_protocol_note(settings))
         print(f"overlay: {path}")
     if env is not None and dist.is_initialized():
         dist_env.cleanup(env)
-    return reports
+    return done
 
 
 def run_compare(runs: list[str], out: str, force: bool = False) -> dict:
