@@ -157,7 +157,7 @@ def knn_accuracy(train_feats: Array, train_labels: Array, test_feats: Array, tes
         chunk_size: queries per similarity block (memory, not results).
     """
     args = _pairs("knn_accuracy", train_feats, train_labels, test_feats, test_labels)
-    k = check_option("knn", "k", k, f"knn_accuracy(k={k!r})")  # kNN's declared ranges (eval.builtin_metrics)
+    k = check_option("knn", "k", k, f"knn_accuracy(k={k!r})")  # kNN's declared ranges (eval/features/metrics.py)
     temperature = check_option("knn", "temperature", temperature, f"knn_accuracy(temperature={temperature!r})")
     return _knn_accuracy(*args, k=k, temperature=temperature, chunk_size=chunk_size)
 

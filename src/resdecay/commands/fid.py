@@ -7,7 +7,7 @@ second image set (an ``.npz`` or a folder of PNG/JPEG images, given as ``--ref``
 argument: ``fid A.npz B.npz``, ``fid dirA dirB``, what pytorch-fid and torch-fidelity users do first).
 An ``.npz`` holding ``mu`` and ``sigma`` (pytorch-fid's ``--save-stats``, ADM's reference batches) is
 read as published Inception statistics; only the published Inception weights are compared with them.
-The number is called "FID" only when the weights are the published file (``eval/fid_published.py``).
+The number is called "FID" only when the weights are the published file (``eval/fid/published.py``).
 The extractor is Inception-v3 from ``--inception-weights`` (real FID) or, with ``--proxy``, a small
 CNN resdecay trains once on a dataset ("proxy FID"; ``--data`` names it when neither side is one).
 

@@ -1,4 +1,4 @@
-"""Images with per-pixel label maps, for the unsupervised-segmentation evaluation (``eval/segmentation.py``).
+"""Images with per-pixel label maps, for the unsupervised-segmentation evaluation (``eval/segmentation/``).
 
 Six sources (``--seg-data NAME``, or ``NAME:DIR`` for a folder; the default is the evaluation's own data set):
 

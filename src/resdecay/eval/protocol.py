@@ -9,7 +9,7 @@ API all read it from this module.
 layer, AdamW lr 1e-2 (torch's default weight decay 0.01), batch 1024, 200 epochs, per-iteration
 cosine to 0, no augmentation, no feature normalisation. ``FAST_RECIPE`` (per-layer profiles, online
 tracking, the diffusion probe grid) takes 30 epochs of batch 256 and standardises features with a
-non-affine BatchNorm as MAE's probe does (see ``eval/probe.py`` for why).
+non-affine BatchNorm as MAE's probe does (see ``eval/features/probe.py`` for why).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What makes a Fréchet distance "FID": the published Inception weights, recognised by their digest, and
 the statistics files other tools publish with them (pytorch-fid's ``.npz`` with ``mu`` and ``sigma``,
-ADM's reference batches), read as reference statistics, so a score compares with theirs. ``eval/fid.py`` uses both."""
+ADM's reference batches), read as reference statistics, so a score compares with theirs. ``stats.py`` uses both."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Unsupervised semantic segmentation of frozen token features (paper §4.3: "4.10 vs 10.41 mIoU"):
 graph, solvers, dataset-level K-Means, matching and scores. Pure math on tensors; the evaluator that
-extracts tokens and reads label maps is ``segmentation_eval.py``.
+extracts tokens and reads label maps is ``source.py``.
 
 The protocol is the post-processing of Zhang et al. (CVPR 2024) that the paper names, re-implemented
 from the description in ``shared/segmentation-protocol.md`` (no code of theirs was copied):
