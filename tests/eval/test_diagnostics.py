@@ -235,3 +235,17 @@ def test_models_without_reachable_blocks_are_refused_in_one_line():
     with pytest.raises(UserError) as e:
         diagnose(torchvision.models.resnet18(num_classes=4), _images(2, s=32))
     assert "\n" not in str(e.value) and "cannot reach the branches" in str(e.value)
+
+
+def test_datasets_give_images_and_labels():
+    from torch.utils.data import TensorDataset
+    model, x, _ = mae()
+    test, train = TensorDataset(x, torch.arange(6) % 2), TensorDataset(_images(8, seed=4), torch.arange(8) % 2)
+    report = diagnose(model, test, train_images=train, which=("knockout",), knn_k=3, batch_size=4)
+    assert report["images"] == 6 and report["train_images"] == 8 and len(report["knockout"]["knn_top1"]) == 4
+
+
+def test_a_patch_size_that_does_not_fit_the_tokens_is_refused():
+    model, x, _ = mae()
+    with pytest.raises(UserError, match="pass the model's patch_size"):
+        diagnose(model, x, which=("pixels",), patch_size=2)  # 64 patches, 17 tokens

@@ -64,7 +64,7 @@ class _Run:
         self.count = {"train": 0, "test": 0}
         self.knocked = {"train": 0, "test": 0}  # images knocked out so far (knockout_images caps them)
 
-    def _pixels(self, images: torch.Tensor) -> PixelStats:
+    def _pixels(self) -> PixelStats:
         if self.pixels is None:
             patch = self.opts["patch_size"] or patch_size_of(self.model)
             if patch is None:
@@ -100,9 +100,9 @@ class _Run:
                 even = (torch.arange(start, start + len(images)) % 2 == 0).to(images.device)
                 for part, keep in (("train", even), ("test", ~even)):
                     if bool(keep.any()):
-                        self._pixels(images).update(part, [t[keep] for t in layers], images[keep])
+                        self._pixels().update(part, [t[keep] for t in layers], images[keep])
             else:
-                self._pixels(images).update(split, layers, images)
+                self._pixels().update(split, layers, images)
         if split == "test" and self.paths is not None:
             self.paths.update(rec)
         cap = self.opts["knockout_images"]

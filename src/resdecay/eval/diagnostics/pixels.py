@@ -173,6 +173,9 @@ class PixelStats:
         y = torch.cat([pix, high], dim=-1)  # (B, N, 2P): one solve serves both targets
         B, N, _ = y.shape
         self.P = pix.shape[-1]
+        if tokens[0].shape[1] < N:
+            raise UserError(f"diagnostics: {N} patches of {self.patch[0]}x{self.patch[1]} pixels but only "
+                            f"{tokens[0].shape[1]} tokens in the stream; pass the model's patch_size")
         patches = [t[:, t.shape[1] - N:] for t in tokens]  # (B, N, D) per layer: prefix tokens dropped
         if self.per_image is not None and self.per_image < N:
             idx = torch.rand(B, N, generator=self.gen).argsort(1)[:, :self.per_image].to(y.device)  # (B, k)
