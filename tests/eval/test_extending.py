@@ -230,7 +230,7 @@ def test_a_new_input_kind_in_one_file_runs_through_eval(tiny_checkpoints, capsys
     assert [r["metric"] for r in report["results"]] == ["knn", "recon_mse"]
     row = report["results"][1]
     assert row["protocol"]["images"] == 40 and row["protocol"]["test"]["images"] == 40 and row["feature"] == "pixels"
-    assert "reconstruction MSE" in out
+    assert "recon_mse" in out and "digits test 40" in out  # the report table: metric, value, protocol
     state, cfg, data = checked_checkpoint(ck, EvalSettings())
     model = ckpt.load_model(ck)[0]
     test = eval_split(data, "test", cfg.model.img_size)

@@ -55,7 +55,9 @@ def _prepare(ev: Evaluation, metrics: list):
     if ev.cfg.model.norm_pix_loss:  # the MAE's target: each patch normalised
         mean, var = target.mean(-1, keepdim=True), target.var(-1, keepdim=True)
         target = (target - mean) / (var + 1e-6) ** 0.5
-    card = {"test": {"data": ev.data.name, "split": "test", "images": len(images)}, "mask_seed": o.seed}
+    test_card = {"data": ev.data.name, "split": "test", "images": len(images)}
+    card = {"train": {**test_card, "split": "train", "images": 0, "note": "none: nothing is fitted"}, "test": test_card,
+            "split": "test", "mask_seed": o.seed}  # the card every report reads: data, splits, then the metric's own
     yield Prepared(ev.layers[0], Reconstructions(pred[:, -target.shape[1]:].cpu(), target.cpu(), mask.cpu()), card)
 
 

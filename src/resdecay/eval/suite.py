@@ -105,6 +105,9 @@ class EvalSettings:
         bad = [e for e in self.evals if e not in names]
         if bad or not self.evals:
             raise UserError(f"unknown evaluation {bad[0] if bad else '(none)'!r}; choose from {', '.join(names)}")
+        one_block = [m.name for m in registered(where="eval") if m.name in self.evals and "profile" not in m.where]
+        if self.layer == "all" and one_block:  # e.g. segmentation: not a per-layer measurement
+            raise UserError(f"{one_block[0]} measures one block: pass --layer N (or -1 for the last), not --layer all")
         if self.feature not in POOLINGS:
             raise UserError(f"--feature {self.feature!r} is unknown; choose one of {', '.join(POOLINGS)}")
         for flag, value in (("--max-train", self.max_train), ("--max-test", self.max_test)):

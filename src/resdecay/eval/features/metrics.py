@@ -100,8 +100,8 @@ def _check_bank(n_train: int, s: MetricSettings) -> None:
 
 KNN = Metric(
     name="knn", compute=_knn, protocol=_knn_card, headline="top1", options=KnnOptions(), check=_check_bank,
-    flags=(Flag("--k", "k", f"kNN neighbours (default {KNN_K})"),
-           Flag("--temperature", "temperature", f"kNN vote temperature (default {KNN_TEMPERATURE})")),
+    flags=(Flag("--k", "k", f"kNN neighbours (default {KNN_K})", type=int),
+           Flag("--temperature", "temperature", f"kNN vote temperature (default {KNN_TEMPERATURE})", type=float)),
     display=Display("kNN", describe=lambda p: f"k={p['k']} T={p['temperature']}",
                     titles={"knn_top1": f"kNN top-1 (k={KNN_K}, T={KNN_TEMPERATURE})"}, report_values=("top1", "top5"),
                     table=TableSpec("kNN", "d kNN", "kNN rand", (7, 7))))
@@ -109,7 +109,7 @@ KNN = Metric(
 PROBE = Metric(
     name="probe", compute=_probe, protocol=lambda s: {"probe": _recipe(s).card()}, headline="top1",
     options=ProbeOptions(),
-    flags=(Flag("--probe-epochs", "epochs", "probe epochs (default 200; 30 for --layer all)"),
+    flags=(Flag("--probe-epochs", "epochs", "probe epochs (default 200; 30 for --layer all)", type=int),
            Flag("--probe-norm", "feature_norm", "none | batchnorm (default: none for the 200-epoch IN-100 recipe, "
                                                  "batchnorm for --layer all)", choices=("none", "batchnorm"))),
     display=Display("linear probe", describe=_probe_text, titles={"probe_top1": "linear-probe top-1 (fast recipe)"},

@@ -26,16 +26,16 @@ _DEFAULTS = SegProtocol()
 SEG_FLAGS = (
     Flag("--seg-solver", "solver", f"segmentation: {' | '.join(SOLVERS)} (default {_DEFAULTS.solver}: eigenvectors of "
                                    "the kNN graph; learned: the authors' SGD embedding; kmeans: on the tokens)"),
-    Flag("--seg-k", "k", "segmentation clusters (default: the number of classes)"),
-    Flag("--seg-images", "images", f"segmentation images (default {_DEFAULTS.images})"),
-    Flag("--seg-seed", "seed", f"segmentation K-Means / solver seed (default {_DEFAULTS.seed})"),
+    Flag("--seg-k", "k", "segmentation clusters (default: the number of classes)", type=int),
+    Flag("--seg-images", "images", f"segmentation images (default {_DEFAULTS.images})", type=int),
+    Flag("--seg-seed", "seed", f"segmentation K-Means / solver seed (default {_DEFAULTS.seed})", type=int),
     Flag("--seg-data", "data", f"label maps from: {' | '.join(SEG_DATA)} (default: the evaluation's data set, which must "
                                "have them); a folder as NAME:DIR, e.g. folder:my-seg (your images/ and labels/, "
                                "docs/segmentation.md), voc:VOC2012, cocostuff27:DIR", type=seg_data_arg,
          metavar="NAME[:DIR]"),
     Flag("--seg-path", "path", "the cocostuff27 / voc / folder folder (or --seg-data NAME:DIR)"),
     Flag("--seg-ignore-index", "ignore_index", "the label value of unlabelled pixels in voc / folder label maps "
-                                               f"(default {_DEFAULTS.ignore_index})"))
+                                               f"(default {_DEFAULTS.ignore_index})", type=int))
 
 
 def _segmentation(x: SegmentationSet, s: MetricSettings) -> list[Result]:
