@@ -2,6 +2,7 @@
 first N (which are one or two classes, since the folder lists its files class by class)."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,10 +16,12 @@ from resdecay.data.subsets import balanced_indices, dataset_labels
 from resdecay.eval.features import baselines as baselines
 from resdecay.eval.features.baselines import default_baseline_cache, pixel_rows
 from resdecay.eval.features.cache import FeatureCache
+from resdecay.eval.features.source import cached_features
 from resdecay.eval.metrics import FEATURES, registered
 from resdecay.eval.online import OnlineEval
 from resdecay.eval.protocol import FAST_RECIPE, MetricSettings
-from resdecay.eval.suite import EvalSettings, cached_features
+from resdecay.eval.sources import Evaluation
+from resdecay.eval.suite import EvalSettings
 from resdecay.models import build_model
 from resdecay.train.config import load_config
 
@@ -107,14 +110,18 @@ def test_eval_max_train_draws_every_class_and_keys_the_cache_by_the_draw(sorted_
                                           "model.decoder_embed_dim=32", "model.decoder_depth=1", "model.decoder_num_heads=2"])
     torch.manual_seed(0)
     model = build_model(cfg.model).eval()
-    s = EvalSettings(evals=("knn",), metric_options={"knn": {"k": 2}}, progress=False)
     cache = FeatureCache.open(tmp_path / "cache")
-    feats, labels, card, hit = cached_features(model, "x", data, "train", SIDE, [1], ("mean",), 8, s, cache, "cpu")
+
+    def evaluation(max_train):  # what the features source reads: the model, its data and the settings
+        s = EvalSettings(evals=("knn",), metric_options={"knn": {"k": 2}}, progress=False, max_train=max_train)
+        return Evaluation(Path("x"), "x", {}, cfg, model, data, s, [1], torch.device("cpu"), tmp_path / "report")
+
+    feats, labels, card, hit = cached_features(evaluation(8), model, "x", "train", [1], cache)
     assert counts(labels) == [2, 2, 2, 2] and not hit  # --max-train 8 was 8 images of class 0
     assert card["images"] == 8 and card["subset"] == "8 of 40 train images, class-balanced, seed 0"
     assert card["normalize"].startswith("ImageNet's mean/std for any folder")
-    assert cached_features(model, "x", data, "train", SIDE, [1], ("mean",), 8, s, cache, "cpu")[3]  # reused
-    whole = cached_features(model, "x", data, "train", SIDE, [1], ("mean",), None, s, cache, "cpu")[2]
+    assert cached_features(evaluation(8), model, "x", "train", [1], cache)[3]  # reused
+    whole = cached_features(evaluation(None), model, "x", "train", [1], cache)[2]
     assert "subset" not in whole and whole["images"] == 40
 
 

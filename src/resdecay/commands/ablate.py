@@ -37,7 +37,7 @@ from .. import yaml_io
 from ..errors import UserError
 from ..eval.features.baselines import default_baseline_cache
 from ..eval.metrics import FEATURES, Metric, registered, row_columns
-from ..eval.suite import EvalSettings, evaluate_checkpoint
+from ..eval.suite import LEGACY_KEYS, EvalSettings, evaluate_checkpoint
 from ..models import build_model
 from ..nn.shortcut_info import describe_model
 from ..train import distributed as dist_env
@@ -88,7 +88,7 @@ def load_grid(grid: str) -> dict:
     if g.get("baseline", names[0]) not in names:
         raise UserError(f"baseline {g['baseline']!r} is not a variant of the grid; variants: {', '.join(names)}")
     g.setdefault("baseline", names[0])
-    valid = {f.name for f in fields(EvalSettings)}
+    valid = {f.name for f in fields(EvalSettings)} | set(LEGACY_KEYS)  # older grid files' keys still read
     bad = [k for k in g.get("eval", {}) if k not in valid]
     if bad:
         raise UserError(f"eval key {bad[0]!r} does not exist; valid keys: {', '.join(sorted(valid))}")
