@@ -2,26 +2,69 @@
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import TINY, seed_proxy_cache, write_idx
+from helpers import CPUS, THREADS, TINY, WORKERS, seed_proxy_cache, write_idx
 from resdecay.io import atomic_save
 
-# README's test command spreads the tests over the cores with pytest-xdist (-n auto): one worker process per core,
-# each with the cores it may call its own (one on a 2-core machine), since two workers of two threads each on two
-# cores lose more to the threads waiting on each other than the second thread gains on these tiny models. The
-# processes a test starts (torchrun, the CLI in a subprocess) inherit that count, unless the test sets its own. A
-# plain run (no -n) is alone on the machine and keeps two threads.
-WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-THREADS = max(1, min(2, (os.cpu_count() or 1) // WORKERS)) if WORKERS else 2
+# The processes a test starts (torchrun, the CLI in a subprocess) inherit a worker's share of the CPUs
+# (helpers.THREADS) unless the test sets its own: torch would take every core in each of them.
 if WORKERS:
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(THREADS)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, called for -n auto
+def pytest_xdist_auto_num_workers(config):
+    """One worker per CPU this process may run on. xdist's own count is the physical cores: one worker on a
+    2-vCPU machine whose vCPUs are the two threads of one core, where two workers still finish sooner than one.
+    PYTEST_XDIST_AUTO_NUM_WORKERS, when set, still decides (xdist's own hook reads it)."""
+    return None if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else CPUS
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: who runs which test under -n
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's default (``load``) hands out single tests, so the tests of a module whose own fixture outlives one
+    test (a trained run, a built model, a workspace) land on every worker, and each worker builds it again. Such a
+    module goes to one worker whole; every other test is still handed out alone. The modules go out first, the
+    largest first (xdist's --loadscope-reorder), so no long module starts last while the other worker idles.
+    (``--dist loadgroup`` with xdist_group marks would do the first part, but it cannot rename a test's id under
+    pytest 9.) Another ``--dist`` given on the command line is left to xdist."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixturesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            path = nodeid.split("::")[0]
+            return path if shares_fixtures(config.rootpath / path) else nodeid
+
+    return SharedFixturesTogether(config, log)
+
+
+@functools.cache
+def shares_fixtures(path: Path) -> bool:
+    """Whether the test module at ``path`` defines a fixture of a scope wider than one test."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            for dec in node.decorator_list:
+                if isinstance(dec, ast.Call) and any(
+                        k.arg == "scope" and not (isinstance(k.value, ast.Constant) and k.value.value == "function")
+                        for k in dec.keywords):
+                    return True
+    return False
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -99,8 +142,29 @@ def fake_imagefolder(tmp_path):
     return root
 
 
-# Trained tiny runs shared by the session: each is trained once, on first use, instead of once per test. They
-# are read-only: a test that resumes a run or writes into its folder works on a copy (helpers.copy_run).
+def once_per_run(tmp_path_factory, name: str, build):
+    """``build(folder)``'s result (``folder`` a new empty folder), built once for the whole test run. Under xdist the
+    first worker to ask builds it in a folder every worker sees (the run's base temporary folder) while the others
+    wait on a lock, then read its result back, instead of each worker training the same thing again."""
+    if not WORKERS:
+        return build(tmp_path_factory.mktemp(name))
+    from filelock import FileLock  # a dependency of torch's
+
+    root = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers (theirs are popen-gwN in it)
+    result = root / f"{name}.pickle"
+    with FileLock(root / f"{name}.lock"):
+        if not result.is_file():
+            shutil.rmtree(root / name, ignore_errors=True)  # what a worker that failed to build it left
+            (root / name).mkdir()
+            value = build(root / name)
+            result.write_bytes(pickle.dumps(value))
+        return pickle.loads(result.read_bytes())
+
+
+# Trained tiny runs shared by the session: each is trained once, on first use, instead of once per test (and once
+# for all xdist workers). They are read-only: a test that resumes a run or writes into its folder works on a copy
+# (helpers.copy_run). Every worker trains with the same threads (helpers.THREADS), so whichever worker trained
+# one, it has the bits of a run trained inside a test.
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     """Two short digits runs (decayed and plain): ``load_config(preset, [*TINY, f"train.out_dir=..."])``,
@@ -108,13 +172,15 @@ def tiny_checkpoints(tmp_path_factory):
     from resdecay.train import train
     from resdecay.train.config import load_config
 
-    torch.set_num_threads(THREADS)  # as every test runs (_threads): the same bits as a run trained inside a test
-    root = tmp_path_factory.mktemp("ckpts")
-    out = {}
-    for name, preset in (("decayed", "mae-tiny-digits"), ("plain", "mae-tiny-digits-plain")):
-        cfg = load_config(preset, [*TINY, "train.epochs=2", f"train.out_dir={root / name}"])
-        out[name] = train(cfg, progress=False)["checkpoint"]
-    return out
+    def build(root):
+        torch.set_num_threads(THREADS)  # as every test runs (_threads): the same bits as a run trained inside a test
+        out = {}
+        for name, preset in (("decayed", "mae-tiny-digits"), ("plain", "mae-tiny-digits-plain")):
+            cfg = load_config(preset, [*TINY, "train.epochs=2", f"train.out_dir={root / name}"])
+            out[name] = train(cfg, progress=False)["checkpoint"]
+        return out
+
+    return once_per_run(tmp_path_factory, "ckpts", build)
 
 
 @pytest.fixture(scope="session")
@@ -123,12 +189,14 @@ def tiny_fmnistm_checkpoint(tmp_path_factory):
     from resdecay.train import train
     from resdecay.train.config import load_config
 
-    torch.set_num_threads(THREADS)
-    root = tmp_path_factory.mktemp("fmnistm")
-    fmnist = write_fake_fmnist(root / "fmnist")
-    cfg = load_config("mae-tiny-fmnistm", [*TINY, "train.epochs=1", "train.batch_size=48",
-                                           f"train.out_dir={root / 'run'}", f"data.path={fmnist}"])
-    return train(cfg, progress=False)["checkpoint"]
+    def build(root):
+        torch.set_num_threads(THREADS)
+        fmnist = write_fake_fmnist(root / "fmnist")
+        cfg = load_config("mae-tiny-fmnistm", [*TINY, "train.epochs=1", "train.batch_size=48",
+                                               f"train.out_dir={root / 'run'}", f"data.path={fmnist}"])
+        return train(cfg, progress=False)["checkpoint"]
+
+    return once_per_run(tmp_path_factory, "fmnistm", build)
 
 
 @pytest.fixture(scope="session")
@@ -137,11 +205,13 @@ def digits_proxy(tmp_path_factory) -> Path:
     a cache folder of its own copies the file there (helpers.seed_proxy_cache) instead of training it again."""
     from resdecay.eval.fid import proxy_extractor
 
-    torch.set_num_threads(THREADS)
-    cache = tmp_path_factory.mktemp("digits-proxy")
-    proxy_extractor("digits", cache_dir=cache)
-    (path,) = cache.glob("proxy-cnn-digits-8px-*.pt")
-    return path
+    def build(cache):
+        torch.set_num_threads(THREADS)
+        proxy_extractor("digits", cache_dir=cache)
+        (path,) = cache.glob("proxy-cnn-digits-8px-*.pt")
+        return path
+
+    return once_per_run(tmp_path_factory, "digits-proxy", build)
 
 
 E2E = Path(__file__).resolve().parent / "e2e"
@@ -182,8 +252,3 @@ def diffusion_proxy_cache(tmp_path_factory, monkeypatch, digits_proxy):
     xdg = tmp_path_factory.getbasetemp() / "cache"
     seed_proxy_cache(digits_proxy, xdg / "resdecay" / "fid")
     monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_auto_num_workers(config):
-    return 3

@@ -12,13 +12,13 @@ import sys
 import pytest
 import torch
 
-from helpers import TINY, assert_one_line_error, run
+from helpers import THREADS, TINY, assert_one_line_error, run
 from resdecay.io import sweep_stale_temps
 from resdecay.train import train
 from resdecay.train.config import load_config
 from resdecay.train.run import runlock
 
-SMALL = [*TINY, "train.epochs=1", "data.train_subset=256", "train.threads=2"]  # 4 steps
+SMALL = [*TINY, "train.epochs=1", "data.train_subset=256", f"train.threads={THREADS}"]  # 4 steps
 
 
 def _python(code: str, *args) -> subprocess.Popen:
@@ -174,7 +174,7 @@ def bad_imagefolder(fake_imagefolder):
 
 def _folder_run(root, out, *extra):
     return load_config("mae-tiny-digits", [*TINY, "data.name=imagefolder", f"data.path={root}", "model.in_chans=3",
-                                           "train.batch_size=4", "train.epochs=2", "train.log_every=1", "train.threads=2",
+                                           "train.batch_size=4", "train.epochs=2", "train.log_every=1", f"train.threads={THREADS}",
                                            f"train.out_dir={out}", *extra])
 
 

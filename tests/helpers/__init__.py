@@ -1,6 +1,6 @@
 """What many test files share: the tiny model sizes (``tiny_config``) and run overrides, the command-line runner
 and its one-line-error check, copies of the session's shared runs and proxy extractor (``copy_run``,
-``seed_proxy_cache``), a free TCP port for torchrun, and the IDX writer behind the fake Fashion-MNIST folders.
+``seed_proxy_cache``), the torch threads of a test process (``THREADS``), a free TCP port for torchrun, and the IDX writer behind the fake Fashion-MNIST folders.
 
 Modules beside this one: ``helpers.interop`` (foreign checkpoints in each format), ``helpers.adapter_models``
 (one tiny model per row of docs/plug-and-play.md) and ``helpers.readme_commands`` (how each documented command
@@ -9,6 +9,7 @@ is shrunk for the executable-docs test)."""
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 import socket
 import struct
@@ -20,6 +21,15 @@ from resdecay.models import TINY as TINY_MODELS
 from resdecay.models import model_config_class
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# torch CPU threads of a test process. README's test command spreads the tests over the CPUs with pytest-xdist
+# (-n auto, one worker process per CPU): each worker gets its share, one thread on a 2-core machine. Two threads
+# in each of two workers on two cores are ruinous, not just wasted: a thread that waits on its busy sibling spins,
+# and the tiny digits run took 47-107 s with 2 threads and 2.5 s with 1 beside another job. A plain run (no -n)
+# is alone and keeps two. Tests that pin the threads of the runs they compare pin them to this.
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+THREADS = max(1, min(2, CPUS // WORKERS)) if WORKERS else 2
 
 # The digits images (8x8, one channel) in 2x2 patches: the geometry of most tests' hand-built models.
 DIGITS_IMAGE = dict(img_size=8, in_chans=1, patch_size=2)

@@ -331,6 +331,8 @@ PLANS: dict[str, Plan] = {
     "resdecay --plugin docs/examples/extending/cka.py eval runs/mixer-digits/checkpoints/step_00000440.pt --evals knn,cka "
     "--layer all --metric-option cka.reference=-1": Plan(
         covered=EXT + "test_a_metric_over_two_blocks_in_one_file_runs_through_eval", needle="cka.reference=-1"),
+    "resdecay --plugin docs/examples/extending/reconstruction.py eval RUN/checkpoints/step_N.pt --evals knn,recon_mse":
+        Plan(covered=EXT + "test_a_new_input_kind_in_one_file_runs_through_eval", needle="reconstruction.py eval RUN/"),
     # interop (the foreign files are tiny fakes in each format: tests/helpers/interop.py)
     "resdecay import-weights mae_pretrain_vit_base.pth --format mae --preset mae-b16-plain --out mae.pt": Plan(
         add=HEADS, expect=("mae.pt",)),
@@ -474,5 +476,7 @@ PYTHON_BLOCKS: dict[str, dict[str, str] | tuple[str, str]] = {
     "docs/segmentation.md: Your own images and label maps (`--seg-data folder:DIR`)": {},
     "docs/EXTENDING.md: (d) A metric over two blocks: linear CKA": (
         EXT + "test_a_metric_over_two_blocks_in_one_file_runs_through_eval", "cka.py"),
+    "docs/EXTENDING.md: (e) A new input kind: the MAE's pixel reconstructions": (
+        EXT + "test_a_new_input_kind_in_one_file_runs_through_eval", "reconstruction.py"),
 }
 

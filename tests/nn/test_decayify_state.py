@@ -40,6 +40,7 @@ def test_model_and_deepcopy_run_concurrently_in_threads():
             errors.append(repr(e))
 
     threads = [threading.Thread(target=work, args=(m,)) for m in (model, twin)]
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for t in threads:
@@ -47,7 +48,7 @@ def test_model_and_deepcopy_run_concurrently_in_threads():
         for t in threads:
             t.join()
     finally:
-        torch.set_num_threads(2)
+        torch.set_num_threads(before)
     assert not errors, errors[:3]
 
 

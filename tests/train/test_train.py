@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from helpers import TINY, copy_run
+from helpers import THREADS, TINY, copy_run
 from resdecay.errors import CheckpointError, TrainingDiverged
 from resdecay.models import FAMILIES, Family
 from resdecay.train import checkpoint as ckpt
@@ -52,7 +52,7 @@ def test_tiny_run_learns_and_writes_everything(tmp_path, tiny_overrides):
 
 
 def _cli(args, **kw):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(THREADS)}
     return subprocess.Popen([sys.executable, "-m", "resdecay", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env, **kw)
 
@@ -60,7 +60,7 @@ def _cli(args, **kw):
 @pytest.mark.slow
 def test_sigkill_then_resume_auto_equals_uninterrupted_run(tmp_path):
     common = ["pretrain", "--preset", "mae-tiny-digits", "--no-progress", *TINY, "train.epochs=12", "train.ckpt_every=25",
-              "train.threads=2", "data.augment=mae"]
+              f"train.threads={THREADS}", "data.augment=mae"]
     # 1. uninterrupted
     ref = _cli([*common, f"train.out_dir={tmp_path / 'ref'}"])
     assert ref.wait(timeout=300) == 0, ref.stdout.read()
