@@ -7,6 +7,7 @@
     resdecay.knn_accuracy(train_feats, train_labels, test_feats, test_labels)
     resdecay.linear_probe(train_feats, train_labels, test_feats, test_labels)["top1"]
     resdecay.effective_rank(feats[11])
+    resdecay.diagnose(model, test_images, train_images=train_images)   # what the identity path carries, per layer
     model.save_pretrained("mae-digits", run_dir="runs/x")                # config.json, model.safetensors, README.md card
     model = resdecay.from_pretrained("mae-digits")                       # a folder, or a hub id user/name
     model.resdecay_config["alpha"]["alpha_eff"]                          # its config.json
@@ -30,6 +31,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from .errors import UserError
+from .eval.diagnostics import diagnose
 from .eval.features.extract import POOLINGS
 from .eval.features.extract import extract_block_features as _extract
 from .eval.features.knn import knn_accuracy as _knn_accuracy
@@ -44,7 +46,7 @@ from .models.common import BlockIndexError, resolve_blocks
 from .train.checkpoint import load_model as _load_model
 from .train.config import RunConfig, load_config
 
-__all__ = ["create_model", "load_model", "extract_features", "knn_accuracy", "linear_probe", "effective_rank"]
+__all__ = ["create_model", "load_model", "extract_features", "knn_accuracy", "linear_probe", "effective_rank", "diagnose"]
 
 
 def create_model(preset: str | RunConfig = "mae-tiny-digits", **overrides: Any) -> torch.nn.Module:

@@ -56,7 +56,7 @@ def test_the_record_says_what_is_measured_and_its_display_how_it_is_shown():
     assert fields == ["name", "compute", "protocol", "headline", "higher_is_better", "applies_to", "where",
                       "extra_pools", "options", "check", "display", "flags"]  # was 18, with the display mixed in
     assert [f.name for f in dataclasses.fields(Display)] == ["label", "describe", "column", "table_feature", "titles",
-                                                             "report_values", "log_scale", "table", "filled"]
+                                                             "report_values", "log_scale", "table", "grid", "filled"]
     with pytest.raises(TypeError, match="headline"):  # no default: a metric without a top-1 says what it has
         Metric(name="x", compute=_nothing, protocol=lambda s: {})
     with pytest.raises(UserError, match="headline must name"):
@@ -72,7 +72,7 @@ def test_builtin_column_keys_titles_and_tables_are_unchanged():
     keys = {m.name: m.display.key for m in registered()}
     assert keys == {"knn": "knn_top1", "probe": "probe_top1", "rank": "rank_cls", "token_norm": "feature_norm",
                     "shortcut_ratio": "shortcut_ratio_", "fid": "proxy_fid", "diffusion_probe": "probe_best_top1",
-                    "segmentation": "segmentation_miou"}
+                    "segmentation": "segmentation_miou", "diagnostics": "diag_direct_share"}
     per_feature = {("rank", "patch_mean"): "rank_patch_mean", ("shortcut_ratio", "mlp"): "shortcut_ratio_mlp",
                    ("fid", "inception"): "inception_fid", ("knn", "cls"): "knn_top1", ("token_norm", "tokens"): "feature_norm"}
     for (name, feature), key in per_feature.items():

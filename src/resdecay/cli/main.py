@@ -110,6 +110,15 @@ def add_measurement_commands(sub) -> None:
     """eval, compare, plot, figures: the commands that measure and draw trained runs."""
     e = sub.add_parser("eval", parents=[data_options("dataset (default: the checkpoint's training data)"), device_option(), progress_option()], help="kNN, linear probe and effective rank of checkpoints (features cached)")
     e.add_argument("checkpoints", nargs="*", help="checkpoint files (<run>/checkpoints/step_*.pt)")
+    e.add_argument("--model", default=None, metavar="SPEC",
+                   help="a model trained elsewhere: timm:NAME or torchvision:NAME (with --weights FILE), or a "
+                        "transformers / diffusers save_pretrained folder; needs --data")
+    e.add_argument("--weights", default=None, metavar="FILE",
+                   help="--model timm:/torchvision: its weights (state_dict, checkpoint, safetensors or a "
+                        "save_decayified file); default: random weights")
+    e.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="--model: a constructor argument (repeatable), e.g. img_size=32, in_chans=1; timestep / "
+                        "class_label: a diffusion backbone's fixed conditioning (diffusers default 500 / 0)")
     e.add_argument("--baseline", choices=("pixels",), default=None,
                    help="pixels: the raw-pixel baseline of --data alone, no checkpoint (cached per data set and protocol)")
     e.add_argument("--img-size", type=int, default=None, help="with --baseline pixels: image side (default: the data set's own)")

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 
 import torch.distributed as dist
+import yaml
 
 from ..data import DataConfig, build_dataset
 from ..data.subsets import balanced_subset
@@ -18,23 +20,40 @@ from ..errors import UserError
 from ..eval.compare import compare_reports, format_comparison, load_report
 from ..eval.diffusion.probe import FAST_RECIPE, NOISE_LEVELS, check_levels, probe_grid
 from ..eval.features.baselines import default_baseline_cache
+from ..eval.foreign import ForeignEncoder, ForeignRun
 from ..eval.inputs import check_data_path, check_writable, removed_if_refused, write_failure
 from ..eval.metrics import FEATURES, flag_options, metric_names
 from ..eval.options import parse_assignments
 from ..eval.reports import format_report, protocol_text, values_text
-from ..eval.suite import EvalSettings, checked_checkpoint, evaluate_checkpoint, evaluate_pixels
+from ..eval.suite import EvalSettings, checked_checkpoint, evaluate, evaluate_checkpoint, evaluate_pixels, open_foreign
+from ..interop.foreign_model import ForeignModel, load_foreign
 from ..io import run_dir_of
 from ..models import is_diffusion
 from ..train import distributed as dist_env
 from ..train.checkpoint import load_checkpoint, load_model
 from ..train.config import from_dict
 from ..train.distributed import is_main_process, resolve_device
+from ..viz.diagnostics_figures import plot_diagnostics
 from ..viz.plots import plot_bars, plot_grid, plot_profile
 from .options import data_config, noise_levels
 
 
-def _report_dir(ckpt: str, out: str | None) -> Path:
-    return Path(out) / run_dir_of(Path(ckpt)).name if out else run_dir_of(Path(ckpt)) / "eval"
+def _report_dir(target, out: str | None) -> Path:
+    if isinstance(target, ForeignModel):  # a model trained elsewhere: no run folder of its own
+        return Path(out or "runs/eval") / re.sub(r"[^A-Za-z0-9_.-]+", "-", target.source.strip("/")).strip("-")
+    return Path(out) / run_dir_of(Path(target)).name if out else run_dir_of(Path(target)) / "eval"
+
+
+def _evaluate_target(target, settings: EvalSettings, folder: Path) -> dict | None:
+    """A checkpoint's evaluation, or a foreign model's behind the model contract (``eval/foreign.py``)."""
+    if not isinstance(target, ForeignModel):
+        return evaluate_checkpoint(target, settings, folder)
+    if settings.data is None:
+        raise UserError(f"--model {target.source}: name the data set to measure it on with --data NAME (and --data-path DIR)")
+    encoder = ForeignEncoder(target.model, target.source, target.weights, target.inputs.get("img_size"),
+                             target.inputs.get("in_chans"), target.conditioning)
+    return evaluate(open_foreign(encoder, ForeignRun(encoder.cfg, settings.data, build=target.fresh), settings, folder),
+                    settings)
 
 
 def check_eval_inputs(reports: dict[str, Path], settings: EvalSettings, out: str | None = None) -> None:
@@ -46,7 +65,8 @@ def check_eval_inputs(reports: dict[str, Path], settings: EvalSettings, out: str
         reports: each checkpoint's report folder; settings: the evaluation settings; out: ``--out`` or None.
     """
     for ckpt in reports:
-        checked_checkpoint(ckpt, settings)
+        if not isinstance(ckpt, ForeignModel):
+            checked_checkpoint(ckpt, settings)
     fix = "pass --out DIR (a folder you can write)" if out is None else "pass --out with a folder you can write"
     for folder in reports.values():
         check_writable(folder, fix)
@@ -86,7 +106,9 @@ def run_eval(checkpoints: list[str], settings: EvalSettings, out: str | None = N
     """``_evaluate_all``; a refused evaluation removes the report and cache folders it created and left empty."""
     reports = {c: _report_dir(c, out) for c in checkpoints}
     folders = [*reports.values()] + [Path(out or "runs/eval")] * (settings.layer == "all")
-    folders += [Path(settings.cache_dir) if settings.cache_dir else run_dir_of(Path(c)) / "eval" / "cache" for c in checkpoints]
+    folders += [Path(settings.cache_dir) if settings.cache_dir else
+                reports[c] / "cache" if isinstance(c, ForeignModel) else run_dir_of(Path(c)) / "eval" / "cache"
+                for c in checkpoints]
     with removed_if_refused(folders):
         return _evaluate_all(reports, settings, out)
 
@@ -106,9 +128,9 @@ def _evaluate_all(reports: dict[str, Path], settings: EvalSettings, out: str | N
               f"({', '.join(settings.evals)}): ignored; add it to --evals to run it")
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     env = dist_env.setup("cpu" if settings.device == "cpu" else "auto") if distributed else None
-    profiles, done = {}, {}
+    profiles, done, diagnosed = {}, {}, {}
     for ckpt, folder in reports.items():
-        report = evaluate_checkpoint(ckpt, settings, folder)
+        report = _evaluate_target(ckpt, settings, folder)
         if report is None:  # a non-zero torchrun rank: it only helped extract features
             continue
         name = "profile" if layer == "all" else "eval"
@@ -116,13 +138,18 @@ def _evaluate_all(reports: dict[str, Path], settings: EvalSettings, out: str | N
         print(format_report(report))
         if layer == "all":
             profiles[report["label"]] = report["profile"]
+        if "diagnostics" in report:
+            diagnosed[report["label"]] = report["diagnostics"]
+            print(f"diagnostics: {plot_diagnostics({report['label']: report['diagnostics']}, folder / 'diagnostics.png')}")
         note = _bad_files_note(report)
         if note:
             print(note)
         hits = report["cache"]
         print(f"wrote {folder / (name + '.json')} (feature cache: train {'hit' if hits['train_hit'] else 'new'}, "
               f"test {'hit' if hits['test_hit'] else 'new'}, in {hits['dir']}{'' if hits['written'] else ', not written'})\n")
-        done[str(ckpt)] = report
+        done[str(getattr(ckpt, "source", ckpt))] = report
+    if len(diagnosed) > 1:
+        print(f"diagnostics overlay: {plot_diagnostics(diagnosed, Path(out or 'runs/eval') / 'diagnostics_overlay.png')}")
     if len(profiles) > 1:
         path = plot_profile(profiles, Path(out or "runs/eval") / "profile_overlay.png", note=_protocol_note(settings))
         print(f"overlay: {path}")
@@ -282,6 +309,17 @@ def eval_settings(args) -> EvalSettings:
                         metric_options={n: {**flags.get(n, {}), **given.get(n, {})} for n in [*flags, *given]})
 
 
+def model_args(items: list[str]) -> dict:
+    """``--model-arg KEY=VALUE`` (repeatable) as constructor arguments, each value read as a YAML scalar."""
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip().isidentifier():
+            raise UserError(f"--model-arg {item!r} is not KEY=VALUE (e.g. --model-arg img_size=32)")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 def eval_command(args) -> None:
     """``resdecay eval``: the parsed options as evaluation settings, then the checkpoints measured, or
     (``--baseline pixels``) the raw pixels of a data set alone."""
@@ -293,11 +331,16 @@ def eval_command(args) -> None:
                             "(pixels are measured beside every checkpoint anyway)")
         run_pixel_baseline(data, settings, args.img_size, args.out)
         return
-    if not args.checkpoints:
-        raise UserError("eval needs checkpoint files (<run>/checkpoints/step_*.pt), or --baseline pixels --data NAME")
+    targets = list(args.checkpoints)
+    if args.model:  # a model trained elsewhere: built, its weights loaded, measured like a checkpoint
+        targets.append(load_foreign(args.model, args.weights, model_args(args.model_arg)))
+    elif args.weights or args.model_arg:
+        raise UserError("--weights and --model-arg describe a --model SPEC (e.g. --model timm:vit_small_patch16_224); add it")
+    if not targets:
+        raise UserError("eval needs checkpoint files (<run>/checkpoints/step_*.pt), --model SPEC, or --baseline pixels --data NAME")
     if args.img_size is not None:
         raise UserError("--img-size applies to --baseline pixels; a checkpoint's images are read at its model.img_size")
-    run_eval(args.checkpoints, settings, args.out)
+    run_eval(targets, settings, args.out)
 
 
 def eval_diffusion_command(checkpoint: str, data: str | None, data_path: str | None, out: str | None, layers: str,

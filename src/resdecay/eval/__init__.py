@@ -4,9 +4,11 @@
 (kNN, probe, rank, baselines), ``fid/``, ``diffusion/`` (the probe grid), ``segmentation/``, ``diagnostics/``.
 
 Importing the package registers the built-in sources and metrics, in the order that is the column order
-of every table: features, layers, blocks; samples (FID); diffusion; segmentation.
+of every table: features, layers, blocks; samples (FID); diffusion; segmentation; diagnostics.
 """
 
+from .diagnostics import metric as diagnostics_metric
+from .diagnostics import source as diagnostics_source
 from .diffusion import metric as diffusion_metric
 from .diffusion import source as diffusion_source
 from .features import metrics as features_metrics
@@ -23,9 +25,11 @@ from .segmentation import source as segmentation_source
 from .sources import Prepared, Source, register_source, unregister_source
 
 # The built-ins, registered here in the order that is every table's column order (a plugin's come after).
-for _source in (*features_source.SOURCES, *fid_source.SOURCES, *diffusion_source.SOURCES, *segmentation_source.SOURCES):
+for _source in (*features_source.SOURCES, *fid_source.SOURCES, *diffusion_source.SOURCES, *segmentation_source.SOURCES,
+                *diagnostics_source.SOURCES):
     register_source(_source)
-for _metric in (*features_metrics.METRICS, *fid_metric.METRICS, *diffusion_metric.METRICS, *segmentation_metric.METRICS):
+for _metric in (*features_metrics.METRICS, *fid_metric.METRICS, *diffusion_metric.METRICS, *segmentation_metric.METRICS,
+                *diagnostics_metric.METRICS):
     register_metric(_metric)
 
 __all__ = ["BlockStats", "FeatureSet", "LayerSet", "Metric", "Prepared", "Source", "effective_rank",

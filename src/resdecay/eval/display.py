@@ -64,6 +64,8 @@ class Display:
         report_values: the values the text report and ``compare`` print (default: the headline).
         log_scale: draw its profile panel on a log axis.
         table: its ``ablate`` columns (default: headed by the label, no random-init column).
+        grid: the text report shows its rows as one table, a line per layer and a column per feature
+            (the diagnostics' many quantities per block), not a line per row.
     """
 
     label: str
@@ -74,6 +76,7 @@ class Display:
     report_values: tuple[str, ...] = ()
     log_scale: bool = False
     table: TableSpec | None = None
+    grid: bool = False
     filled: frozenset[str] = field(default=frozenset(), repr=False, compare=False)  # defaults ``completed`` set
 
     def completed(self, name: str, headline: str) -> Display:

@@ -54,12 +54,36 @@ def format_report(report: dict) -> str:
             lines.append(f"{r['layer']:>5} " + " ".join(f"{r.get(k, math.nan):>19.4f}" for k in keys))
         return "\n".join(lines + _baseline_lines(report))
     lines.append(f"{'metric':<8} {'layer':>5} {'feature':<10} {'value':<32} protocol")
+    grids = [r for r in report["results"] if _shown_as_grid(r)]
     for r in report["results"]:
+        if _shown_as_grid(r):
+            continue
         lines.append(f"{r['metric']:<8} {r['layer']:>5} {r['feature']:<10} {values_text(r):<32} {protocol_text(r)}")
         lines += detail_lines(r)
+    lines += grid_lines(grids)
     if report.get("plugins"):
         lines.append(f"plugins loaded: {', '.join(report['plugins'])}")
     return "\n".join(lines + _baseline_lines(report))
+
+
+def _shown_as_grid(row: dict) -> bool:
+    m = get_metric(row["metric"])
+    return m is not None and m.display.grid
+
+
+def grid_lines(rows: list[dict]) -> list[str]:
+    """Rows of ``grid`` metrics as one table per metric: a line per layer, a column per feature, the
+    metric's protocol (from its first row) above it."""
+    lines = []
+    for name in dict.fromkeys(r["metric"] for r in rows):
+        own = [r for r in rows if r["metric"] == name]
+        features = list(dict.fromkeys(r["feature"] for r in own))
+        m = get_metric(name)
+        cells = {(r["layer"], r["feature"]): r["values"][m.headline] for r in own}
+        lines += [f"{name}: {protocol_text(own[0])}", f"{'layer':>5} " + " ".join(f"{f:>17}" for f in features)]
+        for layer in dict.fromkeys(r["layer"] for r in own):
+            lines.append(f"{layer:>5} " + " ".join(f"{cells.get((layer, f), math.nan):>17.4f}" for f in features))
+    return lines
 
 
 def detail_lines(row: dict, width: int = 110) -> list[str]:

@@ -42,6 +42,8 @@ class Evaluation:
         side: the image side when there is no model (the raw pixels of a data set alone); else the model's.
         notes: what sources add to the report besides rows (``cache``, ``bad_files``), in the order added.
         shared: what two sources share within one evaluation (the features ``layers`` reuses).
+        cache_dir: the feature cache's folder when ``--cache-dir`` names none (``<run>/eval/cache``; a
+            foreign model's ``<report>/cache``).
     """
 
     checkpoint: Path | None
@@ -57,6 +59,7 @@ class Evaluation:
     notes: dict = field(default_factory=dict)
     shared: dict = field(default_factory=dict)
     side: int | None = None
+    cache_dir: Path | None = None
 
     @property
     def img_size(self) -> int:

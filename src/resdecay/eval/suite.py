@@ -11,6 +11,8 @@ the ``blocks`` source adding the token norms and the shortcut-to-branch ratios |
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from ..train.config import from_dict
 from ..train.distributed import resolve_device
 from ..train.log.tracking import log_to_run
 from .features.extract import POOLINGS
+from .foreign import ForeignRun
 from .inputs import check_data_path, check_encoder_family
 from .metrics import FEATURES, Metric, cached_rows, measure_prepared, registered, row_columns
 from .options import checked
@@ -191,13 +194,29 @@ def open_evaluation(checkpoint: str | Path, s: EvalSettings, report_dir: str | P
     device = resolve_device(s.device, "--device")
     model, cfg = load_model(checkpoint, device, state=state)
     return Evaluation(checkpoint, file_sha256(checkpoint), state, cfg, model, data, s, _layers(model, s.layer), device,
-                      Path(report_dir) if report_dir else run_dir_of(checkpoint) / "eval")
+                      Path(report_dir) if report_dir else run_dir_of(checkpoint) / "eval",
+                      cache_dir=run_dir_of(checkpoint) / "eval" / "cache")
 
 
 def _inputs(inputs, source: Source) -> list:
     """A source's prepared inputs, made now; under torchrun on every rank when its extraction is shared."""
     rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
     return list(inputs) if rank0 or source.every_rank else []
+
+
+def open_foreign(model, run, s: EvalSettings, report_dir: str | Path) -> Evaluation:
+    """A model trained elsewhere (``foreign.ForeignEncoder`` with its ``ForeignRun``), checked and ready: what
+    every source reads. Its feature cache is keyed by the weights file's SHA-256 (or the spec, for random weights)."""
+    s.validate()
+    check_data_path(run.data.name, run.data.path)
+    if model.cfg.prefix_tokens == 0 and s.feature == "cls":
+        raise UserError(f"{run.model.source} has no cls token: pass --feature mean or patch_mean")
+    m = run.model
+    sha = file_sha256(Path(m.weights)) if m.weights else hashlib.sha256(json.dumps(run.to_dict()).encode()).hexdigest()
+    state = {"train_state": {"step": None}, "config": run.to_dict()}
+    device = resolve_device(s.device, "--device")
+    return Evaluation(Path(m.weights) if m.weights else None, sha, state, run, model.to(device).eval(), run.data, s,
+                      _layers(model, s.layer), device, Path(report_dir), cache_dir=Path(report_dir) / "cache")
 
 
 def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str | Path | None = None) -> dict | None:
@@ -209,7 +228,13 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str
         report_dir: where the report goes (default ``<run>/eval``); lists of unreadable images
             replaced under the run's ``data.on_bad_file=skip`` are written there.
     """
-    ev, plan = open_evaluation(checkpoint, s, report_dir), s.plan()
+    return evaluate(open_evaluation(checkpoint, s, report_dir), s)
+
+
+def evaluate(ev: Evaluation, s: EvalSettings) -> dict | None:
+    """One opened evaluation (a checkpoint's, or a foreign model's): every selected source checks, prepares,
+    the same over the baselines, then each metric measures each input."""
+    plan = s.plan()
     for source, metrics in plan:  # every input checked before any is extracted
         if source.check is not None:
             source.check(ev, metrics)
@@ -258,7 +283,7 @@ def _report(ev: Evaluation, plan: list, measured: dict, settings: MetricSettings
         report["profile"] = list(measured["profile"].values())
         cards = {k: v for _, metrics in plan for m in metrics for k, v in m.protocol(settings).items()}
         report["profile_protocol"] = {**measured["cards"][0], "feature": s.feature, **cards}
-    elif s.trackers:
+    elif s.trackers and report["step"] is not None:  # a training run's checkpoint, not a foreign model
         log_to_trackers(report, ev.state, ev.checkpoint)
     return report
 
@@ -276,5 +301,7 @@ def log_to_trackers(report: dict, state: dict, checkpoint: Path) -> None:
 
 
 def _label(cfg) -> str:
+    if isinstance(cfg, ForeignRun):
+        return cfg.label
     skips = cfg.model.skips if isinstance(cfg.model, MAEConfig) else False  # only the MAE has long skips
     return f"{cfg.preset} ({describe_model(cfg.model, skips)})"

@@ -149,31 +149,39 @@ def _candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return sorted(found.values(), key=lambda nm: order[id(nm[1])])
 
 
-def find_sites(model: nn.Module, container: str | None = None) -> list[Site]:
-    """The residual stream's blocks, in depth order: the blocks held by one container (the first one
-    that holds a block, e.g. ``blocks`` or ``vit.layers``; an MAE's decoder blocks are another stream).
+def stream_blocks(model: nn.Module, container: str | None = None) -> list[tuple[str, nn.Module]]:
+    """(name, block) of the residual stream's blocks, in depth order: the blocks held by one container
+    (the first one that holds a block, e.g. ``blocks`` or ``vit.layers``; an MAE's decoder blocks are
+    another stream). What the evaluators read from a model trained elsewhere (``eval/foreign.py``).
 
     Args:
         model: the network.
         container: the module name of the container to take (``"decoder_blocks"``); default the first.
 
     Raises:
-        UserError: no residual block that the adapters reach, or one whose branches they cannot.
+        UserError: no residual block that the adapters reach, or no container of that name.
     """
     blocks = _candidates(model)
     if not blocks:
-        raise UserError(f"diagnostics found no residual block in {type(model).__name__} that resdecay's adapters "
-                        f"reach (supported: {', '.join(supported())}); register one with register_adapter "
+        raise UserError(f"found no residual block in {type(model).__name__} that resdecay's adapters reach "
+                        f"(supported: {', '.join(supported())}); register one with register_adapter "
                         "(docs/EXTENDING.md)")
     parents = [n.rpartition(".")[0] for n, _ in blocks]
     chosen = parents[0] if container is None else container
     if chosen not in parents:
-        raise UserError(f"diagnostics: no residual blocks in a container named {container!r}; the model's are "
+        raise UserError(f"no residual blocks in a container named {container!r}; the model's are "
                         f"{', '.join(sorted(set(p or '(top level)' for p in parents)))}")
+    return [nb for nb, parent in zip(blocks, parents, strict=True) if parent == chosen]
+
+
+def find_sites(model: nn.Module, container: str | None = None) -> list[Site]:
+    """The ``Site`` of every block of the residual stream (``stream_blocks``), in depth order.
+
+    Raises:
+        UserError: no residual block that the adapters reach, or one whose branches they cannot.
+    """
     sites = []
-    for (name, block), parent in zip(blocks, parents, strict=True):
-        if parent != chosen:
-            continue
+    for name, block in stream_blocks(model, container):
         site = site_of(name, block)
         if site is None:
             raise UserError(f"diagnostics cannot reach the branches of {name} ({type(block).__module__}."

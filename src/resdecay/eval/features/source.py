@@ -21,6 +21,7 @@ from ...data.subsets import balanced_subset
 from ...errors import UserError
 from ...io import run_dir_of
 from ...nn.blocks import block_statistics as record_block_statistics
+from ..foreign import ForeignEncoder
 from ..inputs import (
     bad_files_list,
     check_writable,
@@ -101,7 +102,7 @@ def cached_features(ev: Evaluation, model, identity: str, split: str, layers: li
 
 def _cache(ev: Evaluation) -> FeatureCache:
     if "cache" not in ev.shared:
-        folder = ev.settings.cache_dir or run_dir_of(ev.checkpoint) / "eval" / "cache"
+        folder = ev.settings.cache_dir or ev.cache_dir or run_dir_of(ev.checkpoint) / "eval" / "cache"
         ev.shared["cache"] = FeatureCache.open(Path(folder))
     return ev.shared["cache"]
 
@@ -190,6 +191,8 @@ def block_norms(model, dataset, n: int, device) -> list[dict]:
     """Per-block mean token norms on the first ``n`` images (``nn.blocks.block_statistics``): of the
     output, and of the scaled shortcut and the branch of the attention and MLP sub-blocks."""
     images = torch.stack([dataset[i][0] for i in range(min(n, len(dataset)))]).to(device)
+    if isinstance(model, ForeignEncoder):  # a model trained elsewhere: read by the diagnostics' hooks
+        return model.block_statistics(images)
     with record_block_statistics(model.blocks) as stats:
         model.forward_intermediates(images, [len(model.blocks) - 1])
     return stats

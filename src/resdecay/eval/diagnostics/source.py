@@ -1,0 +1,100 @@
+"""The ``diagnostics`` input kind: ``diagnose`` run once on the evaluation's data, one input per block.
+
+``resdecay eval CKPT --evals diagnostics`` (or ``--model timm:NAME --weights FILE --data NAME``) draws a
+class-balanced subset of each split (``diagnostics.images`` test images, ``diagnostics.train_images``
+train images: the pixel ridge is fitted and the kNN bank built on the latter), runs the four diagnostics
+and hands the metric one ``DiagnosticsLayer`` per block. The whole report (every part's share, each
+sub-block's norms, the embedding's pixel R^2) goes into ``eval.json`` under ``"diagnostics"``, where the
+command draws its PNG from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ...data.subsets import balanced_subset
+from ..foreign import ForeignEncoder
+from ..inputs import eval_split
+from ..sources import Evaluation, Prepared, Source
+from . import diagnose
+
+DIAGNOSTICS = "diagnostics"  # the input kind
+
+
+@dataclass
+class DiagnosticsOptions:
+    """The ``diagnostics`` metric's options (``--metric-option diagnostics.KEY=VALUE``).
+
+    Args:
+        images: test images measured (class-balanced subset, ``data.subset_seed``).
+        train_images: train images the pixel ridge is fitted on and the kNN bank is built from.
+        knockout_images: images of each split the knock-out runs on (each block costs ~half a forward each).
+        pixel_patches: patches per image in the pixel ridge (0: all).
+        ridge: the ridge's relative penalty (``pixels.default_lambda``).
+    """
+
+    images: int = 1000
+    train_images: int = 1000
+    knockout_images: int = 256
+    pixel_patches: int = 64
+    ridge: float = 1e-3
+
+
+@dataclass
+class DiagnosticsLayer:
+    """What the metric reads for one block: its per-layer numbers (``per_layer``)."""
+
+    values: dict
+
+
+def _mean(values: list) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def per_layer(report: dict) -> list[dict]:
+    """One dict per block output l (0..L-1) from a ``diagnose`` report: the direct path's share of the stream
+    (projection, and of its variance across images), the pixel and high-frequency R^2 of its tokens, the mean
+    shortcut/branch ratio and cosine of its sub-blocks, and the change / kNN loss when its branch is removed."""
+    paths, pixels, branches, knock = (report.get(k) for k in ("paths", "pixels", "branches", "knockout"))
+    subs = [len(a) for a in report["alphas"]]
+    rows, k = [], 0
+    for i in range(len(report["blocks"])):
+        row: dict = {}
+        if paths is not None:
+            row.update(direct_share=paths["direct_projection"][i], direct_share_centred=paths["direct_projection_centred"][i],
+                       direct_energy=paths["direct_energy"][i])
+        if pixels is not None:
+            row.update(pixel_r2=pixels["r2_pixels"][i + 1], high_freq_r2=pixels["r2_high_freq"][i + 1])
+        if branches is not None:
+            row.update(shortcut_ratio=_mean(branches["ratio"][k:k + subs[i]]),
+                       branch_cosine=_mean(branches["cosine"][k:k + subs[i]]))
+        if knock is not None:
+            row["knockout_change"] = knock["change_pooled"][i]
+            if "knn_top1" in knock:
+                row["knockout_knn_drop"] = knock["knn_top1_intact"] - knock["knn_top1"][i]
+        k += subs[i]
+        rows.append({key: v for key, v in row.items() if v is not None})
+    return rows
+
+
+def _prepare(ev: Evaluation, metrics: list):
+    o = ev.settings.metric_settings().options_of(DIAGNOSTICS)
+    seed = ev.data.subset_seed
+    train = balanced_subset(eval_split(ev.data, "train", ev.img_size), o.train_images, seed)
+    test = balanced_subset(eval_split(ev.data, "test", ev.img_size), o.images, seed)
+    model, conditioning = (ev.model.model, ev.model.cfg.conditioning) if isinstance(ev.model, ForeignEncoder) else (ev.model, ())
+    report = diagnose(model, test, train_images=train, conditioning=conditioning, batch_size=min(ev.settings.batch_size, 64),
+                      ridge=o.ridge, pixel_patches=o.pixel_patches or None, knockout_images=o.knockout_images,
+                      pool=ev.settings.feature)
+    card = {"train": {"data": ev.data.name, "images": len(train)}, "test": {"data": ev.data.name, "images": len(test)},
+            "test_images": len(test), "train_images": len(train),
+            "checkpoint_sha256": ev.sha, "diagnostics": asdict(o), "pool": ev.settings.feature,
+            "pixel_r2_embedding": report["pixels"]["r2_pixels"][0],
+            "high_freq_r2_embedding": report["pixels"]["r2_high_freq"][0]}
+    ev.notes["diagnostics"] = report
+    for layer, values in enumerate(per_layer(report)):
+        yield Prepared(layer, DiagnosticsLayer(values), card)
+
+
+SOURCES = (Source(DIAGNOSTICS, prepare=_prepare, every_rank=False),)  # registered by eval/__init__.py

@@ -1,0 +1,229 @@
+"""A model trained elsewhere, behind the model contract the evaluators read (issue 40 item 5).
+
+``resdecay eval`` measures a resdecay checkpoint through ``model.forward_intermediates``, ``model.blocks``
+and ``model.cfg``. ``ForeignEncoder`` gives any timm / torchvision / transformers / diffusers model the
+same members: its residual stream's blocks are found as ``decayify`` finds them (the adapters,
+``diagnostics.sites.stream_blocks``), a block's output is read by a forward hook, and the model is run
+as the diagnostics run it (``diagnostics.runner.model_runner``: a transformers MAE unmasked, a
+diffusers backbone with a fixed timestep and class). A model whose blocks no adapter reaches is refused
+in one line. ``ForeignRun`` stands in for the ``RunConfig`` of a checkpoint: the model's shape, the data
+the user named, and the seed of the random-init baseline (the same architecture, freshly initialised).
+
+Loading the file (a timm name with a weights file, a transformers or diffusers folder, a
+``save_decayified`` file) is ``interop/foreign_model.py``'s; this module takes the built model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from ..errors import UserError
+from ..nn.decayify import alphas_of, residual_blocks
+from .diagnostics.branches import BranchStats
+from .diagnostics.record import Pass, hooked
+from .diagnostics.runner import model_runner
+from .diagnostics.sites import find_sites, patch_size_of, stream_blocks
+
+
+@dataclass
+class ForeignModelConfig:
+    """What the evaluators read as ``cfg.model`` of a model trained elsewhere.
+
+    Args:
+        source: how it was named (``timm:vit_small_patch16_224``, a folder, ...); weights: the file read, or None.
+        img_size, in_chans: the input the data pipeline must produce.
+        patch_size: the patch side (None: no patch tokens, e.g. a CNN's feature maps).
+        prefix_tokens: tokens before the patch tokens (cls, registers); 0 for a model without a cls token.
+        alpha_min, schedule: the decay found on its blocks (1 and "none" when it is not decayified).
+        conditioning: the fixed values a diffusion backbone takes after x (timestep, class).
+    """
+
+    source: str
+    weights: str | None
+    img_size: int
+    in_chans: int
+    patch_size: int | None
+    prefix_tokens: int
+    alpha_min: float = 1.0
+    schedule: str = "none"
+    conditioning: tuple = ()
+    family: str = "foreign"
+    skips = None
+
+    @property
+    def token_grid(self) -> tuple[int, int] | None:
+        """(rows, columns) of the patch tokens, after the prefix tokens."""
+        if self.patch_size is None:
+            return None
+        side = self.img_size // self.patch_size
+        return side, side
+
+
+@dataclass
+class ForeignTrain:
+    """The one training field an evaluation reads: the seed the random-init baseline is drawn with."""
+
+    seed: int = 0
+
+
+@dataclass
+class ForeignRun:
+    """The ``RunConfig`` stand-in of a foreign model's evaluation.
+
+    Args:
+        model: its ``ForeignModelConfig``; data: the data set measured (``--data``).
+        build: a function of no arguments that builds the same architecture with fresh weights.
+    """
+
+    model: ForeignModelConfig
+    data: object
+    build: Callable[[], nn.Module] = field(repr=False, compare=False, default=None)
+    train: ForeignTrain = field(default_factory=ForeignTrain)
+    preset: str = "foreign"
+
+    @property
+    def label(self) -> str:
+        m = self.model
+        decay = "plain" if m.alpha_min == 1.0 else f"alpha_min {m.alpha_min:g}, {m.schedule}"
+        return f"{m.source} ({decay})"
+
+    def to_dict(self) -> dict:
+        return {"model": dataclasses.asdict(self.model), "data": dataclasses.asdict(self.data),
+                "train": dataclasses.asdict(self.train), "preset": self.preset}
+
+    def random_init(self) -> ForeignEncoder:
+        """The same architecture freshly initialised (seeded by the caller), wrapped as the model was."""
+        m = self.model
+        return ForeignEncoder(self.build(), m.source, m.weights, m.img_size, m.in_chans, m.conditioning)
+
+
+def _tokens(out) -> torch.Tensor:
+    """A block's output as (B, T, D): the first entry of a tuple, a feature map's positions as tokens."""
+    t = out[0] if isinstance(out, (tuple, list)) else out
+    return t.flatten(2).transpose(1, 2) if t.dim() == 4 else t
+
+
+def _decay_of(model: nn.Module) -> tuple[float, str]:
+    spec = getattr(model, "resdecay_spec", None)  # decayify's record on the model (nn/spec.py)
+    if spec is None:
+        return 1.0, "none"
+    return float(spec["alpha_min"]), str(spec["schedule"])
+
+
+class ForeignEncoder(nn.Module):
+    """A timm / torchvision / transformers / diffusers model as a resdecay encoder: ``blocks``,
+    ``forward_intermediates``, ``forward_features`` and ``cfg`` (``ForeignModelConfig``).
+
+    Args:
+        model: the network (decayified or not).
+        source, weights: how it was named and the file its weights came from (for the report).
+        img_size, in_chans: its input (a transformers / diffusers config or a timm model states them
+            when None).
+        conditioning: fixed values a diffusion backbone takes after x, e.g. ``(500, 0)``.
+        container: the module holding the stream's blocks (default: the first that holds any).
+    """
+
+    def __init__(self, model: nn.Module, source: str, weights: str | None = None, img_size: int | None = None,
+                 in_chans: int | None = None, conditioning: tuple = (), container: str | None = None):
+        super().__init__()
+        self.model = model
+        img_size, in_chans = img_size or _input_side(model), in_chans or _input_chans(model)
+        if img_size is None or in_chans is None:
+            raise UserError(f"{source}: its input size is not recorded in the model; pass --model-arg img_size=N "
+                            "and --model-arg in_chans=C as the model was built")
+        patch = patch_size_of(model)
+        alpha_min, schedule = _decay_of(model)
+        self.cfg = ForeignModelConfig(source, weights, int(img_size), int(in_chans), patch[0] if patch else None,
+                                      0, alpha_min, schedule, tuple(conditioning))
+        self._blocks = [b for _, b in stream_blocks(model, container)]  # a plain list: registered once, under ``model``
+        with torch.no_grad():
+            probe = self.forward_intermediates(torch.zeros(1, self.cfg.in_chans, self.cfg.img_size, self.cfg.img_size), [0])
+        if probe[0].dim() == 3 and self._maps and container is None:  # a CNN: its stages are one stream of blocks
+            self._blocks = [b for _, b, _ in residual_blocks(model)]
+            self.cfg.patch_size = None
+        grid = self.cfg.token_grid
+        self.cfg.prefix_tokens = probe[0].shape[1] - (grid[0] * grid[1] if grid else probe[0].shape[1])
+
+    _maps = False  # the blocks return feature maps (a CNN), not token sequences
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        """The residual stream's blocks, in depth order."""
+        return self._blocks
+
+    @property
+    def alphas(self) -> list[list[float]]:
+        return [list(a) for _, a in alphas_of(self.model)]
+
+    def forward_intermediates(self, x: torch.Tensor, indices: list[int] | None = None) -> list[torch.Tensor]:
+        """The (B, T, D) outputs of the requested blocks (negative counts from the end; None: the last)."""
+        n = len(self._blocks)
+        wanted = [i % n for i in (indices if indices is not None else [-1])]
+        outs: dict[int, torch.Tensor] = {}
+
+        def keep(i: int, out) -> None:
+            t = out[0] if isinstance(out, (tuple, list)) else out
+            self._maps = t.dim() == 4  # feature maps (B, C, H, W), read as tokens
+            outs[i] = _tokens(t)
+
+        handles = [self._blocks[i].register_forward_hook(lambda m, a, o, i=i: keep(i, o)) for i in sorted(set(wanted))]
+        try:
+            with model_runner(self.model, self.cfg.conditioning) as run:
+                run(x)
+        finally:
+            for h in handles:
+                h.remove()
+        return [outs[i] for i in wanted]
+
+    @torch.no_grad()
+    def block_statistics(self, images: torch.Tensor) -> list[dict]:
+        """The per-layer profile's norm columns (``nn.blocks.block_statistics``' keys) of each block on
+        ``images``, read by the diagnostics' hooks: mean per-token norms of the scaled shortcut and the
+        branch of each sub-block, and of the block's output."""
+        sites = find_sites(self.model)
+        branches, rec = BranchStats(sites), Pass()
+        with hooked(sites, rec, on_pair=branches), model_runner(self.model, self.cfg.conditioning) as run:
+            run(images)
+        summary, rows, k = branches.summary(), [], 0
+        for i, site in enumerate(sites):
+            row = {}
+            for j in range(len(site.subs)):
+                if j < 2:  # the profile's columns: attention, then MLP
+                    role = ("attn", "mlp")[j]
+                    row[f"shortcut_{role}"], row[f"branch_{role}"] = summary["shortcut_norm"][k], summary["branch_norm"][k]
+                k += 1
+            row["output"] = float(rec.outputs[i].float().norm(dim=-1).mean())
+            rows.append(row)
+        return rows
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_intermediates(x, [-1])[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_features(x)
+
+
+def _input_side(model: nn.Module) -> int | None:
+    cfg = getattr(model, "config", None)  # transformers / diffusers configs
+    for key in ("image_size", "sample_size"):
+        v = getattr(cfg, key, None)
+        if v is not None:
+            return int(v if isinstance(v, int) else v[0])
+    embed = getattr(model, "patch_embed", None)  # timm
+    size = getattr(embed, "img_size", None)
+    return int(size[0]) if size is not None else None
+
+
+def _input_chans(model: nn.Module) -> int | None:
+    cfg = getattr(model, "config", None)
+    for key in ("num_channels", "in_channels"):
+        v = getattr(cfg, key, None)
+        if v is not None:
+            return int(v)
+    conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)  # the stem / patch projection
+    return conv.in_channels if conv is not None else None

@@ -1,0 +1,165 @@
+"""Models trained elsewhere, built for measurement (``resdecay eval --model SPEC [--weights FILE]``).
+
+    timm:NAME          ``timm.create_model(NAME, pretrained=False, **model_args)``, then ``--weights`` (a
+                       state_dict, a training checkpoint holding one under ``model`` / ``state_dict``,
+                       safetensors, or a ``save_decayified`` file whose decay is re-applied first). The
+                       head's size is read from the file (``num_classes`` 0 when it has no head).
+    torchvision:NAME   ``torchvision.models.get_model(NAME, weights=None, **model_args)``, then ``--weights``
+    FOLDER             a transformers ``save_pretrained`` folder (config.json's ``architectures``), or a
+                       diffusers one (its ``_class_name``); a decay or U-Net skips that resdecay recorded in
+                       config.json are restored (``hf_unet.restore``)
+
+Nothing is downloaded: timm and torchvision build from their code with random weights, folders load
+with ``local_files_only``. ``model_args`` (``--model-arg KEY=VALUE``) go to the constructor, except
+``timestep`` and ``class_label``: the fixed conditioning a diffusion backbone is run with (default 500 and 0
+for a diffusers model). Each failure is one line naming the spec and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch.nn as nn
+
+from ..errors import CheckpointError, UserError
+from ..nn.decayify import decayify
+from ..nn.spec import check_spec
+from .checkpoint_io import load_strict, read_weights_file, state_dict_of
+from .hf_unet import restore
+
+CONDITIONING = ("timestep", "class_label")  # model_args that are run-time inputs, not constructor arguments
+INPUTS = ("img_size", "in_chans")  # model_args the evaluators read too
+HEADS = {"timm": ("head.weight", "num_classes"), "torchvision": ("fc.weight", "num_classes")}
+
+
+@dataclass(eq=False)  # hashed by identity: a key of the command's report folders
+class ForeignModel:
+    """A model built from a spec, with what the evaluators need besides it.
+
+    Args:
+        model: the network, weights loaded (decayified when the file says so).
+        fresh: builds the same architecture, with the same decay, freshly initialised (the random-init baseline).
+        source: the spec as given; weights: the weights file, or None.
+        conditioning: the fixed values a diffusion backbone is run with after x.
+        kwargs: the constructor arguments given; inputs: the ``img_size`` / ``in_chans`` among them.
+    """
+
+    model: nn.Module
+    fresh: Callable[[], nn.Module]
+    source: str
+    weights: str | None
+    conditioning: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    inputs: dict = field(default_factory=dict)
+
+
+def _library(name: str):
+    try:
+        return __import__(name)
+    except ImportError:
+        raise UserError(f"--model {name}:... needs the {name} package: pip install {name}") from None
+
+
+def _decayed(build: Callable[[], nn.Module], spec: dict | None) -> Callable[[], nn.Module]:
+    def fresh() -> nn.Module:
+        model = build()
+        if spec is not None:
+            decayify(model, **spec)
+            model.resdecay_spec = spec
+        return model
+    return fresh
+
+
+def _from_registry(lib: str, name: str, weights: str | None, kwargs: dict) -> tuple[nn.Module, Callable]:
+    """timm / torchvision: build by name (random weights), then the file's weights, its decay first."""
+    blob = read_weights_file(weights) if weights else None
+    state = state_dict_of(blob, weights) if blob is not None else None
+    head_key, head_arg = HEADS[lib]
+    if state is not None and head_arg not in kwargs:
+        kwargs = {**kwargs, head_arg: int(state[head_key].shape[0]) if head_key in state else 0}
+    module = _library(lib)
+    if lib == "torchvision":  # its constructors take no input size: the evaluators read it (ForeignEncoder)
+        kwargs = {k: v for k, v in kwargs.items() if k not in INPUTS}
+
+    def build() -> nn.Module:
+        try:
+            if lib == "timm":
+                return module.create_model(name, pretrained=False, **kwargs)
+            import torchvision.models  # noqa: PLC0415  (torchvision's registry; imported with the spec that names it)
+
+            return torchvision.models.get_model(name, weights=None, **kwargs)
+        except (RuntimeError, ValueError, TypeError, KeyError) as e:
+            raise UserError(f"--model {lib}:{name}: {str(e).splitlines()[0]} (check the name and --model-arg)") from None
+
+    spec = None
+    if isinstance(blob, dict) and "resdecay_spec" in blob:
+        spec = check_spec(blob["resdecay_spec"], str(weights))
+    fresh = _decayed(build, spec)
+    model = fresh()
+    if state is not None:
+        load_strict(model, state, str(weights))
+    return model, fresh
+
+
+def _from_folder(folder: Path, kwargs: dict) -> tuple[nn.Module, Callable]:
+    """A transformers or diffusers save_pretrained folder; resdecay's recorded decay restored."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"--model {folder}: no readable config.json ({e}); pass a save_pretrained folder") from None
+    if "_class_name" in config:  # diffusers
+        lib = _library("diffusers")
+        cls = getattr(lib, config["_class_name"], None)
+        load = lambda: cls.from_pretrained(folder, **kwargs)  # noqa: E731
+        fresh_base = lambda: cls.from_config(cls.load_config(folder), **kwargs)  # noqa: E731
+    else:
+        lib = _library("transformers")
+        arch = (config.get("architectures") or ["AutoModel"])[0]
+        cls = getattr(lib, arch, None)
+        load = lambda: cls.from_pretrained(folder, local_files_only=True, **kwargs)  # noqa: E731
+        fresh_base = lambda: cls(lib.AutoConfig.from_pretrained(folder, local_files_only=True, **kwargs))  # noqa: E731
+    if cls is None:
+        raise UserError(f"--model {folder}: {config.get('_class_name') or arch} is not a class of the installed "
+                        f"{lib.__name__} {lib.__version__}; upgrade it")
+    recorded = "resdecay" in config
+
+    def fresh() -> nn.Module:
+        model = fresh_base()
+        return restore(model) if recorded else model
+
+    try:
+        model = load()
+    except (OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"--model {folder}: {str(e).splitlines()[0]}") from None
+    return (restore(model, folder) if recorded else model), fresh
+
+
+def load_foreign(spec: str, weights: str | None = None, model_args: dict[str, Any] | None = None) -> ForeignModel:
+    """The model ``spec`` names, with ``weights`` loaded (see the module docstring for the specs).
+
+    Args:
+        spec: ``timm:NAME``, ``torchvision:NAME`` or a transformers / diffusers folder.
+        weights: the weights file of a ``timm:`` / ``torchvision:`` model (None: random weights).
+        model_args: constructor arguments, and ``timestep`` / ``class_label`` for a diffusion backbone.
+    """
+    args = dict(model_args or {})
+    cond = {k: args.pop(k) for k in CONDITIONING if k in args}
+    lib, colon, name = spec.partition(":")
+    if colon and lib in HEADS:
+        if weights is not None and not Path(weights).is_file():
+            raise UserError(f"--weights {weights} does not exist; pass the weights file of {spec}")
+        model, fresh = _from_registry(lib, name, weights, args)
+    elif Path(spec).is_dir():
+        if weights is not None:
+            raise UserError(f"--weights applies to timm: and torchvision: models; {spec} is a folder that holds its "
+                            "own weights: drop --weights")
+        model, fresh = _from_folder(Path(spec), args)
+    else:
+        raise UserError(f"--model {spec!r} is neither timm:NAME, torchvision:NAME nor a save_pretrained folder "
+                        "(transformers or diffusers)")
+    diffusers = type(model).__module__.startswith("diffusers.")
+    conditioning = (cond.get("timestep", 500), cond.get("class_label", 0)) if diffusers else tuple(cond.values())
+    return ForeignModel(model.eval(), fresh, spec, weights, conditioning, args, {k: args[k] for k in INPUTS if k in args})

@@ -1,0 +1,133 @@
+"""``resdecay eval`` on models trained elsewhere (issue 40 item 5): a timm ViT with a weights file (plain and
+``save_decayified``), a transformers ViTMAE folder and a diffusers DiT folder are measured by the same suite as
+a resdecay checkpoint, behind ``eval.foreign.ForeignEncoder``; ``--evals diagnostics`` prints the per-block table and
+writes its PNG; a model no adapter reaches, a missing ``--data`` and other bad input are refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import resdecay
+from helpers import assert_one_line_error, run
+from resdecay.eval.foreign import ForeignEncoder
+from resdecay.interop.foreign_model import load_foreign
+
+DIGITS_VIT = dict(img_size=8, patch_size=2, in_chans=1, depth=3, embed_dim=32, num_heads=2, num_classes=10)
+VIT_ARGS = [a for k, v in DIGITS_VIT.items() if k != "num_classes" for a in ("--model-arg", f"{k}={v}")]
+SMALL = ["--max-train", "300", "--max-test", "100", "--no-progress", "--diag-images", "60", "--diag-train-images", "120",
+         "--knockout-images", "16"]
+
+
+def _timm_vit(seed=0):
+    import timm
+    torch.manual_seed(seed)
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, **DIGITS_VIT)
+
+
+@pytest.fixture(scope="module")
+def foreign_files(tmp_path_factory):
+    """A timm ViT's state_dict, the same ViT decayified (save_decayified), an HF ViTMAE folder and a DiT folder."""
+    import diffusers
+    import transformers
+
+    root = tmp_path_factory.mktemp("foreign")
+    torch.save(_timm_vit(1).state_dict(), root / "vit.pth")
+    decayed = resdecay.decayify(_timm_vit(1), alpha_min=0.6)
+    resdecay.save_decayified(decayed, root / "vit_decayed.pt")
+    torch.manual_seed(0)
+    cfg = transformers.ViTMAEConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=2, intermediate_size=64, decoder_hidden_size=16,
+                                    decoder_num_hidden_layers=1, decoder_num_attention_heads=2, decoder_intermediate_size=32)
+    transformers.ViTMAEForPreTraining(cfg).save_pretrained(root / "hf-vitmae")
+    diffusers.DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=1, out_channels=1,
+                                    num_layers=2, sample_size=8, patch_size=2,
+                                    num_embeds_ada_norm=10).save_pretrained(root / "dit")
+    return root
+
+
+def test_foreign_encoder_reads_the_blocks_outputs_timm_computes():
+    vit = _timm_vit().eval()
+    enc = ForeignEncoder(vit, "timm:vit_tiny_patch16_224")
+    x = torch.randn(3, 1, 8, 8)
+    ours = enc.forward_intermediates(x, [0, -1])
+    with torch.no_grad():
+        h = vit.pos_drop(vit._pos_embed(vit.patch_embed(x)))
+        expected = []
+        for blk in vit.blocks:
+            h = blk(h)
+            expected.append(h)
+    torch.testing.assert_close(ours[0], expected[0], rtol=0, atol=0)
+    torch.testing.assert_close(ours[1], expected[-1], rtol=0, atol=0)
+    assert enc.cfg.prefix_tokens == 1 and enc.cfg.token_grid == (4, 4) and len(enc.blocks) == 3
+    # the blocks are the model's own, registered once (the state_dict is the model's under "model.")
+    assert set(enc.state_dict()) == {f"model.{k}" for k in vit.state_dict()}
+
+
+def test_a_save_decayified_file_is_measured_with_its_decay(foreign_files):
+    plain = load_foreign("timm:vit_tiny_patch16_224", str(foreign_files / "vit.pth"), dict(DIGITS_VIT))
+    decayed = load_foreign("timm:vit_tiny_patch16_224", str(foreign_files / "vit_decayed.pt"), dict(DIGITS_VIT))
+    x = torch.randn(2, 1, 8, 8)
+    a = ForeignEncoder(plain.model, "p").forward_features(x)
+    b = ForeignEncoder(decayed.model, "d").forward_features(x)
+    assert not torch.allclose(a, b)  # same weights, but the decay is back on
+    assert ForeignEncoder(decayed.model, "d").cfg.alpha_min == pytest.approx(0.6)
+    # the random-init baseline is the same architecture with the same decay, freshly drawn
+    assert getattr(decayed.fresh(), "resdecay_spec", None) == decayed.model.resdecay_spec
+
+
+def test_eval_of_a_timm_vit_runs_the_suite_and_the_diagnostics(foreign_files, tmp_path, capsys):
+    code, out, err = run(capsys, "eval", "--model", "timm:vit_tiny_patch16_224", "--weights", foreign_files / "vit.pth",
+                         *VIT_ARGS, "--data", "digits", "--evals", "knn,rank,diagnostics", *SMALL, "--out", tmp_path)
+    assert code == 0, err
+    folder = tmp_path / "timm-vit_tiny_patch16_224"
+    report = json.loads((folder / "eval.json").read_text())
+    metrics = {(r["metric"], r["feature"]) for r in report["results"]}
+    assert {("knn", "mean"), ("rank", "cls"), ("diagnostics", "direct_share"), ("diagnostics", "pixel_r2")} <= metrics
+    assert report["step"] is None and report["label"].startswith("timm:vit_tiny_patch16_224 (plain)")
+    assert {b["source"] for b in report["baselines"]} == {"pixels", "random-init"}
+    diag = [r for r in report["results"] if r["metric"] == "diagnostics"]
+    assert sorted({r["layer"] for r in diag}) == [0, 1, 2]
+    share = {r["layer"]: r["values"]["value"] for r in diag if r["feature"] == "direct_share"}
+    assert [share[i] for i in range(3)] == pytest.approx(report["diagnostics"]["paths"]["direct_projection"])
+    assert (folder / "diagnostics.png").stat().st_size > 10_000
+    assert "direct_share" in out and "pixel_r2" in out and "diagnostics.png" in out
+
+
+@pytest.mark.parametrize("folder", ["hf-vitmae", "dit"])
+def test_eval_of_library_folders(foreign_files, folder, tmp_path, capsys):
+    """An HF ViTMAE folder (unmasked, patch order kept) and a diffusers DiT (fixed timestep and class)."""
+    code, out, err = run(capsys, "eval", "--model", foreign_files / folder, "--data", "digits", "--evals",
+                         "knn,diagnostics", *SMALL, "--no-baselines", "--out", tmp_path)
+    assert code == 0, err
+    (report_file,) = tmp_path.glob("*/eval.json")
+    report = json.loads(report_file.read_text())
+    paths = report["diagnostics"]["paths"]
+    assert max(paths["reconstruction_error"]) < 1e-4  # the parts sum to the stream
+    assert (report_file.parent / "diagnostics.png").is_file()
+
+
+def test_profile_of_a_foreign_model_has_the_shortcut_columns(foreign_files, tmp_path, capsys):
+    code, out, err = run(capsys, "eval", "--model", "timm:vit_tiny_patch16_224", "--weights",
+                         foreign_files / "vit_decayed.pt", *VIT_ARGS, "--data", "digits", "--layer", "all",
+                         "--evals", "knn", "--no-baselines", *SMALL, "--out", tmp_path)
+    assert code == 0, err
+    profile = json.loads(next(tmp_path.glob("*/profile.json")).read_text())["profile"]
+    assert len(profile) == 3 and all("knn_top1" in row and "shortcut_ratio_attn" in row and "shortcut_ratio_mlp" in row for row in profile)
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["--model", "timm:vit_tiny_patch16_224"], ["--data NAME"]),
+    (["--model", "timm:no_such_model", "--data", "digits"], ["timm:no_such_model"]),
+    (["--model", "timm:vit_tiny_patch16_224", "--weights", "/nonexistent.pth", "--data", "digits"], ["does not exist"]),
+    (["--weights", "w.pth", "--data", "digits"], ["--model SPEC"]),
+    (["--model", "nothing-here", "--data", "digits"], ["neither timm:NAME"]),
+    (["--model", "timm:vit_tiny_patch16_224", "--model-arg", "img_size", "--data", "digits"], ["KEY=VALUE"]),
+    (["--model", "torchvision:resnet18", "--model-arg", "img_size=8", "--data", "digits", "--evals", "diagnostics"],
+     ["cannot reach the branches", "BasicBlock"]),
+])
+def test_bad_foreign_input_is_one_line(argv, fragments, tmp_path, capsys):
+    code, _, err = run(capsys, "eval", *argv, "--out", tmp_path, "--no-progress")
+    assert_one_line_error(code, err, *fragments)
