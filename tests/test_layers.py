@@ -3,6 +3,7 @@ own folder), and importing the modules one by one, lowest layer first, never pul
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -58,24 +59,44 @@ def test_every_module_imports_in_dependency_order_in_a_fresh_interpreter():
     assert report["imported"] > 40 and not report["problems"], report["problems"]
 
 
-@pytest.mark.parametrize("module", ["resdecay.schedule", "resdecay.errors", "resdecay.io"])
+ROOT_MODULES = ["resdecay.schedule", "resdecay.errors", "resdecay.io"]
+HEAVY = ("matplotlib", "torchvision", "timm", "sklearn", "wandb", "mlflow", "diffusers")
+
+# One fresh interpreter for the import checks below, each still asserted on its own: it imports the root modules
+# one by one, printing after each the package modules then loaded, then resdecay.cli.main, printing the heavy
+# libraries then loaded. What is loaded only grows, so a module that loaded more on its own would show here too.
+FRESH = f"""
+import importlib, json, sys
+seen = {{}}
+for module in {ROOT_MODULES!r}:
+    importlib.import_module(module)
+    seen[module] = sorted(m for m in sys.modules if m.startswith('resdecay.') and m != module)
+import resdecay.cli.main
+seen['heavy'] = [m for m in {HEAVY!r} if m in sys.modules]
+print(json.dumps(seen))
+"""
+
+
+@functools.cache
+def fresh_interpreter_imports() -> dict:
+    out = subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("module", ROOT_MODULES)
 def test_root_modules_need_no_package_module(module):
     """The bottom layer stands alone: importing it loads nothing else of the package."""
-    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.startswith('resdecay.') and m != '{module}'))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env=None, cwd=ROOT).stdout
+    out = fresh_interpreter_imports()[module]
     # importing resdecay.X runs resdecay/__init__ first (the facade: schedule, nn, _version); X itself adds nothing
-    assert all(m.split(".")[1] in ("schedule", "errors", "nn", "io", "_version") for m in eval(out)), out
+    assert all(m.split(".")[1] in ("schedule", "errors", "nn", "io", "_version") for m in out), out
 
 
 def test_the_command_line_starts_without_the_heavy_optional_libraries():
     """`resdecay --help`, a config error or `presets` must not pay for plotting, torchvision or timm
     (together about 4 s of start-up on a 2-core CPU): they load when a figure, a ResNet or a timm
     layer is first used."""
-    code = ("import sys, resdecay.cli.main; "
-            "print([m for m in ('matplotlib', 'torchvision', 'timm', 'sklearn', 'wandb', 'mlflow', 'diffusers') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    assert eval(out) == [], out
+    out = fresh_interpreter_imports()["heavy"]
+    assert out == [], out
 
 
 @pytest.mark.slow
