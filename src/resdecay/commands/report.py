@@ -4,7 +4,7 @@ feature maps and reconstructions of several checkpoints side by side, Figures 3 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -18,6 +18,7 @@ from ..nn.shortcut_info import describe_model
 from ..train.checkpoint import load_model
 from ..train.config import shortcut_tag
 from ..train.log.runlog import read_log
+from ..viz.diagnostics_figures import FIGURE_OPTIONS, diagnose_and_plot
 from ..viz.figures import (
     diffusion_keys,
     online_rows,
@@ -78,7 +79,8 @@ def run_plot(runs: list[str], out: str, accuracy: str = "probe") -> dict:
 
 def run_figures(checkpoints: list[str], out: str, data: DataConfig | None = None, per_class: int = 50,
                 images: int = 8, layer: int = -1, seed: int = 0, data_path: str | None = None) -> dict:
-    """t-SNE of the same balanced subset, PCA maps of patch features and masked reconstructions.
+    """t-SNE of the same balanced subset, PCA maps of patch features, masked reconstructions and the
+    residual-stream diagnostics (``diagnostics.png``, the models overlaid).
 
     Args:
         checkpoints: encoder checkpoints, drawn side by side; out: the output folder;
@@ -115,6 +117,9 @@ def run_figures(checkpoints: list[str], out: str, data: DataConfig | None = None
         plot_reconstructions(batch, rows, info.mean, info.std, out_dir / "reconstructions.png", note)
         cards["reconstructions"] = {"figure": "reconstructions", "images": len(batch), "mask_seed": seed, "note": note,
                                     "path": str(out_dir / "reconstructions.png")}
+    png, diagnosed = diagnose_and_plot(models, data, first.model.img_size, out_dir / "diagnostics.png")
+    cards["diagnostics"] = {"figure": "diagnostics", "path": str(png), "options": asdict(FIGURE_OPTIONS),
+                            "last_block": {label: d["summary"] for label, d in diagnosed.items()}}
     (out_dir / "figures.json").write_text(json.dumps(cards, indent=2, default=str))
     print(f"wrote {', '.join(Path(c['path']).name for c in cards.values())} and figures.json in {out_dir}")
     return cards

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..eval.diagnostics.source import DiagnosticsOptions, diagnose_data
 from .backend import plt
 from .plots import _save
+
+# what the demo and ``resdecay figures`` measure: enough images for stable curves in seconds on small data
+FIGURE_OPTIONS = DiagnosticsOptions(images=500, train_images=1000, knockout_images=256, pixel_patches=32)
 
 
 def _panels(report: dict) -> list[tuple[str, list, list, bool]]:
@@ -61,3 +65,26 @@ def plot_diagnostics(reports: dict[str, dict], path: Path, note: str = "") -> Pa
         fig.text(0.5, 0.005, note, ha="center", fontsize=7)
     fig.tight_layout(rect=(0, 0.03 if note else 0, 1, 1))
     return _save(fig, path)
+
+
+def summary(report: dict) -> dict:
+    """The last block's numbers a table shows: the direct path's share, the pixel / high-frequency R^2, and the
+    embedding's R^2 they started from."""
+    px, paths = report["pixels"], report["paths"]
+    return {"direct_share_last": paths["direct_projection"][-1], "direct_share_centred_last": paths["direct_projection_centred"][-1],
+            "pixel_r2_embedding": px["r2_pixels"][0], "pixel_r2_last": px["r2_pixels"][-1],
+            "high_freq_r2_embedding": px["r2_high_freq"][0], "high_freq_r2_last": px["r2_high_freq"][-1]}
+
+
+def diagnose_and_plot(models: dict, data, img_size: int, path: Path, options: DiagnosticsOptions = FIGURE_OPTIONS
+                      ) -> tuple[Path, dict]:
+    """The diagnostics of each labelled model (``{label: model}``) on the same images, overlaid in one PNG.
+    Returns (the PNG, ``{label: {"report": diagnose report, "summary": summary(report)}}``)."""
+    out, n = {}, (0, 0)
+    for label, model in models.items():
+        report, *n = diagnose_data(model, data, img_size, options)
+        out[label] = {"report": report, "summary": summary(report)}
+    px = next(iter(out.values()))["report"]["pixels"]
+    note = (f"{data.name}: {n[0]} test images ({n[1]} train images fit the pixel ridge, {px['patches_per_image']} patches "
+            f"each, and form the kNN bank); knock-out on {options.knockout_images}; docs/diagnostics.md")
+    return plot_diagnostics({k: v["report"] for k, v in out.items()}, path, note), out

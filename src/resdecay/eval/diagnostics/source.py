@@ -78,19 +78,32 @@ def per_layer(report: dict) -> list[dict]:
     return rows
 
 
+def diagnose_data(model, data, img_size: int, o: DiagnosticsOptions | None = None, pool: str = "mean",
+                  conditioning: tuple = (), batch_size: int = 64) -> tuple[dict, int, int]:
+    """``diagnose`` on a data set: ``o.images`` test and ``o.train_images`` train images, class-balanced
+    (``data.subset_seed``), no augmentation. Returns (report, test images, train images).
+
+    Args:
+        model: the network (a ``ForeignEncoder``'s library model is passed as itself, with its conditioning).
+        data: the ``DataConfig``; img_size: the side the model reads; o: the diagnostics' options;
+        pool: the knock-out's pooling; o default: ``DiagnosticsOptions()``; conditioning: a diffusion backbone's fixed inputs; batch_size: per forward.
+    """
+    o = o or DiagnosticsOptions()
+    train = balanced_subset(eval_split(data, "train", img_size), o.train_images, data.subset_seed)
+    test = balanced_subset(eval_split(data, "test", img_size), o.images, data.subset_seed)
+    report = diagnose(model, test, train_images=train, conditioning=conditioning, batch_size=batch_size, ridge=o.ridge,
+                      pixel_patches=o.pixel_patches or None, knockout_images=o.knockout_images, pool=pool)
+    return report, len(test), len(train)
+
+
 def _prepare(ev: Evaluation, metrics: list):
     o = ev.settings.metric_settings().options_of(DIAGNOSTICS)
-    seed = ev.data.subset_seed
-    train = balanced_subset(eval_split(ev.data, "train", ev.img_size), o.train_images, seed)
-    test = balanced_subset(eval_split(ev.data, "test", ev.img_size), o.images, seed)
     model, conditioning = (ev.model.model, ev.model.cfg.conditioning) if isinstance(ev.model, ForeignEncoder) else (ev.model, ())
-    report = diagnose(model, test, train_images=train, conditioning=conditioning, batch_size=min(ev.settings.batch_size, 64),
-                      ridge=o.ridge, pixel_patches=o.pixel_patches or None, knockout_images=o.knockout_images,
-                      pool=ev.settings.feature)
-    card = {"train": {"data": ev.data.name, "images": len(train)}, "test": {"data": ev.data.name, "images": len(test)},
-            "test_images": len(test), "train_images": len(train),
-            "checkpoint_sha256": ev.sha, "diagnostics": asdict(o), "pool": ev.settings.feature,
-            "pixel_r2_embedding": report["pixels"]["r2_pixels"][0],
+    report, n_test, n_train = diagnose_data(model, ev.data, ev.img_size, o, ev.settings.feature, conditioning,
+                                            min(ev.settings.batch_size, 64))
+    card = {"train": {"data": ev.data.name, "images": n_train}, "test": {"data": ev.data.name, "images": n_test},
+            "test_images": n_test, "train_images": n_train, "checkpoint_sha256": ev.sha, "diagnostics": asdict(o),
+            "pool": ev.settings.feature, "pixel_r2_embedding": report["pixels"]["r2_pixels"][0],
             "high_freq_r2_embedding": report["pixels"]["r2_high_freq"][0]}
     ev.notes["diagnostics"] = report
     for layer, values in enumerate(per_layer(report)):
