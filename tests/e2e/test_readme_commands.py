@@ -552,7 +552,14 @@ def check_seg_folder(scope: dict) -> None:
     assert (root / "classes.txt").read_text().split() == ["ground", "square", "disc"]
 
 
+def check_diagnose(scope):
+    """A fresh MAE's branches are zero-initialised: the direct path is the whole stream at every depth."""
+    shares = scope["report"]["paths"]["direct_projection"]
+    assert len(shares) == scope["model"].num_blocks and all(abs(s - 1) < 1e-5 for s in shares)
+
+
 CHECKS = {"README.md: Decayed shortcuts in your model": check_front_door,
+          "docs/diagnostics.md: # Residual-stream diagnostics: what the identity path carries": check_diagnose,
           SEG_FOLDER: check_seg_folder,
           "docs/interop.md: Decayed shortcuts in models you already have": check_decayify,
           "docs/python-api.md: Library": check_library, "docs/trackers-and-sharing.md: Sharing a model": check_sharing,

@@ -187,6 +187,7 @@ FIGURES = ("--per-class", "3", "--images", "2", "--out", "{tmp}/figures")
 HEADS = ("model.num_heads=2", "model.decoder_num_heads=2")  # the weights are 32 wide
 EVAL_SIZE = ("--max-train", "64", "--max-test", "32", "--probe-epochs", "5")
 EVAL = (*EVAL_SIZE, "--out", "{tmp}/eval", "--no-progress")
+DIAG = ("--diag-images", "16", "--diag-train-images", "32", "--knockout-images", "8")
 GRID = (*FMNIST, "data.train_subset=64", "--out", "{tmp}/grid")
 RESUMED = ("{tmp}/run/summary.json::step_00000004.pt",)  # resumed from the checkpoint the kill left (of 5 steps)
 FT_IMAGENET = (*_RUN, "train.batch_size=8")  # the ImageFolder stand-in has 24 training images
@@ -301,6 +302,14 @@ PLANS: dict[str, Plan] = {
                  "/data/in100-shards"), add=EVAL, expect=("{tmp}/eval/*/eval.json::wds",)),
     "resdecay check-data --data wds --data-path /data/in100-shards": Plan(add=("--no-progress",),
                                                                           says=("train: 24 images, 0 unreadable",)),
+    # residual-stream diagnostics (docs/diagnostics.md): a checkpoint, a timm ViT's weights file, a transformers folder
+    "resdecay eval CKPT --evals knn,diagnostics": Plan(add=(*EVAL, *DIAG), expect=("{tmp}/eval/*/diagnostics.png",)),
+    "resdecay eval --model timm:vit_small_patch16_224 --weights vit.pth --data cifar10 --data-path /data/cifar --evals "
+    "knn,probe,diagnostics": Plan(add=("--model-arg", "img_size=32", "--model-arg", "patch_size=8", "--model-arg", "depth=4",
+                                       "--model-arg", "embed_dim=192", *EVAL, *DIAG),
+                                  expect=("{tmp}/eval/timm-vit_small_patch16_224/diagnostics.png",)),
+    "resdecay eval --model vit-mae-base/ --data imagefolder --data-path /data/imagenet --evals knn,diagnostics": Plan(
+        add=(*EVAL, *DIAG), expect=("{tmp}/eval/*/diagnostics.png",)),
     # segmentation (docs/segmentation.md): label maps of Fashion-MNIST-M and a COCO-Stuff-27 folder, in these tests
     "resdecay eval runs/plain/checkpoints/step_*.pt runs/decayed/checkpoints/step_*.pt --evals segmentation": Plan(
         covered=SEG + "test_eval_reports_segmentation_with_protocol_card_and_baselines", needle='"segmentation"'),
@@ -474,6 +483,7 @@ PYTHON_BLOCKS: dict[str, dict[str, str] | tuple[str, str]] = {
     "docs/EXTENDING.md: (c) A new metric: RankMe": (
         EXT + "test_a_family_in_one_file_trains_resumes_and_is_evaluated_by_the_cli", "rankme.py"),
     "docs/segmentation.md: Your own images and label maps (`--seg-data folder:DIR`)": {},
+    "docs/diagnostics.md: # Residual-stream diagnostics: what the identity path carries": {},
     "docs/EXTENDING.md: (d) A metric over two blocks: linear CKA": (
         EXT + "test_a_metric_over_two_blocks_in_one_file_runs_through_eval", "cka.py"),
     "docs/EXTENDING.md: (e) A new input kind: the MAE's pixel reconstructions": (
