@@ -2,7 +2,8 @@
 # Issue 40 item 7: the plain MAEs of the where-map (docs/results/where-map: where-small encoder, 32-epoch schedule,
 # same data, seed and code), trained to step STOP of their 32-epoch run (default 300, ~3.8 epochs) and stopped
 # there: the diagnostics of an early plain checkpoint are compared with the decay's measured gain at 32 epochs.
-# The run is the where-map's own (ablate's 'plain MAE' variant: the same preset and overrides), killed once
+# The recipe is the where-map's (ablate's 'plain MAE' variant: the same preset and overrides; today's
+# data.train_subset draws a class-balanced 20,000 where the where-map's runs took the first 20,000), killed once
 # checkpoints/step_<STOP>.pt is written; one run at a time, one thread, lowest priority.
 # Usage: train_plain.sh [RUNS] ; RUNS default runs/diagnostics-predict; levels x seeds 0 1.
 set -u

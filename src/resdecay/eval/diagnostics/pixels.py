@@ -172,7 +172,7 @@ class PixelStats:
         pix, high = pixel_targets(images, self.patch, self.sigma)
         y = torch.cat([pix, high], dim=-1)  # (B, N, 2P): one solve serves both targets
         B, N, _ = y.shape
-        self.P = pix.shape[-1]
+        self.P, self.used = pix.shape[-1], N if self.per_image is None else min(self.per_image, N)
         if tokens[0].shape[1] < N:
             raise UserError(f"diagnostics: {N} patches of {self.patch[0]}x{self.patch[1]} pixels but only "
                             f"{tokens[0].shape[1]} tokens in the stream; pass the model's patch_size")
@@ -200,7 +200,7 @@ class PixelStats:
                             "least two images)")
         train, test = self.sums["train"], self.sums["test"]
         out: dict = {"layer": list(range(self.layers)), "r2_pixels": [], "r2_high_freq": [], "lambda": [],
-                     "train_tokens": train.n, "test_tokens": test.n, "patches_per_image": self.per_image,
+                     "train_tokens": train.n, "test_tokens": test.n, "patches_per_image": self.used,
                      "r2": "variance_weighted", "ridge": ridge, "sigma": self.sigma, "patch": list(self.patch)}
         for layer in range(self.layers):
             tr, te = train.layer(layer), test.layer(layer)
