@@ -131,3 +131,19 @@ def test_profile_of_a_foreign_model_has_the_shortcut_columns(foreign_files, tmp_
 def test_bad_foreign_input_is_one_line(argv, fragments, tmp_path, capsys):
     code, _, err = run(capsys, "eval", *argv, "--out", tmp_path, "--no-progress")
     assert_one_line_error(code, err, *fragments)
+
+
+def test_segmentation_of_a_timm_vit_reads_its_patch_tokens(fake_fmnist, tmp_path, capsys):
+    """Unsupervised segmentation on Fashion-MNIST-M's label maps, through the foreign encoder's token grid; without
+    --weights the weights are drawn with seed 0, so the model and its random-init baseline are the same network."""
+    code, out, err = run(capsys, "eval", "--model", "timm:vit_tiny_patch16_224", "--model-arg", "img_size=32",
+                         "--model-arg", "patch_size=8", "--model-arg", "depth=2", "--data", "fashion-mnist-m", "--data-path",
+                         fake_fmnist, "--evals", "segmentation", "--seg-images", "12", "--seg-solver", "kmeans",
+                         "--no-progress", "--out", tmp_path)
+    assert code == 0, err
+    report = json.loads(next(tmp_path.glob("*/eval.json")).read_text())
+    (row,) = [r for r in report["results"] if r["metric"] == "segmentation"]
+    assert row["protocol"]["token_grid"] == [4, 4] and 0 <= row["values"]["miou"] <= 1
+    assert {b["source"] for b in report["baselines"]} == {"pixels", "random-init"}
+    random_init = next(b for b in report["baselines"] if b["source"] == "random-init")
+    assert random_init["values"]["miou"] == row["values"]["miou"]

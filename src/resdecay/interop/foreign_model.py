@@ -10,7 +10,7 @@
                        config.json are restored (``hf_unet.restore``)
 
 Nothing is downloaded: timm and torchvision build from their code with random weights, folders load
-with ``local_files_only``. ``model_args`` (``--model-arg KEY=VALUE``) go to the constructor, except
+with ``local_files_only``. Without ``--weights`` the weights are drawn with seed 0 (the random-init baseline's). ``model_args`` (``--model-arg KEY=VALUE``) go to the constructor, except
 ``timestep`` and ``class_label``: the fixed conditioning a diffusion backbone is run with (default 500 and 0
 for a diffusers model). Each failure is one line naming the spec and the fix.
 """
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 import torch.nn as nn
 
 from ..errors import CheckpointError, UserError
@@ -98,6 +99,8 @@ def _from_registry(lib: str, name: str, weights: str | None, kwargs: dict) -> tu
     if isinstance(blob, dict) and "resdecay_spec" in blob:
         spec = check_spec(blob["resdecay_spec"], str(weights))
     fresh = _decayed(build, spec)
+    if state is None:  # random weights: drawn with seed 0, so that the feature cache's key (the spec) names them
+        torch.manual_seed(0)
     model = fresh()
     if state is not None:
         load_strict(model, state, str(weights))
