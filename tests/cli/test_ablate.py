@@ -150,7 +150,7 @@ def test_grid_bad_input(tmp_path, capsys):
 
 # figure7-toy (the smallest shipped grid: ResNets, kNN + rank) shrunk to seconds: digits, width 8, one epoch
 SEED_GRID = ["data.name=digits", "model.img_size=8", "model.width=8", "train.epochs=1", "train.batch_size=64",
-             "train.warmup_epochs=0", "data.num_workers=0", "train.threads=1"]
+             "train.warmup_epochs=0", "data.num_workers=0", "train.threads=1", "data.train_subset=256"]
 SEED_ONLY = "8 blocks alpha 1.0,8 blocks alpha 0.7"
 
 
