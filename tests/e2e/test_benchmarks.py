@@ -21,8 +21,8 @@ def run_script(script: str, *args: str) -> subprocess.CompletedProcess:
                           env=env, timeout=600)
 
 
-def run_script_here(script: str, *args: str, capfd, monkeypatch) -> tuple[int | str | None, str]:
-    """``python benchmarks/SCRIPT ARGS`` run as ``__main__`` in this process: (its exit code, its stderr). The
+def run_script_here(script: str, *args: str, capfd, monkeypatch) -> tuple[int | str | None, str, str]:
+    """``python benchmarks/SCRIPT ARGS`` run as ``__main__`` in this process: (its exit code, stdout, stderr). The
     benchmark modules it imports (``_measure``, ...) are dropped afterwards, so no other test sees them."""
     path = ROOT / "benchmarks" / script
     monkeypatch.setattr(sys, "argv", [str(path), *args])
@@ -38,7 +38,8 @@ def run_script_here(script: str, *args: str, capfd, monkeypatch) -> tuple[int | 
         for name in set(sys.modules) - before:
             if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(path.parent)):
                 del sys.modules[name]
-    return code, capfd.readouterr().err
+    out, err = capfd.readouterr()
+    return code, out, err
 
 
 def run_benchmark(script: str, *args: str, tmp_path: Path) -> tuple[str, dict]:
@@ -140,7 +141,7 @@ def test_gpu_rows_smoke_mode_runs_data_throughput_on_every_decoder_path(tmp_path
 
 
 
-def test_segmentation_cost_times_every_solver_and_skips_a_row_past_the_timeout(tmp_path):
+def test_segmentation_cost_times_every_solver_and_skips_a_row_past_the_timeout(tmp_path, capfd, monkeypatch):
     """Issue 33 item 6: the segmentation metric's cost per solver beside the kNN row; a row past
     --timeout-per-row is stopped and printed as skipped, and larger sizes of that solver are not started."""
     small = ["--tokens", "4", "--dim", "16", "--classes", "3", "--epochs", "2", "--graph-rounds", "2", "--threads", "1"]
@@ -151,9 +152,13 @@ def test_segmentation_cost_times_every_solver_and_skips_a_row_past_the_timeout(t
     assert rows["knn"]["sanity_name"] == "knn_top1" and rows["knn"]["bank"] == rows["knn"]["queries"] == 80
     assert all(0 <= rows[s]["sanity"] <= 1 and rows[s]["sanity_name"] == "miou" for s in ("exact", "learned", "kmeans"))
     assert rows["learned"]["protocol"]["epochs"] == 2 and "mIoU (knn: top-1)" in stdout
-    # the child's imports alone take longer than 0.3 s: the first row is stopped, the larger one not started
-    stdout, result = run_benchmark("segmentation_cost.py", "--images", "40,80", "--solvers", "learned",
-                                   "--timeout-per-row", "0.3", *small, tmp_path=tmp_path)
+    # the child's imports alone take longer than 0.3 s: the first row is stopped, the larger one not started. The
+    # parent runs in this process this time (it ran as a process of its own above): the row it stops is still a child
+    code, stdout, stderr = run_script_here("segmentation_cost.py", "--images", "40,80", "--solvers", "learned",
+                                           "--timeout-per-row", "0.3", *small, "--json", str(tmp_path / "timeout.json"),
+                                           capfd=capfd, monkeypatch=monkeypatch)
+    assert code == 0, stderr[-2000:]
+    result = json.loads((tmp_path / "timeout.json").read_text())
     first, second = result["rows"]
     assert first["status"] == "skipped (> 0.3 s)" and "seconds" not in first
     assert second["status"] == "skipped (> 0.3 s at a smaller size)" and second["not_started"]
@@ -189,7 +194,7 @@ def test_grad_checkpointing_rows_pair_each_preset_with_and_without(tmp_path):
 def test_bad_arguments_are_one_line_exit_2(script, args, needle, capfd, monkeypatch):
     """Run in this process (each script runs as a process of its own in its smoke test above): a bad argument is
     answered before any work, so the check needs no fresh interpreter importing torch for each case."""
-    code, stderr = run_script_here(script, *args, capfd=capfd, monkeypatch=monkeypatch)
+    code, _, stderr = run_script_here(script, *args, capfd=capfd, monkeypatch=monkeypatch)
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and "Traceback" not in stderr, stderr
     assert lines[0].startswith(f"{script}: error: ") and needle in lines[0], lines[0]
