@@ -16,7 +16,9 @@ CPU ("maxrss")     fallback where clear_refs cannot be written: growth of ``ru_m
 
 ``bad_input(message)`` ends a benchmark on a wrong argument: one line on stderr, exit status 2.
 
-Used by scripts run as ``python benchmarks/x.py`` (this folder is then on sys.path).
+Used by scripts run as ``python benchmarks/x.py`` (this folder is then on sys.path). torch is imported by the
+functions that use it, not with the module: a script that only times other processes (startup.py) or refuses
+a bad argument does not pay for it.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import os
 import re
 import resource
 import sys
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 MEM_LABEL = {"cuda": "peak MB (cuda max alloc)", "vmhwm": "peak MB (VmHWM growth)", "maxrss": "peak MB (maxrss growth)"}
 
@@ -55,6 +59,8 @@ def mae_config(preset: str, overrides: list[str] | None = None):
 
 
 def sync(device: torch.device) -> None:
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -69,6 +75,8 @@ def proc_kb(path: str, field: str) -> int | None:
 
 def mem_start(device: torch.device) -> tuple[str, float]:
     """Reset the peak counter; return (method, baseline in MB)."""
+    import torch
+
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -88,6 +96,8 @@ def mem_start(device: torch.device) -> tuple[str, float]:
 
 def mem_peak(device: torch.device, method: str, base: float) -> float:
     """Peak MB since ``mem_start`` minus its ``base``."""
+    import torch
+
     if method == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20 - base
     if method == "vmhwm":
@@ -99,6 +109,8 @@ def timed_steps(step, warmup: int, steps: int, device: torch.device):
     """Call ``step()`` (one training step returning its loss) ``warmup + steps`` times; return the
     seconds of each timed call and the last loss. Stops the benchmark on a non-finite loss."""
     import time
+
+    import torch
 
     times, loss = [], None
     for i in range(warmup + steps):
