@@ -15,7 +15,7 @@ from resdecay.nn import residual
 from resdecay.nn.residual import factors_of
 from resdecay.train import checkpoint as ckpt
 
-FAST = ["train.epochs=1", "train.warmup_epochs=0", "train.threads=1", "--no-progress"]
+FAST = ["train.epochs=1", "train.warmup_epochs=0", "train.threads=1", "data.train_subset=256", "--no-progress"]  # 4 steps
 
 # torch.arange without device=: under torch.device("meta") this used to make a tensor with no values
 RAMP = '''
