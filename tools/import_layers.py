@@ -6,6 +6,7 @@ Usage: python tools/import_layers.py src/resdecay [--old]
 """
 import ast
 import sys
+import functools
 from functools import lru_cache
 from pathlib import Path
 
@@ -97,10 +98,23 @@ circular = [(a, b) for a in edges for b in edges[a] if a in reach(b)]
 
 
 def depth(m: str, graph: dict, seen: frozenset = frozenset()) -> int:
-    """Modules on the longest import chain from m (a cycle is not walked twice)."""
+    """Modules on the longest import chain from m (a cycle is not walked twice). Without a cycle the longest
+    chain from each module is found once and reused (the same number as trying every path, in one pass)."""
+    if not circular:
+        return _dag_depth(m, id(graph))
     return 1 + max((depth(n, graph, seen | {m}) for n in graph[m] if n not in seen and n != m), default=0)
 
 
+_GRAPHS: dict = {}
+
+
+@functools.cache
+def _dag_depth(m: str, graph_id: int) -> int:
+    graph = _GRAPHS[graph_id]
+    return 1 + max((_dag_depth(n, graph_id) for n in graph[m] if n != m), default=0)
+
+
+_GRAPHS.update({id(edges): edges, id(top_edges): top_edges})
 print(f"modules {len(mods)}")
 for name, graph in (("all imports", edges), ("module-level imports", top_edges)):
     deepest = max(mods, key=lambda m: depth(m, graph))
