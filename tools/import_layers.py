@@ -5,8 +5,8 @@ Usage: python tools/import_layers.py src/resdecay [--old]
 (--old maps the flat pre-reorganisation modules onto the layers they moved to, to compare.)
 """
 import ast
-import sys
 import functools
+import sys
 from functools import lru_cache
 from pathlib import Path
 
