@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from helpers import run
 from resdecay.commands.demo import mechanism_table
 from resdecay.train.checkpoint import load_model
 from resdecay.viz.diagnostics_figures import diagnose_and_plot, summary
 
 
+@pytest.mark.slow
 def test_figures_overlay_the_diagnostics_of_the_checkpoints(tiny_checkpoints, tmp_path, capsys):
     code, out, err = run(capsys, "figures", tiny_checkpoints["plain"], tiny_checkpoints["decayed"], "--per-class", "5",
                          "--out", tmp_path)
@@ -24,6 +27,7 @@ def test_figures_overlay_the_diagnostics_of_the_checkpoints(tiny_checkpoints, tm
         assert 0 <= numbers["pixel_r2_embedding"] <= 1
 
 
+@pytest.mark.slow
 def test_the_summary_is_the_reports_last_block_and_the_decay_scales_the_direct_path(tiny_checkpoints, tmp_path):
     models = {}
     for name in ("plain", "decayed"):
