@@ -15,6 +15,7 @@ What is measured
     The ratio column is seconds / the forward row's. One run per row, ``--threads`` torch threads.
 
     python benchmarks/diagnostics_cost.py                           # ViT-S/16, 1,000 images, 2 threads
+    python benchmarks/diagnostics_cost.py --rows all                # the forward reference and eval's diagnostics only
     python benchmarks/diagnostics_cost.py --model vit_tiny_patch16_224 --img-size 32 --patch 8 --depth 2 --images 16 \\
         --knockout-images 8                                          # smoke run (seconds; tests/e2e)
 """
@@ -26,6 +27,8 @@ import json
 import platform
 import sys
 import time
+
+ROWS = ("forward", "paths", "pixels", "knockout", "all")
 
 
 def parse(argv):
@@ -39,11 +42,17 @@ def parse(argv):
     p.add_argument("--pixel-patches", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rows", default=",".join(ROWS), help=f"comma list of rows to time (default all: {','.join(ROWS)}; "
+                                                          "forward always runs, it is the reference)")
     p.add_argument("--json", default=None, help="also write the rows here")
     a = p.parse_args(argv)
     for name in ("img_size", "patch", "images", "knockout_images", "pixel_patches", "batch", "threads"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(a, name)}")
+    a.rows = ["forward", *[r for r in a.rows.split(",") if r and r != "forward"]]
+    bad = [r for r in a.rows if r not in ROWS]
+    if bad:
+        p.error(f"--rows {bad[0]!r} is unknown; choose from {', '.join(ROWS)}")
     if a.img_size % a.patch:
         p.error(f"--img-size {a.img_size} is not a multiple of --patch {a.patch}")
     return a
@@ -81,7 +90,7 @@ def main(argv=None) -> dict:
     with torch.no_grad():
         model.forward_features(test[:a.batch])  # warm-up
     seconds = {}
-    for name, fn in rows.items():
+    for name, fn in ((n, rows[n]) for n in a.rows):
         t0 = time.perf_counter()
         fn()
         seconds[name] = time.perf_counter() - t0

@@ -20,6 +20,8 @@ def test_smoke_run_times_every_row_against_the_forward(tmp_path):
     seconds = json.loads(out.read_text())["seconds"]
     assert list(seconds) == ["forward", "paths", "pixels", "knockout", "all"] and all(s > 0 for s in seconds.values())
     assert "x forward" in r.stdout and "2 blocks" in r.stdout
+    r = subprocess.run([sys.executable, str(SCRIPT), "--rows", "all,nope"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--rows 'nope' is unknown" in r.stderr
 
 
 def test_a_bad_argument_is_one_line():

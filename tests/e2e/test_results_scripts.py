@@ -35,9 +35,12 @@ COVERED = {
     "where-map/run.sh": "test_where_map_dry_run",
     "where-map/collect.py": "test_where_map_collectors",
     "where-map/machines.py": "test_where_map_collectors",
+    "diagnostics/train_plain.sh": "test_diagnostics_scripts_dry_run",
+    "diagnostics/gpu_width.sh": "test_diagnostics_scripts_dry_run",
+    "diagnostics/predict.py": "test_diagnostics_predict_on_a_fake_tree",
 }
 SCRIPT_ENV = ("ROOT", "RUNS", "QUEUE", "RESDECAY", "PYTHON", "DRY_RUN", "EXTRA", "SEG_SEEDS", "SOLVERS", "SEG_IMAGES",
-              "KNN_PROBE", "STEP", "DEST")
+              "KNN_PROBE", "STEP", "DEST", "LEVELS", "SEEDS", "WIDTH", "EPOCHS", "EVAL")
 
 
 def scripts() -> set[str]:
@@ -262,3 +265,37 @@ def test_where_map_collectors(clone, tmp_path):
     assert (tmp_path / "map" / "where-map.md").read_text().strip() == printed.strip()
     run_script(clone, "where-map/machines.py", "--out", str(tmp_path / "machines"))
     assert (tmp_path / "machines" / "machines.md").read_text() == (RESULTS / "where-map" / "machines.md").read_text()
+
+
+def test_diagnostics_scripts_dry_run(clone, capsys):
+    from resdecay.cli import main
+
+    cmds = commands(run_script(clone, "diagnostics/train_plain.sh", "--dry-run", EXTRA="train.epochs=1"))
+    assert len(cmds) == 10  # five levels x seeds 0, 1: the where-map's plain recipe
+    for argv in cmds:
+        assert argv[:3] == ["pretrain", "--preset", "mae-tiny-fmnistm-plain"] and "data.train_subset=20000" in argv
+        assert main([*argv, "--print-config"]) == 0, argv
+    assert "nuisances:\n  - background" in capsys.readouterr().out.replace("\r", "")
+    cmds = commands(run_script(clone, "diagnostics/train_plain.sh", "--dry-run", LEVELS="all", SEEDS="1"))
+    assert len(cmds) == 1 and "train.seed=1" in cmds[0] and "data.nuisances=[background,colour,scale,position]" in cmds[0]
+    cmds = commands(run_script(clone, "diagnostics/gpu_width.sh", "--dry-run", str(clone.parent / "w")))
+    assert [c[0] for c in cmds] == ["pretrain", "eval"] * 4  # plain and decayed, seeds 0 and 1, each evaluated
+    for argv in cmds:
+        parses(argv)
+    assert "model.embed_dim=192" in cmds[0] and "model.alpha_min=0.8" in cmds[2] and "knn,probe,diagnostics" in cmds[1]
+    assert not (clone / "runs").exists()
+
+
+def test_diagnostics_predict_on_a_fake_tree(clone, tiny_fmnistm_checkpoint, tmp_path):
+    """predict.py on two levels, one seed, the tiny Fashion-MNIST-M checkpoint standing in for each plain MAE."""
+    runs = tmp_path / "runs"
+    for level in ("clean", "all"):
+        (runs / level / "seed0" / "checkpoints").mkdir(parents=True)
+        shutil.copy(tiny_fmnistm_checkpoint, runs / level / "seed0" / "checkpoints" / "step_00000002.pt")
+    run_script(clone, "diagnostics/predict.py", str(runs), LEVELS="clean all", SEEDS="0", STEP="2")
+    out = json.loads((clone / "docs" / "results" / "diagnostics" / "predict.json").read_text())
+    assert [(p["level"], p["seed"]) for p in out["points"]] == [("clean", 0), ("all", 0)]
+    assert out["points"][0]["delta"]["kNN"] == pytest.approx(-0.050000011920928955)  # the where-map's clean seed 0
+    assert set(out["points"][0]["values"]) == {"direct share", "direct share (variance)", "pixel R2", "high-freq R2",
+                                               "raw-pixel kNN (data)"}
+    assert "leave-one-level-out" in (clone / "docs" / "results" / "diagnostics" / "predict.md").read_text()

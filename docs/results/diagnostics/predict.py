@@ -18,11 +18,13 @@ largest gap that separates the 4 other levels' signs (the direction chosen on th
 predicted; nothing is tuned on the held-out level.
 
 Usage: predict.py [RUNS] (default <repo>/runs/diagnostics-predict); writes predict.json, predict.md, predict.png here.
+LEVELS, SEEDS and STEP (environment) as train_plain.sh's.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -33,9 +35,9 @@ from scipy.stats import spearmanr
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 WHERE = ROOT / "docs" / "results" / "where-map"
-LEVELS = ("clean", "bg", "bg-colour", "bg-colour-scale", "all")
-SEEDS = (0, 1)
-STEP = 300
+LEVELS = tuple(os.environ.get("LEVELS", "clean bg bg-colour bg-colour-scale all").split())  # as train_plain.sh
+SEEDS = tuple(int(s) for s in os.environ.get("SEEDS", "0 1").split())
+STEP = int(os.environ.get("STEP", "300"))
 CANDIDATES = {  # name -> (report part, key); the last block
     "direct share": ("paths", "direct_projection"),
     "direct share (variance)": ("paths", "direct_projection_centred"),
@@ -65,6 +67,8 @@ def same_run_check(run: Path, level: str, seed: int) -> float:
             if "loss" in row:
                 out[row["step"]] = row["loss"]
         return out
+    if not (run / "log.jsonl").is_file():
+        return float("nan")
     ours, theirs = losses(run / "log.jsonl"), losses(WHERE / level / f"seed{seed}" / "plain-mae" / "log.jsonl")
     common = [s for s in ours if s in theirs and s <= STEP]
     return max(abs(ours[s] - theirs[s]) for s in common) if common else float("nan")
