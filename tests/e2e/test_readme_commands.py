@@ -429,7 +429,8 @@ def test_readme_front_door_keeps_the_setup_commands_first():
     first, second = re.findall(r"^```\w*\n(.*?)^```", readme, re.S | re.M)[:2]
     assert first.strip().endswith(".venv/bin/resdecay demo") and first.startswith("python3 -m venv .venv")
     assert second.strip() == ("python3 -m venv .venv && .venv/bin/pip install torch==2.14.1 torchvision==0.29.1 && "
-                              ".venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -q -m 'not gpu'")
+                              ".venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -q -m 'not gpu' -n auto")
+    assert ".venv/bin/python -m pytest -q -m 'not gpu' -n auto\n" in (rc.ROOT / ".ci" / "run").read_text()
     assert len(readme.splitlines()) <= 200 and "](docs/img/" in "\n".join(readme.splitlines()[:40])
 
 

@@ -207,7 +207,7 @@ PLANS: dict[str, Plan] = {
     ".venv/bin/pip install torch==2.14.1 torchvision==0.29.1": Plan(skip=SETUP),
     ".venv/bin/pip install -e .": Plan(skip=SETUP),
     ".venv/bin/pip install -e .[test]": Plan(skip=SETUP),
-    ".venv/bin/python -m pytest -q -m not gpu": Plan(skip="the test suite itself (this test is part of it)"),
+    ".venv/bin/python -m pytest -q -m not gpu -n auto": Plan(skip="the test suite itself (this test is part of it)"),
     ".venv/bin/resdecay demo": Plan(skip="the same command as `resdecay demo`, run under that name"),
     # the demos (no size flags: their recipes are shrunk in place, see PATCHES)
     "resdecay demo": Plan(add=("--no-progress", "--out", "{tmp}/demo"), patch="demo", expect=("{tmp}/demo/results.json",)),
