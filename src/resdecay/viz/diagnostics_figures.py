@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..eval.diagnostics.source import DiagnosticsOptions, diagnose_data
 from .backend import plt
-from .plots import _save
+from .plots import save_panels
 
 # what the demo and ``resdecay figures`` measure: enough images for stable curves in seconds on small data
 FIGURE_OPTIONS = DiagnosticsOptions(images=500, train_images=1000, knockout_images=256, pixel_patches=32)
@@ -58,13 +58,7 @@ def plot_diagnostics(reports: dict[str, dict], path: Path, note: str = "") -> Pa
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("depth (0 = patch embedding)" if "knock" not in title else "block removed (1 = first)", fontsize=8)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(titles):]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    if note:
-        fig.text(0.5, 0.005, note, ha="center", fontsize=7)
-    fig.tight_layout(rect=(0, 0.03 if note else 0, 1, 1))
-    return _save(fig, path)
+    return save_panels(fig, axes, len(titles), path, note)
 
 
 def summary(report: dict) -> dict:

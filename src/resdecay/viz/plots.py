@@ -132,7 +132,12 @@ def plot_profile(profiles: dict[str, list[dict]], path: Path, note: str = "") ->
             ax.set_yscale("log")
         ax.set(title=title, xlabel="encoder block")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
+    return save_panels(fig, axes, len(panels), path, note)
+
+
+def save_panels(fig, axes, used: int, path: Path, note: str = "") -> Path:
+    """A grid of panels finished and saved: the unused axes hidden, the first panel's legend, ``note`` under it."""
+    for ax in list(axes.flat)[used:]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     if note:
