@@ -12,6 +12,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "diagnostics_cost.
 
 
 def test_smoke_run_times_every_row_against_the_forward(tmp_path):
+    """diagnostics_cost.py at a toy size (a 2-block ViT on 16 images): the table and the JSON rows."""
     out = tmp_path / "cost.json"
     r = subprocess.run([sys.executable, str(SCRIPT), "--model", "vit_tiny_patch16_224", "--img-size", "32", "--patch", "8",
                         "--depth", "2", "--images", "16", "--knockout-images", "8", "--threads", "1", "--json", str(out)],

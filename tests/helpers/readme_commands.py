@@ -410,6 +410,9 @@ PLANS: dict[str, Plan] = {
         covered=BENCH + "test_gpu_rows_smoke_mode_runs_data_throughput_on_every_decoder_path"),
     ".venv/bin/python benchmarks/eval_speed.py": Plan(covered=BENCH + "test_eval_speed_sections_agree_with_their_references"),
     ".venv/bin/python benchmarks/startup.py": Plan(covered=BENCH + "test_startup_times_every_row_against_torch_alone"),
+    ".venv/bin/python benchmarks/diagnostics_cost.py": Plan(
+        covered="tests/e2e/test_diagnostics_benchmark.py::test_smoke_run_times_every_row_against_the_forward",
+        needle="diagnostics_cost.py"),
     ".venv/bin/python benchmarks/diffusion_throughput.py": Plan(
         covered=BENCH + "test_diffusion_throughput_rows_decayed_and_plain_per_preset"),
     ".venv/bin/python benchmarks/train_end_to_end.py": Plan(
