@@ -1,4 +1,4 @@
-"""Residual-stream diagnostics (issue 40, ``resdecay.eval.diagnostics``) against references: the path
+"""Residual-stream diagnostics (``resdecay.eval.diagnostics``) against references: the path
 decomposition sums to the stream for every family, the ridge equals scikit-learn's, knocking out a
 zero branch changes nothing, and a model decayified with alpha_min = 1 is diagnosed as the original."""
 

@@ -1,4 +1,4 @@
-"""The diagnostics' picture (issue 40 item 6): ``resdecay figures`` draws ``diagnostics.png`` for the checkpoints
+"""The diagnostics' picture: ``resdecay figures`` draws ``diagnostics.png`` for the checkpoints
 overlaid and records each one's last-block numbers; the demo's mechanism table reads the same summary."""
 
 from __future__ import annotations

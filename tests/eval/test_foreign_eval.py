@@ -1,4 +1,4 @@
-"""``resdecay eval`` on models trained elsewhere (issue 40 item 5): a timm ViT with a weights file (plain and
+"""``resdecay eval`` on models trained elsewhere: a timm ViT with a weights file (plain and
 ``save_decayified``), a transformers ViTMAE folder and a diffusers DiT folder are measured by the same suite as
 a resdecay checkpoint, behind ``eval.foreign.ForeignEncoder``; ``--evals diagnostics`` prints the per-block table and
 writes its PNG; a model no adapter reaches, a missing ``--data`` and other bad input are refused in one line."""

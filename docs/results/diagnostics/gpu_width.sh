@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 40 item 8, for a session that is lent a GPU: does the decay's gain, and the plain MAE's direct-path share,
+# For a session that is lent a GPU: does the decay's gain, and the plain MAE's direct-path share,
 # move with width as the paper's Table 2 says (wider gains more)? Plain MAE vs U-Net MAE alpha_min 0.8 at width
 # WIDTH (default 192, 12 blocks, patch 4), Fashion-MNIST-M with all four nuisances on all 60,000 training images,
 # EPOCHS epochs (default 16), seeds SEEDS (default "0 1"); each run is then evaluated with kNN, the probe and the
@@ -8,7 +8,7 @@
 # checks the command end to end:
 #   EXTRA="model.embed_dim=32 model.num_heads=2 model.decoder_embed_dim=32 model.decoder_num_heads=2 model.depth=2
 #          model.decoder_depth=1 data.train_subset=256 train.device=cpu" EPOCHS=1 SEEDS=0 EVAL="--max-train 256
-#          --max-test 64 --probe-epochs 2 --diag-images 32 --diag-train-images 64 --knockout-images 8" gpu_width.sh /tmp/w
+#          --max-test 64 --probe-epochs 2 --diag-images 32 --diag-train-images 64 --knockout-images 8" gpu_width.sh OUT
 # Usage: gpu_width.sh [--dry-run] [OUT]   (default <repo>/runs/diagnostics-width); ROOT, PYTHON, DRY_RUN: ../common.sh
 set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)

@@ -1,4 +1,4 @@
-"""Issue 40 item 7: do the residual-stream diagnostics of a *plain* MAE predict whether decaying its shortcuts helps?
+"""Do the residual-stream diagnostics of a *plain* MAE predict whether decaying its shortcuts helps?
 
 For each where-map nuisance level (docs/results/where-map: clean, bg, bg-colour, bg-colour-scale, all) and seed 0, 1,
 the plain MAE trained by train_plain.sh (the where-map's plain recipe, stopped at step 300 of its 32-epoch schedule)

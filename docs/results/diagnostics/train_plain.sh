@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 40 item 7: the plain MAEs of the where-map recipe (docs/results/where-map: where-small encoder, 32-epoch
+# The plain MAEs of the where-map recipe (docs/results/where-map: where-small encoder, 32-epoch
 # schedule, the level's data, seed), each trained to step STEP of its 32-epoch run (default 300, ~3.8 epochs) and
 # stopped there: predict.py compares the diagnostics of these early plain checkpoints with the decay's gain the
 # where-map measured at 32 epochs. The recipe is ablate's 'plain MAE' variant of the where-map grid (today's

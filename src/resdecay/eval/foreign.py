@@ -1,4 +1,4 @@
-"""A model trained elsewhere, behind the model contract the evaluators read (issue 40 item 5).
+"""A model trained elsewhere, behind the model contract the evaluators read.
 
 ``resdecay eval`` measures a resdecay checkpoint through ``model.forward_intermediates``, ``model.blocks``
 and ``model.cfg``. ``ForeignEncoder`` gives any timm / torchvision / transformers / diffusers model the

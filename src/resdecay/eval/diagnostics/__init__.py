@@ -1,4 +1,4 @@
-"""Residual-stream diagnostics (issue 40): what the identity path carries, for any model whose blocks
+"""Residual-stream diagnostics: what the identity path carries, for any model whose blocks
 ``decayify``'s adapters reach (resdecay's families, timm ViTs, transformers ViT / ViTMAE / DINOv2,
 diffusers' DiT), decayified or not (alpha = 1).
 

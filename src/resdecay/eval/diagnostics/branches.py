@@ -1,4 +1,4 @@
-"""Branch and shortcut per sub-block (issue 40 item 3): what each add ``alpha * x + g`` mixes.
+"""Branch and shortcut per sub-block: what each add ``alpha * x + g`` mixes.
 
 Per sub-block, over every token of every image (prefix tokens included, as the per-layer profile's
 ``block_statistics``): the mean per-token norm of the scaled shortcut ``||alpha * x||`` and of the

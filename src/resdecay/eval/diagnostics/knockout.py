@@ -1,4 +1,4 @@
-"""Knock-out (issue 40 item 4): which blocks the model uses. One unit at a time, its branch is set to
+"""Knock-out: which blocks the model uses. One unit at a time, its branch is set to
 zero (``f_l := 0``, so its add passes ``alpha_l * x_l`` on) and the last block's output z' is compared
 with the intact model's z:
 

@@ -1,4 +1,4 @@
-"""Exact path decomposition of the residual stream (issue 40 item 1).
+"""Exact path decomposition of the residual stream: what reaches each depth straight from the patch embedding.
 
 Unrolling ``x_{l+1} = alpha_l * x_l + g_l`` (one l per sub-block, attention and MLP separately;
 ``g_l = beta_l * f_l(x_l)``, with the adaLN gate where there is one) gives, at the output of block L,

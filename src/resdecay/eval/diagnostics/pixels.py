@@ -1,4 +1,4 @@
-"""Pixel detail at depth (issue 40 item 2): how much of each patch's own pixels is linearly decodable
+"""Pixel detail at depth: how much of each patch's own pixels is linearly decodable
 from that patch's token at each layer, the paper's "shallow, high-frequency detail" as one number per
 layer.
 
