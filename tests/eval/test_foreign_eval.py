@@ -125,12 +125,18 @@ def test_profile_of_a_foreign_model_has_the_shortcut_columns(foreign_files, tmp_
     (["--weights", "w.pth", "--data", "digits"], ["--model SPEC"]),
     (["--model", "nothing-here", "--data", "digits"], ["neither timm:NAME"]),
     (["--model", "timm:vit_tiny_patch16_224", "--model-arg", "img_size", "--data", "digits"], ["KEY=VALUE"]),
+    *[(["--model", "timm:vit_tiny_patch16_224", *VIT_ARGS, "--data", "digits", "--evals", "diagnostics", *bad], [says])
+      for bad, says in ((["--diag-images", "0"], "--diag-images (diagnostics.images) must be at least 2"),
+                        (["--knockout-images", "0"], "--knockout-images (diagnostics.knockout_images) must be at least 1"),
+                        (["--metric-option", "diagnostics.ridge=-1"], "diagnostics.ridge must be a positive"),
+                        (["--metric-option", "diagnostics.pixel_patches=-3"], "diagnostics.pixel_patches must be"))],
     (["--model", "torchvision:resnet18", "--model-arg", "img_size=8", "--data", "digits", "--evals", "diagnostics"],
      ["cannot reach the branches", "BasicBlock"]),
 ])
 def test_bad_foreign_input_is_one_line(argv, fragments, tmp_path, capsys):
-    code, _, err = run(capsys, "eval", *argv, "--out", tmp_path, "--no-progress")
+    code, _, err = run(capsys, "eval", *argv, "--out", tmp_path / "out", "--no-progress")
     assert_one_line_error(code, err, *fragments)
+    assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
 def test_segmentation_of_a_timm_vit_reads_its_patch_tokens(fake_fmnist, tmp_path, capsys):

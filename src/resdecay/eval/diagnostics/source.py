@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ...data.subsets import balanced_subset
+from ...errors import UserError
 from ..foreign import ForeignEncoder
 from ..inputs import eval_split
 from ..sources import Evaluation, Prepared, Source
@@ -38,6 +39,17 @@ class DiagnosticsOptions:
     knockout_images: int = 256
     pixel_patches: int = 64
     ridge: float = 1e-3
+
+    def validate(self) -> None:
+        """One line naming the option (and its flag) whose value cannot work."""
+        for key, flag, low in (("images", "--diag-images", 2), ("train_images", "--diag-train-images", 1),
+                               ("knockout_images", "--knockout-images", 1), ("pixel_patches", "", 0)):
+            if getattr(self, key) < low:
+                name = f"{flag} (diagnostics.{key})" if flag else f"diagnostics.{key}"
+                raise UserError(f"{name} must be at least {low}, got {getattr(self, key)}"
+                                + (" (0: every patch)" if key == "pixel_patches" else ""))
+        if not self.ridge > 0:
+            raise UserError(f"diagnostics.ridge must be a positive penalty (e.g. 1e-3), got {self.ridge}")
 
 
 @dataclass
@@ -89,11 +101,16 @@ def diagnose_data(model, data, img_size: int, o: DiagnosticsOptions | None = Non
         pool: the knock-out's pooling; o default: ``DiagnosticsOptions()``; conditioning: a diffusion backbone's fixed inputs; batch_size: per forward.
     """
     o = o or DiagnosticsOptions()
+    o.validate()
     train = balanced_subset(eval_split(data, "train", img_size), o.train_images, data.subset_seed)
     test = balanced_subset(eval_split(data, "test", img_size), o.images, data.subset_seed)
     report = diagnose(model, test, train_images=train, conditioning=conditioning, batch_size=batch_size, ridge=o.ridge,
                       pixel_patches=o.pixel_patches or None, knockout_images=o.knockout_images, pool=pool)
     return report, len(test), len(train)
+
+
+def _check(ev: Evaluation, metrics: list) -> None:
+    ev.settings.metric_settings().options_of(DIAGNOSTICS).validate()  # before any image is read
 
 
 def _prepare(ev: Evaluation, metrics: list):
@@ -110,4 +127,4 @@ def _prepare(ev: Evaluation, metrics: list):
         yield Prepared(layer, DiagnosticsLayer(values), card)
 
 
-SOURCES = (Source(DIAGNOSTICS, prepare=_prepare, every_rank=False),)  # registered by eval/__init__.py
+SOURCES = (Source(DIAGNOSTICS, prepare=_prepare, check=_check, every_rank=False),)  # registered by eval/__init__.py
