@@ -3,8 +3,9 @@ and its one-line-error check, copies of the session's shared runs and proxy extr
 ``seed_proxy_cache``), the torch threads of a test process (``THREADS``), a free TCP port for torchrun, and the IDX writer behind the fake Fashion-MNIST folders.
 
 Modules beside this one: ``helpers.interop`` (foreign checkpoints in each format), ``helpers.adapter_models``
-(one tiny model per row of docs/plug-and-play.md) and ``helpers.readme_commands`` (how each documented command
-is shrunk for the executable-docs test)."""
+(one tiny model per row of docs/plug-and-play.md), ``helpers.doc_pages`` (the commands and python blocks the pages
+show), ``helpers.readme_commands`` (how each is shrunk for the executable-docs test) and ``helpers.readme_workspace``
+(the artifacts standing in for the pages' placeholder paths)."""
 
 from __future__ import annotations
 
