@@ -36,6 +36,7 @@ from typing import Any, Mapping
 import torch.nn as nn
 
 from ..errors import UserError
+from .adapters import option_choices
 from .spec import check_spec, unwrap_compiled
 
 VERSION = 1
@@ -106,7 +107,7 @@ def check_step(step: Any, where: str) -> dict:
     op = step.get("op") if isinstance(step, Mapping) else None
     if not isinstance(op, str) or op not in STEP_KEYS:
         raise UserError(f"{where}: {step!r} is not a resdecay step (op must be one of {', '.join(STEP_KEYS)})")
-    unknown = sorted(set(step) - set(STEP_KEYS[op]))
+    unknown = sorted(set(step) - set(STEP_KEYS[op]) - (set(option_choices()) if op == "decayify" else set()))
     if unknown:
         raise UserError(f"{where}: a {op} step with unknown key(s) {', '.join(unknown)}; it has {', '.join(STEP_KEYS[op])}")
     if op == "unet_skips":

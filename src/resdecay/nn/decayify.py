@@ -35,7 +35,9 @@ import warnings
 
 import torch.nn as nn
 
+from ..errors import check_choice
 from .adapters import adapter_for, adapters, nearest_supported
+from .adapters.depth_order import depth_order_for
 from .adapters.hooks import remove as _remove_hooks
 from .config_record import recorder
 from .residual import ShortcutScale, check_shortcut, factors_of, shortcut_plan  # noqa: F401  (ShortcutScale: public here before)
@@ -50,8 +52,15 @@ SUPPORTED = tuple(supported())  # the built-in kinds; ``supported()`` also lists
 
 
 def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
-    """(name, block, adapter name) of every residual block ``decayify`` decays, in depth order."""
-    return _one_add_count(_supported_blocks(model))[0]
+    """(name, block, adapter name) of every residual block ``decayify`` decays, in depth order (a registered
+    ``DepthOrder``'s, with the options ``model.resdecay_spec`` recorded; then the blocks it keeps at alpha 1)."""
+    found = _supported_blocks(model)
+    order = depth_order_for(model)
+    if order is not None and found:
+        spec = getattr(model, "resdecay_spec", None) or {}
+        scheduled, plain = order.order(model, found, _chosen(order.options, spec))
+        found = scheduled + plain
+    return _one_add_count(found)[0]
 
 
 def _supported_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
@@ -104,7 +113,7 @@ def _say_what_was_left(model: nn.Module, found: list, skipped: list[tuple[str, s
 
 
 def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_init: bool = False,
-             branches: str = "both", shortcut: str = "decay") -> nn.Module:
+             branches: str = "both", shortcut: str = "decay", **options: str) -> nn.Module:
     """Scale the identity shortcut of every residual block of ``model`` (in place) by the factors
     of the shortcut formula ``shortcut`` (by default the decay: ``alpha_schedule``, from 1 at the
     first residual add to ``alpha_min`` at the last).
@@ -122,6 +131,8 @@ def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_
         branches: "both", "attn" or "mlp": which sub-block of transformer blocks is decayed (Table 3b).
         shortcut: a registered formula with fixed factors (``resdecay.nn.residual``: decay, scaled_sum,
             scaled_branch, or one registered by the caller); recorded in the spec unless "decay".
+        **options: keywords the model's block adapters or depth order declare (``BlockAdapter.options``), e.g. an
+            MM-DiT's ``context_stream`` or a U-Net's ``unet_depth``; each is recorded in the spec when given.
 
     Returns:
         ``model``, decayified in place. Blocks of unsupported kinds beside supported ones stay at alpha 1
@@ -130,35 +141,104 @@ def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_
     found = _supported_blocks(model)
     skipped = unsupported_blocks(model, found)
     if not found:
-        also = ""
-        if skipped:
-            cls = skipped[0][1].rpartition(".")[2]
-            also = f" (its {skipped[0][1]} blocks are not supported; the nearest supported kind is {nearest_supported(cls)})"
-        raise TypeError(f"decayify found no supported residual block in {type(model).__name__}{also}; "
-                        f"supported: {', '.join(supported())}; a block kind of your own is one register_adapter "
-                        "call (docs/EXTENDING.md)")
+        raise TypeError(_refusal(model, skipped))
+    order = depth_order_for(model)
+    chosen = _check_options(model, found, order, options)
+    plain: list = []
+    if order is not None:  # a U-Net: down, mid, up (diffusers registers up before mid)
+        found, plain = order.order(model, found, chosen)
     found, left = _one_add_count(found)
     skipped += left
-    adds = adapter_for(found[0][1]).adds
-    check_shortcut(shortcut, branches, adds, fixed_by="decayify (its hooks)", keys=("shortcut", "branches"))
-    plan = shortcut_plan(len(found), alpha_min, schedule, branches, shortcut, adds)
+    factors = _plan(found, alpha_min, schedule, branches, shortcut)
     record = _library_recorder(model)  # a transformers / diffusers model: its config's record, checked first
-    if skipped and bool((plan.alphas != 1.0).any() or (plan.betas != 1.0).any()):
+    if skipped and any(v != 1.0 for a, b in factors for v in (*a, *b)):
         _say_what_was_left(model, found, skipped)
-    for (_name, block, _), a, b in zip(found, plan.alphas.tolist(), plan.betas.tolist(), strict=True):
+    planned = list(zip(found, factors, strict=True))
+    planned += [(entry, ((1.0,) * adapter_for(entry[1]).adds,) * 2) for entry in plain]
+    for (_name, block, _), (a, b) in planned:
         adapter = adapter_for(block)
         _remove_hooks(block)
-        adapter.install(block, tuple(a), tuple(b))
-        block.resdecay_alpha = tuple(a)
+        adapter.install(block, a, b, **{k: v for k, v in chosen.items() if k in adapter.options})
+        block.resdecay_alpha = a
         if zero_init:
             adapter.zero_init(block)
     # the structure only: zero_init is an action of this call, never something to re-apply
     model.resdecay_spec = {"alpha_min": float(alpha_min), "schedule": schedule, "branches": branches}
     if shortcut != "decay":  # specs written before formulas reached decayify have no key: decay
         model.resdecay_spec["shortcut"] = shortcut
+    model.resdecay_spec.update(options)  # the keywords given (a default left out stays out: older readers agree)
     if record is not None:
         record({"op": "decayify", "on": type(model).__name__, **model.resdecay_spec})
     return model
+
+
+def _refusal(model: nn.Module, skipped: list[tuple[str, str]]) -> str:
+    """The one line for a model with no supported block: the block class met and the nearest supported kind
+    of its library (a stack's repeated layer counts as a block: CLIP's ``CLIPEncoderLayer``)."""
+    met = skipped or _stack_members(model)
+    also = ""
+    if met:
+        library, cls = met[0][1].partition(".")[0], met[0][1].rpartition(".")[2]
+        also = (f" (its {met[0][1]} blocks are not supported; the nearest supported kind is "
+                f"{nearest_supported(cls, library)})")
+    return (f"decayify found no supported residual block in {type(model).__name__}{also}; "
+            f"supported: {', '.join(supported())}; a block kind of your own is one register_adapter "
+            "call (docs/EXTENDING.md)")
+
+
+def _stack_members(model: nn.Module) -> list[tuple[str, str]]:
+    """(name, class) of the first module of the first stack (an ``nn.ModuleList`` / ``nn.Sequential`` holding two or
+    more modules of one class): what a model's blocks are when no class is named like one."""
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2:
+            kinds = [type(c) for c in m]
+            if kinds.count(kinds[0]) >= 2 and not isinstance(m[0], (nn.ModuleList, nn.Sequential)):
+                return [(f"{name}.0" if name else "0", f"{kinds[0].__module__}.{kinds[0].__name__}")]
+    return []
+
+
+def _chosen(declared: dict, given: dict) -> dict:
+    """Each declared option's value: the one given, else its default (the first choice)."""
+    return {k: given.get(k, choices[0]) for k, choices in declared.items()}
+
+
+def _check_options(model: nn.Module, found: list, order, options: dict) -> dict:
+    """The keywords beyond the schedule (``context_stream``, ``unet_depth``, ...), checked against those the
+    model's adapters and depth order declare: an unknown one, or a value not among the choices, is one line."""
+    declared: dict = {}
+    for owner in [adapter_for(block) for _, block, _ in found] + ([order] if order is not None else []):
+        declared.update(owner.options)
+    unknown = sorted(set(options) - set(declared))
+    if unknown:
+        takes = ", ".join(f"{k} ({'/'.join(v)})" for k, v in declared.items()) or "none"
+        raise TypeError(f"decayify got unknown keyword(s) {', '.join(unknown)} for {type(model).__name__}; "
+                        f"its blocks take: {takes}")
+    for k, v in options.items():
+        check_choice(v, declared[k], k)
+    return _chosen(declared, options)
+
+
+def _plan(found: list, alpha_min: float, schedule: str, branches: str, shortcut: str) -> list[tuple[tuple, tuple]]:
+    """(alphas, betas) per block. Blocks of one add count follow ``shortcut_plan`` (a transformer's attn / MLP
+    pairs); blocks of mixed counts (a U-Net's one-add ResNet blocks and two-add transformer blocks, whose
+    adapters allow it) share one schedule over all their adds in depth order (paper eq. 3: alpha by the add's depth)."""
+    counts = [adapter_for(block).adds for _, block, _ in found]
+    keys = ("shortcut", "branches")
+    if len(set(counts)) == 1 and counts[0] in (1, 2):
+        check_shortcut(shortcut, branches, counts[0], fixed_by="decayify (its hooks)", keys=keys)
+        plan = shortcut_plan(len(found), alpha_min, schedule, branches, shortcut, counts[0])
+        return [(tuple(a), tuple(b)) for a, b in zip(plan.alphas.tolist(), plan.betas.tolist(), strict=True)]
+    if branches != "both":
+        raise TypeError(f"decayify branches={branches} picks a transformer sub-block, but this model's blocks have "
+                        f"{'/'.join(map(str, sorted(set(counts))))} adds each on one schedule; use branches=both")
+    check_shortcut(shortcut, "both", 1, fixed_by="decayify (its hooks)", keys=keys)
+    plan = shortcut_plan(sum(counts), alpha_min, schedule, "both", shortcut, 1)
+    alphas, betas = plan.alphas[:, 0].tolist(), plan.betas[:, 0].tolist()
+    out, i = [], 0
+    for n in counts:
+        out.append((tuple(alphas[i:i + n]), tuple(betas[i:i + n])))
+        i += n
+    return out
 
 
 def _library_recorder(model: nn.Module):
@@ -174,7 +254,7 @@ def _one_add_count(found: list) -> tuple[list, list[tuple[str, str]]]:
     adds) and convolutional ones (one: a hybrid ViT's ResNet stem) has its transformer blocks decayed
     and the others left at alpha 1, named in the PartialDecayWarning."""
     counts = {adapter_for(m).adds for _, m, _ in found}
-    if len(counts) <= 1:
+    if len(counts) <= 1 or all(adapter_for(m).mixed_adds for _, m, _ in found):
         return found, []
     keep = max(counts)
     left = [(n, f"{type(m).__module__}.{type(m).__name__}") for n, m, _ in found if adapter_for(m).adds != keep]

@@ -9,6 +9,7 @@ import torch.nn as nn
 
 from ..errors import CheckpointError
 from ..schedule import BRANCHES, SCHEDULES
+from .adapters import option_choices
 from .residual import shortcut_names
 
 SPEC_KEYS = ("alpha_min", "schedule", "branches", "shortcut")  # shortcut: only where not "decay"
@@ -29,7 +30,8 @@ def check_spec(spec: Any, source: str) -> dict:
     """
     if not isinstance(spec, Mapping):
         raise CheckpointError(f"{source}: resdecay_spec must be a dict like model.resdecay_spec, got {type(spec).__name__}")
-    unknown = sorted(set(spec) - set(SPEC_KEYS) - set(LEGACY_SPEC_KEYS))
+    options = option_choices()  # an MM-DiT's context_stream, a U-Net's unet_depth: decayify's adapter keywords
+    unknown = sorted(set(spec) - set(SPEC_KEYS) - set(LEGACY_SPEC_KEYS) - set(options))
     if unknown or "alpha_min" not in spec:
         raise CheckpointError(f"{source}: resdecay_spec has keys {sorted(spec)}; expected {', '.join(SPEC_KEYS)} "
                               "(alpha_min required), as decayify records them")
@@ -45,6 +47,11 @@ def check_spec(spec: Any, source: str) -> dict:
             raise CheckpointError(f"{source}: resdecay_spec shortcut {spec['shortcut']!r} is not a registered formula "
                                   f"({', '.join(shortcut_names())}); register it (resdecay.register_shortcut) before loading")
         out["shortcut"] = spec["shortcut"]
+    for key in sorted(set(spec) & set(options)):
+        if spec[key] not in options[key]:
+            raise CheckpointError(f"{source}: resdecay_spec {key} {spec[key]!r} is unknown; choose one of "
+                                  f"{', '.join(options[key])}")
+        out[key] = spec[key]
     return out
 
 

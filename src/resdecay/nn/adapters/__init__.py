@@ -8,6 +8,7 @@ tried in is each adapter's ``priority`` (``registry.py``), not the order of the 
 """
 
 from . import diffusers_blocks, resdecay_blocks, timm_blocks, torchvision_blocks, transformers_blocks  # noqa: F401
+from .depth_order import DepthOrder, depth_order_for, register_depth_order, unregister_depth_order
 from .registry import (
     BlockAdapter,
     adapter_for,
@@ -20,5 +21,15 @@ from .registry import (
     unregister_adapter,
 )
 
-__all__ = ["BlockAdapter", "adapter_for", "adapters", "forward_adapter", "nearest_supported", "register_adapter",
-           "shortcut_adapter", "subblock_adapter", "unregister_adapter"]
+__all__ = ["BlockAdapter", "DepthOrder", "adapter_for", "adapters", "depth_order_for", "forward_adapter",
+           "nearest_supported", "option_choices", "register_adapter", "register_depth_order", "shortcut_adapter",
+           "subblock_adapter", "unregister_adapter", "unregister_depth_order"]
+
+
+def option_choices() -> dict[str, tuple]:
+    """Every ``decayify`` keyword a registered adapter or depth order declares, with its choices (default first)."""
+    from .depth_order import _ORDERS
+    out: dict[str, tuple] = {}
+    for owner in [*adapters(), *_ORDERS.values()]:
+        out.update(owner.options)
+    return out

@@ -186,7 +186,8 @@ def remove(block: nn.Module) -> None:
             for key in [k for k, fn in table.items() if fn in HOOKS]:
                 del table[key]
                 m._forward_pre_hooks_with_kwargs.pop(key, None)
-        for name in (SLOT, OWNER, "resdecay_alpha", "resdecay_beta", "resdecay_factors", "__prepare_scriptable__"):
+        for name in (SLOT, OWNER, "resdecay_alpha", "resdecay_beta", "resdecay_factors", "resdecay_options",
+                     "__prepare_scriptable__"):
             m.__dict__.pop(name, None)
         fwd = m.__dict__.get("forward")
         if isinstance(fwd, types.MethodType) and getattr(fwd.__func__, "_resdecay_forward", False):

@@ -50,6 +50,11 @@ class BlockAdapter:
         zero_init: ``zero_init(block)`` zeroes the last layer of every branch (the paper's init).
         accepts: a structural check beyond the class (an optional attribute the mechanism needs).
         priority: the match order: adapters with a higher priority are tried first (ties: registration order).
+        mixed_adds: its blocks may share one schedule with blocks of another number of adds (a U-Net's one-add
+            ResNet blocks between two-add transformer blocks): the schedule then runs over the adds in depth
+            order. False (the default) keeps one add count per model: the others stay at alpha 1, named in a warning.
+        options: keywords of ``decayify`` this adapter takes, ``{name: (choice, ...)}`` with the default first
+            (an SD3 block's ``context_stream``); ``install`` receives them as keyword arguments.
     """
 
     name: str
@@ -60,25 +65,34 @@ class BlockAdapter:
     zero_init: Callable[[nn.Module], None]
     accepts: Callable[[nn.Module], bool] = field(default=lambda block: True)
     priority: int = 0
+    mixed_adds: bool = False
+    options: dict = field(default_factory=dict)
 
     def matches(self, module: nn.Module) -> bool:
-        cls = type(module)
-        for c in self.classes:
-            if isinstance(c, type):
-                if isinstance(module, c):
-                    return self.accepts(module)
-                continue
-            prefix, _, name = c.rpartition(":")
-            if cls.__name__ == name and cls.__module__.startswith(prefix):
-                return self.accepts(module)
-        return False
+        return class_matches(module, self.classes) and self.accepts(module)
 
     def class_names(self) -> list[str]:
         return [c.__name__ if isinstance(c, type) else c.rpartition(":")[2] for c in self.classes]
 
 
+def class_matches(module: nn.Module, classes: tuple) -> bool:
+    """``module`` is an instance of one of ``classes`` (types, or ``"module.prefix:ClassName"`` strings matched by
+    name and module prefix, so that the library is never imported to look)."""
+    cls = type(module)
+    for c in classes:
+        if isinstance(c, type):
+            if isinstance(module, c):
+                return True
+            continue
+        prefix, _, name = c.rpartition(":")
+        if cls.__name__ == name and cls.__module__.startswith(prefix):
+            return True
+    return False
+
+
 def subblock_adapter(name: str, classes: tuple, pairs: Pairs, zero: Callable[[nn.Module], tuple], adds: int = 2,
-                     accepts: Callable[[nn.Module], bool] = lambda block: True, priority: int = 0) -> BlockAdapter:
+                     accepts: Callable[[nn.Module], bool] = lambda block: True, priority: int = 0,
+                     mixed_adds: bool = False) -> BlockAdapter:
     """An adapter for blocks that add ``x + out`` themselves (``hooks.correct_subblocks``).
 
     Args:
@@ -86,24 +100,24 @@ def subblock_adapter(name: str, classes: tuple, pairs: Pairs, zero: Callable[[nn
             as its first argument, ``post`` outputs what the block adds to x. ``post`` may be shared.
         zero: ``zero(block)`` -> the last layer of each branch (zeroed by ``zero_init``).
         adds: the number of pairs (2 for attention + MLP).
-        priority: see ``BlockAdapter``.
+        priority, mixed_adds: see ``BlockAdapter``.
     """
     return BlockAdapter(
         name, tuple(classes), adds,
         install=lambda block, a, b: hooks.correct_subblocks(block, pairs(block), a, b),
         factors=lambda block: hooks.subblock_factors(pairs(block)),
-        zero_init=lambda block: hooks.zero_(*zero(block)), accepts=accepts, priority=priority)
+        zero_init=lambda block: hooks.zero_(*zero(block)), accepts=accepts, priority=priority, mixed_adds=mixed_adds)
 
 
 def shortcut_adapter(name: str, classes: tuple, shortcut: str, branch_end: Callable[[nn.Module], nn.Module],
                      zero: Callable[[nn.Module], tuple], accepts: Callable[[nn.Module], bool] = lambda block: True,
-                     priority: int = 0) -> BlockAdapter:
+                     priority: int = 0, mixed_adds: bool = False) -> BlockAdapter:
     """An adapter for one-add blocks whose identity path is the attribute ``shortcut`` (a module or None).
 
     Args:
         branch_end: ``branch_end(block)`` -> the module whose output is the branch the block adds (beta).
         zero: ``zero(block)`` -> the layers to zero for the paper's init (a last norm's scale, a last conv).
-        priority: see ``BlockAdapter``.
+        priority, mixed_adds: see ``BlockAdapter``.
     """
     def install(block, a, b):
         hooks.scale_shortcut(block, shortcut, a[0])
@@ -113,23 +127,26 @@ def shortcut_adapter(name: str, classes: tuple, shortcut: str, branch_end: Calla
         return (hooks.shortcut_factor(block, shortcut),), (float(branch_end(block).__dict__.get("resdecay_beta", 1.0)),)
 
     return BlockAdapter(name, tuple(classes), 1, install, factors, lambda block: hooks.zero_(*zero(block)), accepts,
-                        priority)
+                        priority, mixed_adds)
 
 
 def forward_adapter(name: str, classes: tuple, forward: Callable, adds: int, zero: Callable[[nn.Module], tuple],
-                    accepts: Callable[[nn.Module], bool] = lambda block: True, priority: int = 0) -> BlockAdapter:
+                    accepts: Callable[[nn.Module], bool] = lambda block: True, priority: int = 0,
+                    mixed_adds: bool = False, options: dict | None = None) -> BlockAdapter:
     """An adapter that replaces the block's forward (``hooks.replace_forward``); ``forward(block, ...)``
-    reads ``block.resdecay_factors`` (set before the first call; absent means alpha = beta = 1);
-    ``priority``: see ``BlockAdapter``."""
+    reads ``block.resdecay_factors`` (set before the first call; absent means alpha = beta = 1) and, when
+    the adapter declares ``options``, ``block.resdecay_options`` (the chosen values);
+    ``priority``, ``mixed_adds``, ``options``: see ``BlockAdapter``."""
     def factors(block):
         return block.__dict__.get("resdecay_factors", ((1.0,) * adds, (1.0,) * adds))
 
-    def install(block, a, b):
+    def install(block, a, b, **chosen):
         if any(v != 1.0 for v in (*a, *b)):
             hooks.replace_forward(block, forward, a, b)
+            block.__dict__["resdecay_options"] = dict(chosen)
 
     return BlockAdapter(name, tuple(classes), adds, install, factors, lambda block: hooks.zero_(*zero(block)), accepts,
-                        priority)
+                        priority, mixed_adds, dict(options or {}))
 
 
 _ADAPTERS: dict[str, BlockAdapter] = {}  # by name, in registration order
@@ -168,8 +185,17 @@ def adapter_for(module: nn.Module) -> BlockAdapter | None:
     return next((a for a in _ORDER if a.matches(module)), None)
 
 
-def nearest_supported(class_name: str) -> str:
-    """The supported block class whose name is closest to ``class_name`` (for an error message)."""
-    names = {n: a.name for a in _ORDER for n in a.class_names()}
+def library_of_class(c) -> str:
+    """The top-level package a class (or a ``"module.prefix:Class"`` string) comes from: "timm", "transformers"."""
+    module = c.__module__ if isinstance(c, type) else c.rpartition(":")[0]
+    return module.partition(".")[0]
+
+
+def nearest_supported(class_name: str, library: str | None = None) -> str:
+    """The supported block class whose name is closest to ``class_name`` (for an error message), among the
+    adapters of ``library`` ("timm", "transformers", ...) when it has any, else among all."""
+    names = {n: a.name for a in _ORDER for c, n in zip(a.classes, a.class_names(), strict=True)
+             if library_of_class(c) == library}
+    names = names or {n: a.name for a in _ORDER for n in a.class_names()}
     close = difflib.get_close_matches(class_name, list(names), n=1, cutoff=0.0)
     return f"{close[0]} ({names[close[0]]})" if close else "none"
