@@ -312,6 +312,9 @@ PLANS: dict[str, Plan] = {
     ".venv/bin/python benchmarks/diagnostics_cost.py": Plan(
         covered="tests/e2e/test_diagnostics_benchmark.py::test_smoke_run_times_every_row_against_the_forward",
         needle="diagnostics_cost.py"),
+    ".venv/bin/python benchmarks/hook_cost.py": Plan(
+        covered="tests/e2e/test_hook_cost_benchmark.py::test_smoke_run_times_each_model_and_mode_against_the_undecayified_model",
+        needle="hook_cost.py"),
     ".venv/bin/python benchmarks/diffusion_throughput.py": Plan(
         covered=BENCH + "test_diffusion_throughput_rows_decayed_and_plain_per_preset"),
     ".venv/bin/python benchmarks/train_end_to_end.py": Plan(
