@@ -147,3 +147,19 @@ def test_the_guide_shows_both_commands():
     for script in ("hf_trainer_vitmae.py", "diffusers_dit.py"):
         assert f"python docs/examples/{script} --steps" in section
         assert (EXAMPLES / script).is_file()
+
+
+def test_clip_vision_tower_trains_in_the_hf_trainer_and_reloads_through_from_pretrained_and_restore(tmp_path, capsys):
+    """docs/examples/hf_trainer_clip.py: a decayified CLIPForImageClassification (its CLIPEncoderLayers hooked, branches
+    zero-initialised) trained by transformers' Trainer; transformers' from_pretrained + restore give back its logits
+    and alphas; config.json records the decay in resdecay's schema."""
+    run = example("hf_trainer_clip.py")["main"](["--steps", "30", "--out", str(tmp_path / "run"), "--seed", "0"])
+    out = capsys.readouterr().out
+    steps, losses = zip(*run["losses"], strict=True)
+    assert list(steps) == list(range(1, 31))
+    assert mean(losses[-5:]) < mean(losses[:5]), losses
+    assert "4 CLIPEncoderLayers, alphas 1.00 0.94" in out and "logits identical, alphas identical" in out
+    assert run["same_outputs"] and run["same_alphas"]
+    spec = json.loads((run["folder"] / "config.json").read_text())["resdecay"]
+    assert spec["steps"] == [{"op": "decayify", "on": "CLIPForImageClassification", "alpha_min": 0.6,
+                              "schedule": "linear", "branches": "both"}]
