@@ -238,3 +238,8 @@ MODELS = {
     "diffusers UVit2DModel (SkipFFTransformerBlock, BasicTransformerBlock ada_norm_continuous)": (diffusers_uvit2d, None,
                                                                                                  None, None),
 }
+
+from helpers.adapter_models_hf import MODELS_HF  # noqa: E402, I001  (the transformers vision towers, LeViT)
+MODELS.update(MODELS_HF)
+from helpers.adapter_models_diffusers import MODELS_DIFFUSERS  # noqa: E402, I001  (SD3 MM-DiT, UNet2DModel)
+MODELS.update(MODELS_DIFFUSERS)

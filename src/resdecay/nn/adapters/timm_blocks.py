@@ -69,3 +69,18 @@ def _preact_factors(block):
 register_adapter(BlockAdapter(
     "timm ResNetV2 PreActBottleneck", ("timm.models.resnetv2:PreActBottleneck",), 1, _preact_install,
     _preact_factors, zero_init=lambda b: hooks.zero_(b.conv3)))
+
+
+# LeViT's LevitBlock: x + drop_path1(attn(x)), then x + drop_path2(mlp(x)). LeViT has no norm before a branch
+# (its BatchNorms sit inside LinearNorm / ConvNorm), so the pre-hook goes on the branch's first module, ``attn``
+# / ``mlp``, which receives x itself. The same for the ``levit_conv_*`` variants ((B, C, H, W) tokens).
+# Left at alpha 1, by design: the stem (Stem16 / Stem8) has no residual add; a stage's LevitDownsample is
+# attn_downsample(x) with no shortcut (resolution and width change: the identity path ends there), then ONE
+# add x + drop_path(mlp(x)). That one-add block beside the two-add LevitBlocks cannot share their schedule
+# (decayify takes one number of adds per block), so it is not registered: the schedule spans the LevitBlocks'
+# adds, and each stage's stream starts from the downsample's projection.
+register_adapter(subblock_adapter(
+    "timm LevitBlock", ("timm.:LevitBlock",),
+    pairs=lambda b: [(b.attn, b.drop_path1), (b.mlp, b.drop_path2)],
+    zero=lambda b: (b.attn.proj.ln.bn, b.mlp.ln2.bn),  # the last BatchNorm of each branch, as timm's bn_weight_init=0
+    accepts=lambda b: all(hasattr(b, n) for n in ("attn", "drop_path1", "mlp", "drop_path2"))))

@@ -1,5 +1,7 @@
-"""Hugging Face transformers' ViT-family layers (``ViTLayer``, ``ViTMAELayer``, ``Dinov2Layer`` and the
-layers built like them). Sub-blocks are found by role, so both major layouts work:
+"""Hugging Face transformers' vision layers: the ViT family (``ViTLayer``, ``ViTMAELayer``, ``IJepaLayer``,
+``Dinov2Layer`` and the layers built like them), the CLIP / SigLIP towers and BEiT / Data2Vec-vision.
+Sub-blocks are found by role, so both major layouts work (the ViT family's below; the others' at their
+adapters):
 
 * transformers 5.x: the layer adds ``dropout(attention(...)) + residual`` and ``dropout(mlp(...)) + residual``
   itself, with ONE ``dropout`` module for both adds (the shared-post form of the hooks; the correction
@@ -35,7 +37,8 @@ def _vit_layout(b) -> bool:
 
 register_adapter(subblock_adapter(
     "transformers ViTLayer / ViTMAELayer", ("transformers.:ViTLayer", "transformers.:ViTMAELayer",
-                                            "transformers.:DeiTLayer", "transformers.:VideoMAELayer"),
+                                            "transformers.:DeiTLayer", "transformers.:VideoMAELayer",
+                                            "transformers.:IJepaLayer"),
     pairs=_vit_pairs, zero=_vit_zero, accepts=_vit_layout))
 
 # DINOv2: drop_path(layer_scale(branch)) + residual, one drop_path module for both adds (4.x and 5.x)
@@ -43,3 +46,36 @@ register_adapter(subblock_adapter(
     "transformers Dinov2Layer", ("transformers.:Dinov2Layer", "transformers.:Dinov2WithRegistersLayer"),
     pairs=lambda b: [(b.norm1, b.drop_path), (b.norm2, b.drop_path)],
     zero=lambda b: (last_linear(b.attention), last_linear(b.mlp))))
+
+# CLIP / SigLIP / SigLIP2 encoder layers (both towers of the dual models use them):
+# x + self_attn(layer_norm1(x))[0], then x + mlp(layer_norm2(x)). The same four roles in 4.x and 5.x; only
+# what the layer returns differs (4.x a tuple, 5.x the tensor), which no hook sees. ``self_attn`` returns
+# (output, weights): the correction goes into the output and leaves the weights as they are. SigLIP's pooling
+# head (``SiglipMultiheadAttentionPoolingHead``) has one add of its own after the encoder, outside the stream
+# the schedule spans: it keeps alpha 1. A dual model (``CLIPModel``) has both towers' layers in one depth
+# order (text, then vision); decayify the tower you mean (``model.vision_model``).
+register_adapter(subblock_adapter(
+    "transformers CLIPEncoderLayer / SiglipEncoderLayer", ("transformers.:CLIPEncoderLayer",
+                                                          "transformers.:SiglipEncoderLayer",
+                                                          "transformers.:Siglip2EncoderLayer"),
+    pairs=lambda b: [(b.layer_norm1, b.self_attn), (b.layer_norm2, b.mlp)],
+    zero=lambda b: (last_linear(b.self_attn), last_linear(b.mlp)),
+    accepts=lambda b: all(hasattr(b, n) for n in ("layer_norm1", "self_attn", "layer_norm2", "mlp"))))
+
+
+# BEiT / Data2Vec-vision: drop_path(lambda * branch) + x, with the layer scale lambda_1 / lambda_2 *inside*
+# the branch and one ``drop_path`` module (nn.Identity at rate 0) for both adds. The correction goes on
+# drop_path's output, so the add is alpha * x + drop_path(lambda * f(x)): alpha scales the shortcut, lambda
+# stays the trained branch scale (paper eq. 3 with f = lambda * branch), exact at any drop-path rate.
+# 5.x BeitLayer: attention -> dropout -> lambda, mlp -> dropout -> lambda. 4.x BeitLayer (and
+# Data2VecVisionLayer in 5.x, copied from it): attention(...)[0] -> lambda, intermediate -> output -> lambda,
+# lambda None at layer_scale_init_value 0. layernorm_before / layernorm_after receive x first in both.
+def _beit_zero(b):
+    mlp = b.mlp if hasattr(b, "mlp") else b.output  # 5.x BeitMLP / 4.x BeitOutput.dense
+    return (last_linear(b.attention), last_linear(mlp))  # 5.x o_proj / 4.x attention.output.dense
+
+
+register_adapter(subblock_adapter(
+    "transformers BeitLayer / Data2VecVisionLayer", ("transformers.:BeitLayer", "transformers.:Data2VecVisionLayer"),
+    pairs=lambda b: [(b.layernorm_before, b.drop_path), (b.layernorm_after, b.drop_path)], zero=_beit_zero,
+    accepts=lambda b: all(hasattr(b, n) for n in ("layernorm_before", "layernorm_after", "drop_path"))))
