@@ -186,7 +186,9 @@ def test_plugins_travel_with_the_job(capsys, tmp_path, fake_slurm, monkeypatch):
 def test_a_timed_out_local_job_is_requeued_and_ends_bit_identical(capsys, tmp_path):
     """The issue's "done when": a job that gets the end-of-job signal mid-training is requeued by its
     checkpoint() and resumes with --resume auto; weights and log rows equal an uninterrupted run's."""
-    common = ["train.epochs=4", "train.ckpt_every=10", "train.keep_last=100"]  # the signal lands 78 steps before the end
+    # 512 training digits, 8 steps an epoch (not 22): the signal lands at the first checkpoint (step 10, the second
+    # epoch), 22 steps before the end, and the requeued run still crosses two epoch boundaries
+    common = ["train.epochs=4", "train.ckpt_every=10", "train.keep_last=100", "data.train_subset=512"]
     # 1. uninterrupted, through the debug executor (in this process)
     code, _, err = run(capsys, "submit", "--timeout-min", "5", "--executor", "debug", *pretrain(tmp_path / "ref", *common))
     assert code == 0, err
@@ -207,10 +209,10 @@ def test_a_timed_out_local_job_is_requeued_and_ends_bit_identical(capsys, tmp_pa
     log = (out / "submitit" / f"{job_id}_0_log.out").read_text() + (out / "submitit" / f"{job_id}_0_log.err").read_text()
     assert "this job is timed-out" in log and "Requeued job" in log
     resumed = re.search(r"resumed from \S+ at step (\d+)", log)
-    assert events[2]["resume_from"] and resumed and 10 <= int(resumed.group(1)) < 4 * 22, log  # mid-run, not over
+    assert events[2]["resume_from"] and resumed and 10 <= int(resumed.group(1)) < 4 * 8, log  # mid-run, not over
     a = ckpt.load_checkpoint(ckpt.list_checkpoints(tmp_path / "ref" / "checkpoints")[-1])
     b = ckpt.load_checkpoint(ckpt.list_checkpoints(out / "checkpoints")[-1])
-    assert a["train_state"]["step"] == b["train_state"]["step"] == 4 * 22
+    assert a["train_state"]["step"] == b["train_state"]["step"] == 4 * 8
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
     assert untimed_rows(out) == untimed_rows(tmp_path / "ref")
