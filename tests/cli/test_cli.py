@@ -80,13 +80,18 @@ def test_demo_side_by_side_gives_the_numbers_of_one_after_the_other(tmp_path, mo
     """The fashion-mnist-m demo trains its two models in parallel processes, 1 thread each; that must change
     the wall time only: the same rows as training them one after the other with --threads 1."""
     from resdecay.commands import demo
+    from resdecay.viz import diagnostics_figures
 
     rows = {}
     monkeypatch.setattr(demo.os, "cpu_count", lambda: 2)  # side by side needs a core per model
-    # the digits demo on the tests' tiny model (4 blocks of width 32, not 12 of 64): what is compared is how the two
-    # models are trained (one process after the other, or side by side), which no model size changes
+    # the digits demo on the tests' tiny model (4 blocks of width 32, not 12 of 64) and 512 training digits: what is
+    # compared is how the two models are trained (one process after the other, or side by side), which no size changes
     preset, extra, alpha = demo.DEMO_DATA["digits"]
-    monkeypatch.setitem(demo.DEMO_DATA, "digits", (preset, [*extra, *model_overrides("mae")], alpha))
+    monkeypatch.setitem(demo.DEMO_DATA, "digits", (preset, [*extra, *model_overrides("mae"), "data.train_subset=512"], alpha))
+    # the PNGs are test_demo_smoke's: drawn here they would be drawn twice more and never looked at (the diagnostics'
+    # numbers are still computed; only their figure is not drawn)
+    monkeypatch.setattr(demo, "write_figures", lambda out, models, logs, data_name: [])
+    monkeypatch.setattr(diagnostics_figures, "plot_diagnostics", lambda reports, path, note="": path)
     for mode, side in (("seq", set()), ("par", {"digits"})):
         monkeypatch.setattr(demo, "SIDE_BY_SIDE", side)
         report = demo.run_demo("digits", str(tmp_path / mode), epochs=1, progress=False, threads=1)
