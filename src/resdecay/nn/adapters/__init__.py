@@ -7,7 +7,15 @@ No library is imported here: blocks are matched by class name and module. The or
 tried in is each adapter's ``priority`` (``registry.py``), not the order of the imports below.
 """
 
-from . import diffusers_blocks, resdecay_blocks, timm_blocks, torchvision_blocks, transformers_blocks  # noqa: F401
+from . import (  # noqa: F401
+    diffusers_blocks,
+    diffusers_mmdit,
+    diffusers_unet,
+    resdecay_blocks,
+    timm_blocks,
+    torchvision_blocks,
+    transformers_blocks,
+)
 from .depth_order import DepthOrder, depth_order_for, register_depth_order, unregister_depth_order
 from .registry import (
     BlockAdapter,

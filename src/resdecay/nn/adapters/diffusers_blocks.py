@@ -5,8 +5,10 @@ Its adds are inline with the adaLN-Zero gate (``gate * attn + x``; DiT's recipe 
 branch module can reach them: the forward is replaced by ``basic_block_forward``, the library's forward
 (diffusers 0.3x-0.4x) with ``residual_add`` in the self-attention and feed-forward adds. At alpha = 1
 ``residual_add`` is ``x + branch``, the library's ``branch + x`` in the same float order: outputs are
-bit-identical (tests/nn/test_adapters.py). The cross-attention add (PixArt) is not on the schedule (a DiT
-block's two adds are), and keeps ``x + f``.
+bit-identical (tests/nn/test_adapters.py). The cross-attention add (PixArt, a U-Net's cross-attention
+blocks) is not on the schedule (a DiT block's two adds are), and keeps ``x + f``. In ``UNet2DConditionModel``
+these blocks sit between one-add ``ResnetBlock2D``s (diffusers_unet.py): ``mixed_adds`` puts both on one
+schedule over the adds in depth order; a DiT / PixArt, all of whose blocks have two adds, is scheduled as before.
 """
 
 from __future__ import annotations
@@ -104,4 +106,5 @@ register_adapter(subblock_adapter(
 register_adapter(forward_adapter(
     "diffusers BasicTransformerBlock (DiT / PixArt / UVit2D)", ("diffusers.:BasicTransformerBlock",), basic_block_forward,
     adds=2, zero=lambda b: (b.attn1.to_out[0], last_linear(b.ff)),
-    accepts=lambda b: getattr(b, "norm_type", None) in NORM_TYPES))
+    accepts=lambda b: getattr(b, "norm_type", None) in NORM_TYPES,
+    mixed_adds=True))  # UNet2DConditionModel: 2-add blocks between 1-add ResnetBlock2Ds on one schedule
