@@ -1,6 +1,6 @@
 """The coverage table of docs/plug-and-play.md, generated so that it cannot drift from the code.
 
-Each row is a model of ``tests/helpers/adapter_models.py``'s ``MODELS`` (every library model ``decayify`` is tested
+Each row is a model of ``tests/helpers/adapter_models.py``'s ``ROWS`` (every library model ``decayify`` is tested
 on). The script builds it, decayifies it and reads off, per block class, the adapter that took it (explicit, or the
 traced adapter) and how the add is reached (which modules carry the pre-hook, the correction, the scaled shortcut,
 or a replaced forward: the hooks themselves, not a description of them). It then runs the adapter tests and records
@@ -43,9 +43,10 @@ LIBRARIES = ("torch", "torchvision", "timm", "transformers", "diffusers")
 
 
 def _models() -> dict:
+    """Every row: ``ROWS`` of tests/helpers/adapter_models.py (its MODELS and the models of mixed add counts)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from helpers.adapter_models import MODELS
-    return MODELS
+    from helpers.adapter_models import ROWS
+    return ROWS
 
 
 def how_reached(block) -> list[str]:

@@ -243,3 +243,6 @@ from helpers.adapter_models_hf import MODELS_HF  # noqa: E402, I001  (the transf
 MODELS.update(MODELS_HF)
 from helpers.adapter_models_diffusers import MODELS_DIFFUSERS  # noqa: E402, I001  (SD3 MM-DiT, UNet2DModel)
 MODELS.update(MODELS_DIFFUSERS)
+from helpers.adapter_models_diffusers import MIXED_DIFFUSERS  # noqa: E402, I001  (blocks of mixed add counts)
+
+ROWS = {**MODELS, **MIXED_DIFFUSERS}  # every row of the coverage table (tools/adapter_coverage.py)

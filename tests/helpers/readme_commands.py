@@ -260,6 +260,10 @@ PLANS: dict[str, Plan] = {
         covered="tests/e2e/test_hf_examples.py::test_vitmae_trains_in_the_hf_trainer_and_reloads_through_from_pretrained_and_restore"),
     "python docs/examples/diffusers_dit.py --steps 150 --out runs/diffusers-dit --seed 0": Plan(
         covered="tests/e2e/test_hf_examples.py::test_dit_trains_with_ddpm_and_samples_with_the_scheduler_loop"),
+    "python docs/examples/diffusers_sd3.py --steps 120 --out runs/diffusers-sd3 --seed 0": Plan(
+        covered="tests/e2e/test_mmdit_example.py::test_sd3_trains_with_flow_matching_and_reloads_through_from_pretrained_and_restore"),
+    "python docs/examples/hf_trainer_clip.py --steps 60 --out runs/hf-trainer-clip --seed 0": Plan(
+        covered="tests/e2e/test_hf_examples.py::test_clip_vision_tower_trains_in_the_hf_trainer_and_reloads_through_from_pretrained_and_restore"),
     "resdecay export runs/mae-tiny-fmnist/checkpoints/step_00007020.pt --to hf --out mae-tiny-fmnist-hf": Plan(
         expect=("mae-tiny-fmnist-hf/README.md::alpha_eff", "mae-tiny-fmnist-hf/config.json", "mae-tiny-fmnist-hf/model.safetensors")),
     # ablations: every variant of the grid, each a few steps on the fake data
