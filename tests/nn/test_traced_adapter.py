@@ -8,6 +8,7 @@ eval mode), and what cannot be proved is refused in one line naming the class an
 from __future__ import annotations
 
 import copy
+import threading
 import warnings
 
 import pytest
@@ -15,9 +16,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from resdecay import alpha_schedule, alphas_of, decayify
 from resdecay.nn.adapters import hooks
 from resdecay.nn.adapters.traced import _replaced_forward, plan_block, traced_adapter
 from resdecay.nn.adapters.traced_graph import TraceRefused
+from resdecay.nn.decayify import PartialDecayWarning, block_factors, residual_blocks
 
 
 def _quiet(fn, *args, **kwargs):
@@ -239,3 +242,161 @@ def test_a_traced_flag_argument_is_held_to_its_default():
         assert torch.equal(block(x), block(x, attn_mask=None, is_causal=False))
         with pytest.raises(TypeError, match="ResPostBlock: decayify traced its residual adds for a call with x alone"):
             block(x, is_causal=True)
+
+
+# ----------------------------------------------------------------------------- through decayify
+def _metaformer_model():
+    from timm.layers import GroupNorm1
+    from timm.models.metaformer import MetaFormer
+    return MetaFormer(num_classes=10, depths=(2, 1, 1, 1), dims=(8, 16, 16, 16), downsample_norm=None, mlp_act=nn.GELU,
+                      mlp_bias=True, norm_layers=GroupNorm1, layer_scale_init_values=1e-5, res_scale_init_values=None,
+                      use_mlp_head=False)  # poolformer_s12's recipe at the smallest size
+
+
+def _mixer_model(**kw):
+    from timm.models.mlp_mixer import MlpMixer
+    return MlpMixer(num_classes=10, img_size=32, patch_size=8, num_blocks=3, embed_dim=16, **kw)
+
+
+def _resmlp_model():
+    from timm.models.mlp_mixer import Affine, ResBlock
+    return _mixer_model(mlp_ratio=4, block_layer=ResBlock, norm_layer=Affine)  # resmlp_12_224's recipe
+
+
+def _vit(block_fn):
+    def build():
+        from timm.models import vision_transformer as vt
+        return vt.VisionTransformer(img_size=32, patch_size=8, embed_dim=16, depth=2, num_heads=2, num_classes=10,
+                                    block_fn=getattr(vt, block_fn))
+    return build
+
+
+def _convmixer_model():
+    from timm.models.convmixer import ConvMixer
+    return ConvMixer(dim=16, depth=3, kernel_size=3, patch_size=4, num_classes=10)
+
+
+MODELS = {  # name: (builder, the block class the traced adapter reaches, its input)
+    "timm mixer (MixerBlock)": (_mixer_model, "MixerBlock", (2, 3, 32, 32)),
+    "timm resmlp (ResBlock)": (_resmlp_model, "ResBlock", (2, 3, 32, 32)),
+    "timm vit block_fn=ResPostBlock": (_vit("ResPostBlock"), "ResPostBlock", (2, 3, 32, 32)),
+    "timm vit block_fn=ParallelThingsBlock": (_vit("ParallelThingsBlock"), "ParallelThingsBlock", (2, 3, 32, 32)),
+    "timm poolformer (MetaFormerBlock)": (_metaformer_model, "MetaFormerBlock", (2, 3, 32, 32)),
+    "timm convmixer (Residual)": (_convmixer_model, "Residual", (2, 3, 32, 32)),
+    "a user's gated stack": (lambda: nn.Sequential(*[GatedBlock() for _ in range(3)]), "GatedBlock", (3, 5, 8)),
+}
+
+
+def _model(name):
+    torch.manual_seed(0)
+    model = _jitter(_quiet(MODELS[name][0]))
+    return model, torch.randn(*MODELS[name][2], generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_alpha_one_is_the_library_model_and_keys_never_change(name):
+    model, x = _model(name)
+    keys = list(model.state_dict())
+    with torch.no_grad():
+        before = model(x)
+        assert torch.equal(decayify(copy.deepcopy(model), alpha_min=1.0)(x), before)
+        decayed = decayify(copy.deepcopy(model), alpha_min=0.5)
+        assert not torch.allclose(decayed(x), before)
+        assert torch.equal(decayify(decayed, alpha_min=1.0)(x), before)  # a second call replaces the settings
+        decayify(decayed, alpha_min=0.5)
+    assert list(decayed.state_dict()) == keys
+    decayed.load_state_dict(model.state_dict(), strict=True)
+    kinds = {adapter for _, _, adapter in residual_blocks(decayed)}
+    assert kinds == {f"traced {MODELS[name][1]}"}  # reached by tracing, and the table says so
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_alpha_table_is_the_schedule(name):
+    model, _ = _model(name)
+    decayify(model, alpha_min=0.4)
+    table = alphas_of(model)
+    adds = len(table[0][1])
+    want = alpha_schedule(len(table), 0.4, adds_per_block=adds)
+    assert torch.allclose(torch.tensor([a for _, a in table], dtype=torch.float64).reshape(want.shape), want)
+
+
+def test_one_block_of_a_decayified_model_is_alpha_x_plus_branch():
+    """A MixerBlock (replaced forward) and a ResPostBlock (hooks) inside their models, against the hand-written
+    adds on the library's own hook-free block."""
+    for name, path, shape, hand in (("timm mixer (MixerBlock)", "blocks.1", (2, 16, 16), HAND["MixerBlock"][1]),
+                                    ("timm vit block_fn=ResPostBlock", "blocks.1", (2, 17, 16), HAND["ResPostBlock"][1])):
+        plain, _ = _model(name)
+        model = decayify(copy.deepcopy(plain), alpha_min=0.3)
+        block, library = model.get_submodule(path), plain.get_submodule(path)
+        alphas = block_factors(block)[0]
+        assert all(a < 1.0 for a in alphas)
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(4))
+        with torch.no_grad():
+            assert torch.allclose(block(x), hand(library, x, *alphas), atol=1e-5), name
+
+
+def test_deepcopy_of_a_decayified_traced_model_gives_the_same_outputs():
+    for name in ("timm mixer (MixerBlock)", "timm vit block_fn=ResPostBlock"):
+        model, x = _model(name)
+        decayify(model, alpha_min=0.5)
+        twin = copy.deepcopy(model)
+        with torch.no_grad():
+            assert torch.equal(twin(x), model(x))
+            for p in twin.parameters():  # the copy runs its own weights (the replaced forward is bound to it)
+                p.mul_(0.5)
+            assert not torch.equal(twin(x), model(x))
+        assert alphas_of(twin) == alphas_of(model)
+
+
+def test_compile_adds_no_graph_break():
+    import torch._dynamo as dynamo
+    model, x = _model("timm mixer (MixerBlock)")
+    plain = dynamo.explain(model)(x).graph_break_count
+    dynamo.reset()
+    decayed = decayify(copy.deepcopy(model), alpha_min=0.5)
+    explained = dynamo.explain(decayed)(x)
+    dynamo.reset()
+    assert explained.graph_break_count <= plain, explained.break_reasons
+
+
+@pytest.mark.parametrize("name", ["timm mixer (MixerBlock)", "timm vit block_fn=ResPostBlock"])
+def test_threads_give_the_single_thread_outputs(name):
+    model, x = _model(name)
+    decayify(model, alpha_min=0.5)
+    with torch.no_grad():
+        want = model(x)
+        errors, outs = [], []
+
+        def work():
+            try:
+                outs.extend(model(x) for _ in range(5))
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors and len(outs) == 20 and all(torch.equal(o, want) for o in outs)
+
+
+def test_a_refused_block_beside_decayed_ones_is_named_in_the_warning():
+    class Wide(DataDependent):
+        def __init__(self):
+            super().__init__()
+            self.f = nn.Linear(8, 8)
+
+    model = nn.Sequential(GatedBlock(), GatedBlock(), nn.Sequential(Wide(), Wide()))
+    with pytest.warns(PartialDecayWarning, match=r"the traced adapter refused 2: 2\.0, 2\.1 \(Wide: data-dependent "
+                                                 r"control flow"):
+        decayify(model, alpha_min=0.5)
+    assert [n for n, _ in alphas_of(model)] == ["0", "1"]
+
+
+@pytest.mark.parametrize("cls, why", [(DataDependent, "data-dependent control flow"),
+                                      (AugmentedAdd, r"an in-place add \(\+=\)")])
+def test_a_model_with_nothing_reachable_is_one_type_error(cls, why):
+    with pytest.raises(TypeError, match=f"no supported residual block in Sequential .*the traced adapter refused it: "
+                                        f"{cls.__name__}: {why}") as info:
+        decayify(nn.Sequential(cls(), cls()), alpha_min=0.5)
+    assert "\n" not in str(info.value)

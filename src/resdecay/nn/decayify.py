@@ -24,8 +24,12 @@ keeps them and ``resdecay.interop.restore`` re-applies them after its ``from_pre
 schedule, branches, and shortcut where it is not "decay"): ``zero_init`` is an initialisation
 done once, when asked for, and is never recorded, so ``decayify(model, **model.resdecay_spec)`` on trained weights leaves them as they are.
 
-Residual blocks of other kinds (a hybrid timm model's ResNet stem, timm's parallel blocks) are
-left at alpha 1; ``decayify`` says so in one ``PartialDecayWarning`` naming them.
+Modules no registered adapter takes (the repeated modules of a stack, classes named like residual
+blocks) are tried by the traced adapter (``adapters.traced``): torch.fx traces the block, and each residual
+add it proves is reached by the same hooks or by a forward generated from the graph; ``residual_blocks``
+names such blocks "traced <ClassName>". Residual blocks of other kinds (a hybrid timm model's ResNet stem,
+a block the traced adapter refuses) are left at alpha 1; ``decayify`` says so in one ``PartialDecayWarning``
+naming them, with the traced adapter's reason.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from ..errors import check_choice
 from .adapters import adapter_for, adapters, nearest_supported
 from .adapters.depth_order import depth_order_for
 from .adapters.hooks import remove as _remove_hooks
+from .adapters.registry import TRACED
+from .adapters.traced import trace_blocks, unguard
 from .config_record import recorder
 from .residual import ShortcutScale, check_shortcut, factors_of, shortcut_plan  # noqa: F401  (ShortcutScale: public here before)
 
@@ -63,8 +69,11 @@ def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     return _one_add_count(found)[0]
 
 
-def _supported_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
-    """Every block an adapter takes (blocks inside one are its own business and are not listed)."""
+def _supported_blocks(model: nn.Module, refused: list | None = None) -> list[tuple[str, nn.Module, str]]:
+    """Every block an adapter takes (blocks inside one are its own business and are not listed): the registered
+    adapters' first, then the traced adapter's (``adapters.traced``) for the candidates none of them takes, each
+    kept on its block so that ``adapter_for`` finds it; ``refused`` gets the traced adapter's refusals
+    ``(name, class, reason)``."""
     found: list[tuple[str, nn.Module, str]] = []
     for name, m in model.named_modules():
         if found and name.startswith(found[-1][0] + ".") and found[-1][0]:
@@ -72,7 +81,13 @@ def _supported_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
         adapter = adapter_for(m)
         if adapter is not None:
             found.append((name, m, adapter.name))
-    return found
+    traced, left = trace_blocks(model, [name for name, _, _ in found])
+    if refused is not None:
+        refused += left
+    for _, block, adapter in traced:
+        block.__dict__[TRACED] = adapter
+    depth = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    return sorted(found + [(n, b, a.name) for n, b, a in traced], key=lambda entry: depth[entry[0]])
 
 
 class PartialDecayWarning(UserWarning):
@@ -103,12 +118,16 @@ def unsupported_blocks(model: nn.Module, found: list[tuple[str, nn.Module, str]]
     return out
 
 
-def _say_what_was_left(model: nn.Module, found: list, skipped: list[tuple[str, str]]) -> None:
-    """One warning naming what was decayed and what was not (e.g. a hybrid ViT's ResNet stem)."""
+def _say_what_was_left(model: nn.Module, found: list, skipped: list[tuple[str, str]], why: dict) -> None:
+    """One warning naming what was decayed and what was not (e.g. a hybrid ViT's ResNet stem), and the blocks the
+    traced adapter refused (``why``: name -> its one-line reason)."""
     kinds = sorted({cls for _, cls in skipped})
+    refused = [name for name, _ in skipped if name in why]
+    traced = (f"; the traced adapter refused {len(refused)}: {', '.join(refused[:5])}{' ...' if len(refused) > 5 else ''}"
+              f" ({why[refused[0]]})") if refused else ""
     warnings.warn(f"decayify decayed {len(found)} block(s) of {type(model).__name__} ({found[0][0]} .. {found[-1][0]}) "
                   f"but left {len(skipped)} residual block(s) of a kind it does not support at alpha 1, first "
-                  f"{skipped[0][0]} ({', '.join(kinds)}); the alpha schedule spans the decayed blocks only "
+                  f"{skipped[0][0]} ({', '.join(kinds)}){traced}; the alpha schedule spans the decayed blocks only "
                   f"(alphas_of(model) lists them); supported: {', '.join(supported())}", PartialDecayWarning, stacklevel=3)
 
 
@@ -138,10 +157,11 @@ def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_
         ``model``, decayified in place. Blocks of unsupported kinds beside supported ones stay at alpha 1
         and a ``PartialDecayWarning`` names them.
     """
-    found = _supported_blocks(model)
-    skipped = unsupported_blocks(model, found)
+    refused: list = []
+    found = _supported_blocks(model, refused)
+    skipped, why = _left_blocks(model, found, refused)
     if not found:
-        raise TypeError(_refusal(model, skipped))
+        raise TypeError(_refusal(model, skipped, why))
     order = depth_order_for(model)
     chosen = _check_options(model, found, order, options)
     plain: list = []
@@ -152,12 +172,13 @@ def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_
     factors = _plan(found, alpha_min, schedule, branches, shortcut)
     record = _library_recorder(model)  # a transformers / diffusers model: its config's record, checked first
     if skipped and any(v != 1.0 for a, b in factors for v in (*a, *b)):
-        _say_what_was_left(model, found, skipped)
+        _say_what_was_left(model, found, skipped, why)
     planned = list(zip(found, factors, strict=True))
     planned += [(entry, ((1.0,) * adapter_for(entry[1]).adds,) * 2) for entry in plain]
     for (_name, block, _), (a, b) in planned:
         adapter = adapter_for(block)
         _remove_hooks(block)
+        unguard(block)  # a traced block's argument check, also when an adapter registered since takes it
         adapter.install(block, a, b, **{k: v for k, v in chosen.items() if k in adapter.options})
         block.resdecay_alpha = a
         if zero_init:
@@ -172,15 +193,27 @@ def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_
     return model
 
 
-def _refusal(model: nn.Module, skipped: list[tuple[str, str]]) -> str:
+def _left_blocks(model: nn.Module, found: list, refused: list) -> tuple[list[tuple[str, str]], dict]:
+    """(name, class) of the residual blocks left at alpha 1, in module order (those named like blocks that no
+    adapter takes, and the traced adapter's refusals), and name -> the traced adapter's reason."""
+    skipped = unsupported_blocks(model, found)
+    named = {name for name, _ in skipped}
+    skipped += [(name, cls) for name, cls, _ in refused if name not in named]
+    depth = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    return sorted(skipped, key=lambda entry: depth[entry[0]]), {name: why for name, _, why in refused}
+
+
+def _refusal(model: nn.Module, skipped: list[tuple[str, str]], why: dict) -> str:
     """The one line for a model with no supported block: the block class met and the nearest supported kind
-    of its library (a stack's repeated layer counts as a block: CLIP's ``CLIPEncoderLayer``)."""
+    of its library (a stack's repeated layer counts as a block: CLIP's ``CLIPEncoderLayer``), and why the traced
+    adapter refused it."""
     met = skipped or _stack_members(model)
     also = ""
     if met:
         library, cls = met[0][1].partition(".")[0], met[0][1].rpartition(".")[2]
+        traced = f"; the traced adapter refused it: {why[met[0][0]]}" if met[0][0] in why else ""
         also = (f" (its {met[0][1]} blocks are not supported; the nearest supported kind is "
-                f"{nearest_supported(cls, library)})")
+                f"{nearest_supported(cls, library)}{traced})")
     return (f"decayify found no supported residual block in {type(model).__name__}{also}; "
             f"supported: {', '.join(supported())}; a block kind of your own is one register_adapter "
             "call (docs/EXTENDING.md)")

@@ -180,9 +180,13 @@ def adapters() -> list[BlockAdapter]:
     return list(_ORDER)
 
 
+TRACED = "_resdecay_adapter"  # on a block the traced adapter took (``traced.py``): that block's own adapter
+
+
 def adapter_for(module: nn.Module) -> BlockAdapter | None:
-    """The adapter that takes ``module``, or None."""
-    return next((a for a in _ORDER if a.matches(module)), None)
+    """The adapter that takes ``module``: the first registered one that matches, else the traced adapter
+    ``decayify`` gave this block (built per instance, kept on it), else None."""
+    return next((a for a in _ORDER if a.matches(module)), None) or module.__dict__.get(TRACED)
 
 
 def library_of_class(c) -> str:

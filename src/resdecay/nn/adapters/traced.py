@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from ..residual import residual_add
 from . import hooks
-from .registry import BlockAdapter
+from .registry import TRACED, BlockAdapter
 from .traced_graph import (
     VIEW_FUNCTIONS,
     VIEW_METHODS,
@@ -56,9 +56,8 @@ from .traced_graph import (
     trace,
 )
 
-__all__ = ["TraceRefused", "candidates", "trace_blocks", "traced_adapter"]
+__all__ = ["TraceRefused", "candidates", "trace_blocks", "traced_adapter", "unguard"]
 
-ADAPTER = "_resdecay_adapter"  # on a block the traced adapter took: its adapter (what ``adapter_for`` returns)
 # class names that say "residual block" (the same words decayify's PartialDecayWarning looks for)
 LOOKS_RESIDUAL = re.compile(r"(Block|Bottleneck|ResBlock|ResidualBlock)\d*$")
 _CODES = itertools.count()
@@ -260,7 +259,8 @@ def _call_guard(class_name: str, stream: str, fixed: dict):
     return guard
 
 
-def _unguard(block: nn.Module) -> None:
+def unguard(block: nn.Module) -> None:
+    """Take the traced adapter's argument check off ``block`` (``hooks.remove`` takes the rest)."""
     for key in [k for k, fn in block._forward_pre_hooks.items() if getattr(fn, "_resdecay_traced_guard", False)]:
         del block._forward_pre_hooks[key]
         block._forward_pre_hooks_with_kwargs.pop(key, None)
@@ -296,13 +296,13 @@ def traced_adapter(block: nn.Module) -> BlockAdapter:
         guard = _call_guard(cls, stream, fixed)
 
         def install(b: nn.Module, alphas, betas, **options) -> None:
-            _unguard(b)
+            unguard(b)
             hooks.correct_subblocks(b, pairs(b), alphas, betas)
             if fixed and any(v != 1.0 for v in (*alphas, *betas)):
                 b.register_forward_pre_hook(guard, with_kwargs=True)
 
         return BlockAdapter(f"traced {cls}", (type(block),), adds, install=install,
-                            factors=lambda b: hooks.subblock_factors(pairs(b)), zero_init=zero_init)
+                            factors=lambda b: hooks.subblock_factors(pairs(b)), zero_init=zero_init, mixed_adds=True)
 
     forward = _replaced_forward(block, plan)
     del plan  # the generated code is all the forward needs
@@ -312,7 +312,7 @@ def traced_adapter(block: nn.Module) -> BlockAdapter:
             hooks.replace_forward(b, forward, alphas, betas)
 
     return BlockAdapter(f"traced {cls}", (type(block),), adds, install=install_forward,
-                        factors=lambda b: b.__dict__.get("resdecay_factors", ones), zero_init=zero_init)
+                        factors=lambda b: b.__dict__.get("resdecay_factors", ones), zero_init=zero_init, mixed_adds=True)
 
 
 # ----------------------------------------------------------------------------- which modules are candidates
@@ -360,8 +360,9 @@ def trace_blocks(model: nn.Module, taken: list[str]) -> tuple[list, list]:
     for name, m, looks in candidates(model, taken):
         if any(name.startswith(f + ".") for f, _, _ in found):
             continue
+        kept = m.__dict__.get(TRACED)  # traced before (an earlier decayify): the same instance, the same proof
         try:
-            found.append((name, m, traced_adapter(m)))
+            found.append((name, m, kept if kept is not None else traced_adapter(m)))
         except TraceRefused as e:
             if e.kind != "none" or looks:
                 refused.append((name, f"{type(m).__module__}.{type(m).__name__}", str(e)))
