@@ -1,8 +1,10 @@
 """Block adapters: how ``decayify`` reaches the residual adds of each library's blocks.
 
 One file per library (``resdecay_blocks``, ``timm_blocks``, ``torchvision_blocks``,
-``transformers_blocks``, ``diffusers_blocks``), each registering ``BlockAdapter``s built from the three
-mechanisms in ``hooks``; a user's own block kind is one ``register_adapter`` call (docs/EXTENDING.md).
+``transformers_blocks``, ``diffusers_blocks`` with ``diffusers_mmdit`` and ``diffusers_unet``), each registering
+``BlockAdapter``s built from the three mechanisms in ``hooks``; a user's own block kind is one ``register_adapter``
+call (docs/EXTENDING.md). ``depth_order`` holds the models whose blocks do not run in registration order (U-Nets);
+``traced`` reaches, by tracing, the blocks of a stack no adapter names (tried after every registered adapter).
 No library is imported here: blocks are matched by class name and module. The order adapters are
 tried in is each adapter's ``priority`` (``registry.py``), not the order of the imports below.
 """
@@ -16,7 +18,7 @@ from . import (  # noqa: F401
     torchvision_blocks,
     transformers_blocks,
 )
-from .depth_order import DepthOrder, depth_order_for, register_depth_order, unregister_depth_order
+from .depth_order import DepthOrder, depth_order_for, depth_orders, register_depth_order, unregister_depth_order
 from .registry import (
     BlockAdapter,
     adapter_for,
@@ -36,8 +38,7 @@ __all__ = ["BlockAdapter", "DepthOrder", "adapter_for", "adapters", "depth_order
 
 def option_choices() -> dict[str, tuple]:
     """Every ``decayify`` keyword a registered adapter or depth order declares, with its choices (default first)."""
-    from .depth_order import _ORDERS
     out: dict[str, tuple] = {}
-    for owner in [*adapters(), *_ORDERS.values()]:
+    for owner in [*adapters(), *depth_orders()]:
         out.update(owner.options)
     return out

@@ -56,6 +56,11 @@ def unregister_depth_order(name: str) -> DepthOrder:
     return _REGISTRY.remove(name)
 
 
+def depth_orders() -> list[DepthOrder]:
+    """Every registered depth order, in registration order."""
+    return list(_ORDERS.values())
+
+
 def depth_order_for(model: nn.Module) -> DepthOrder | None:
     """The depth order registered for ``model``'s class, or None (``model.modules()`` order)."""
     return next((o for o in _ORDERS.values() if o.matches(model)), None)
