@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,6 +29,7 @@ def run_script_here(script: str, *args: str, capfd, monkeypatch) -> tuple[int | 
     monkeypatch.setattr(sys, "argv", [str(path), *args])
     monkeypatch.syspath_prepend(str(path.parent))  # as `python benchmarks/x.py` puts its folder first
     before = set(sys.modules)
+    rng, threads = torch.get_rng_state(), torch.get_num_threads()  # what a script's seeds and --threads change
     capfd.readouterr()
     try:
         runpy.run_path(str(path), run_name="__main__")
@@ -38,20 +40,30 @@ def run_script_here(script: str, *args: str, capfd, monkeypatch) -> tuple[int | 
         for name in set(sys.modules) - before:
             if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(path.parent)):
                 del sys.modules[name]
+        torch.set_rng_state(rng)
+        torch.set_num_threads(threads)
     out, err = capfd.readouterr()
     return code, out, err
 
 
-def run_benchmark(script: str, *args: str, tmp_path: Path) -> tuple[str, dict]:
+def run_benchmark(script: str, *args: str, tmp_path: Path, capfd=None, monkeypatch=None) -> tuple[str, dict]:
+    """The script's smoke run with ``--json``: (its stdout, the JSON). Given ``capfd`` and ``monkeypatch``, it runs in
+    this process (``run_script_here``): a script that times what happens inside one process needs no interpreter of its
+    own starting torch again (~5 s of a 2-core machine each); the ones timing processes run as a process."""
     out = tmp_path / "result.json"
+    if capfd is not None:
+        code, stdout, stderr = run_script_here(script, *args, "--json", str(out), capfd=capfd, monkeypatch=monkeypatch)
+        assert code == 0, stderr[-2000:]
+        return stdout, json.loads(out.read_text())
     proc = run_script(script, *args, "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout, json.loads(out.read_text())
 
 
-def test_batch_sweep_lists_every_batch_and_marks_the_fastest(tmp_path):
+def test_batch_sweep_lists_every_batch_and_marks_the_fastest(tmp_path, capfd, monkeypatch):
     stdout, result = run_benchmark("batch_sweep.py", "--batches", "4,8", "--warmup", "1", "--steps", "1", "--rounds", "1",
-                                   "--threads", "1", tmp_path=tmp_path)
+                                   "--threads", "1", tmp_path=tmp_path,
+                                   capfd=capfd, monkeypatch=monkeypatch)
     assert [r["batch"] for r in result["rows"]] == [4, 8]
     assert all(r["img_per_s"] > 0 and r["ms_per_step"] > 0 for r in result["rows"])
     assert stdout.count("<- fastest") == 1
@@ -77,9 +89,10 @@ def test_startup_times_every_row_against_torch_alone(tmp_path):
     assert "over torch" in stdout and "resdecay CLI (--version)" in stdout
 
 
-def test_block_overhead_times_both_blocks_per_shape(tmp_path):
+def test_block_overhead_times_both_blocks_per_shape(tmp_path, capfd, monkeypatch):
     stdout, result = run_benchmark("block_overhead.py", "--shape", "2,8,32,2", "--shape", "2,4,16", "--warmup", "1",
-                                   "--iters", "1", "--repeats", "2", "--threads", "1", tmp_path=tmp_path)
+                                   "--iters", "1", "--repeats", "2", "--threads", "1", tmp_path=tmp_path,
+                                   capfd=capfd, monkeypatch=monkeypatch)
     rows = result["rows"]
     assert [(r["batch"], r["tokens"], r["width"], r["heads"]) for r in rows] == [(2, 8, 32, 2), (2, 4, 16, 1)]
     for r in rows:
@@ -88,9 +101,10 @@ def test_block_overhead_times_both_blocks_per_shape(tmp_path):
     assert "(2, 8, 32, 2)" in stdout and "(2, 4, 16, 1)" in stdout
 
 
-def test_mae_throughput_checks_each_architecture_against_its_reference(tmp_path):
+def test_mae_throughput_checks_each_architecture_against_its_reference(tmp_path, capfd, monkeypatch):
     stdout, result = run_benchmark("mae_throughput.py", "--batch-size", "4", "--warmup", "1", "--steps", "1",
-                                   "--rounds", "1", "--threads", "1", tmp_path=tmp_path)
+                                   "--rounds", "1", "--threads", "1", tmp_path=tmp_path,
+                                   capfd=capfd, monkeypatch=monkeypatch)
     assert set(result["checks"]) == {"U-Net", "plain"}
     assert all(c["ok"] for c in result["checks"].values()), result["checks"]  # same loss, prediction and grads
     variants = {r["variant"]: r for r in result["rows"]}
@@ -99,9 +113,10 @@ def test_mae_throughput_checks_each_architecture_against_its_reference(tmp_path)
     assert stdout.count("-> OK") == 2
 
 
-def test_diffusion_throughput_rows_decayed_and_plain_per_preset(tmp_path):
+def test_diffusion_throughput_rows_decayed_and_plain_per_preset(tmp_path, capfd, monkeypatch):
     stdout, result = run_benchmark("diffusion_throughput.py", "--batch-size", "4", "--warmup", "1", "--steps", "1",
-                                   "--sample-n", "2", "--sample-steps", "2", "--threads", "1", tmp_path=tmp_path)
+                                   "--sample-n", "2", "--sample-steps", "2", "--threads", "1", tmp_path=tmp_path,
+                                   capfd=capfd, monkeypatch=monkeypatch)
     by_preset: dict[str, list] = {}
     for r in result["rows"]:
         by_preset.setdefault(r["preset"], []).append(r)
@@ -113,11 +128,12 @@ def test_diffusion_throughput_rows_decayed_and_plain_per_preset(tmp_path):
         assert decayed["params"] > plain["params"]  # the long skips' fusion layers are the only extra parameters
 
 
-def test_eval_speed_sections_agree_with_their_references(tmp_path):
+def test_eval_speed_sections_agree_with_their_references(tmp_path, capfd, monkeypatch):
     """The script named undefined names at HEAD (issue 23.1: `bank`, `queries`, `x` in closures after `del`)."""
     stdout, result = run_benchmark("eval_speed.py", "--bank", "2000", "--queries", "200", "--probe-epochs", "1",
                                    "--probe-train", "2000", "--probe-test", "500", "--rank-rows", "2000", "--repeats", "1",
-                                   "--threads", "1", tmp_path=tmp_path)
+                                   "--threads", "1", tmp_path=tmp_path,
+                                   capfd=capfd, monkeypatch=monkeypatch)
     assert result["knn"]["check"] == "OK" and result["knn"]["bank"] == 2000
     assert result["probe"]["train"] == 2000 and result["probe"]["custom_size"]
     assert all(0 < r["top1"] <= 1 for r in result["probe"]["rows"])
@@ -164,9 +180,10 @@ def test_segmentation_cost_times_every_solver_and_skips_a_row_past_the_timeout(t
     assert second["status"] == "skipped (> 0.3 s at a smaller size)" and second["not_started"]
     assert "not measured: 40 x 4 learned skipped (> 0.3 s)" in stdout
 
-def test_grad_checkpointing_rows_pair_each_preset_with_and_without(tmp_path):
+def test_grad_checkpointing_rows_pair_each_preset_with_and_without(tmp_path, capfd, monkeypatch):
     stdout, result = run_benchmark("grad_checkpointing.py", "--presets", "mae-tiny-digits,sit-tiny-fmnist", "--batch-size",
-                                   "4", "--rounds", "1", "--steps", "1", "--threads", "1", tmp_path=tmp_path)
+                                   "4", "--rounds", "1", "--steps", "1", "--threads", "1", tmp_path=tmp_path,
+                                   capfd=capfd, monkeypatch=monkeypatch)
     rows = [(r["preset"], r["grad_checkpointing"]) for r in result["rows"]]
     assert rows == [("mae-tiny-digits", False), ("mae-tiny-digits", True), ("sit-tiny-fmnist", False),
                     ("sit-tiny-fmnist", True)]
