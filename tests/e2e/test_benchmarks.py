@@ -209,8 +209,8 @@ def test_grad_checkpointing_rows_pair_each_preset_with_and_without(tmp_path, cap
     ("grad_checkpointing.py", ["--presets", "mae-giant"], "mae-giant"),
 ])
 def test_bad_arguments_are_one_line_exit_2(script, args, needle, capfd, monkeypatch):
-    """Run in this process (each script runs as a process of its own in its smoke test above): a bad argument is
-    answered before any work, so the check needs no fresh interpreter importing torch for each case."""
+    """Run in this process: a bad argument is answered before any work, so the check needs no fresh interpreter
+    importing torch for each case."""
     code, _, stderr = run_script_here(script, *args, capfd=capfd, monkeypatch=monkeypatch)
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and "Traceback" not in stderr, stderr
