@@ -184,7 +184,8 @@ def test_a_run_killed_in_its_epoch_hook_runs_the_hook_again_on_resume(tmp_path):
     """The epoch's last checkpoint is written after its hook (online eval): a run that dies inside the
     hook resumes from the checkpoint before, so no epoch loses its evaluation row for good, and the
     weights still equal an uninterrupted run's."""
-    common = [*TINY, "train.epochs=3", "train.ckpt_every=11", f"train.out_dir={tmp_path / 'run'}"]
+    # 256 training digits, 4 steps an epoch (not 22): checkpoints at steps 3 and 6 inside the epochs, the epoch ends at 4 and 8
+    common = [*TINY, "train.epochs=3", "train.ckpt_every=3", "data.train_subset=256", f"train.out_dir={tmp_path / 'run'}"]
     seen = []
 
     def dies_at_epoch_1(model, epoch, step, log):
@@ -194,7 +195,7 @@ def test_a_run_killed_in_its_epoch_hook_runs_the_hook_again_on_resume(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         train(load_config("mae-tiny-digits", common), progress=False, hooks=[dies_at_epoch_1])
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "run" / "checkpoints")][-1] == "step_00000033.pt"
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "run" / "checkpoints")][-1] == "step_00000006.pt"
     summary = train(load_config("mae-tiny-digits", common), resume="auto", progress=False,
                     hooks=[lambda model, epoch, step, log: seen.append(epoch)])
     assert seen == [0, 1, 2]
