@@ -290,10 +290,13 @@ def test_hybrid_timm_model_warns_once_naming_what_was_left():
     # the stem alone is a ResNetV2, whose blocks have an adapter since issue 31: decayed, one add each
     stem = decayify(model.patch_embed.backbone, alpha_min=0.6)
     assert [a for _, a in alphas_of(stem)][-1] == (0.6,)
-    with pytest.raises(TypeError, match=r"in ParallelThingsBlock \(its timm.models.vision_transformer.ParallelThingsBlock "
-                                        r"blocks are not supported; the nearest supported kind is .*supported: "
-                                        r"resdecay.nn.blocks.Block"):
-        decayify(timm.models.vision_transformer.ParallelThingsBlock(16, 2), alpha_min=0.6)
+    # a block no adapter names is reached by tracing (ParallelThingsBlock), one the trace cannot prove is refused
+    traced = decayify(timm.models.vision_transformer.ParallelThingsBlock(16, 2), alpha_min=0.6)
+    assert [a for _, a in alphas_of(traced)] == [(1.0, 0.6)]
+    with pytest.raises(TypeError, match=r"in Bottleneck \(its timm.models.regnet.Bottleneck blocks are not supported; the "
+                                        r"nearest supported kind is .*the traced adapter refused it: .*a projection or a "
+                                        r"scale.*supported: resdecay.nn.blocks.Block"):
+        decayify(timm.models.regnet.Bottleneck(8, 16, stride=2), alpha_min=0.6)
 
 
 def test_exported_safetensors_gets_the_same_mode_as_other_outputs(capsys, tmp_path):

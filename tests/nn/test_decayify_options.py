@@ -5,6 +5,7 @@ names the block class met and the nearest supported kind of its library."""
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -162,3 +163,60 @@ def test_a_stack_of_unsupported_layers_is_named_with_the_nearest_kind_of_its_lib
     with pytest.raises(TypeError, match=r"its transformers.models.toy.modeling_toy.ToyEncoderLayer blocks are not "
                                         r"supported; the nearest supported kind is \w+ \(transformers "):
         decayify(model, alpha_min=0.5)
+
+
+def _gpt2():
+    import transformers
+    return transformers.GPT2Model(transformers.GPT2Config(n_embd=16, n_layer=2, n_head=2, vocab_size=32, n_positions=8))
+
+
+def _auraflow():
+    import diffusers
+    return diffusers.AuraFlowTransformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_mmdit_layers=1,
+                                                num_single_dit_layers=2, attention_head_dim=8, num_attention_heads=2,
+                                                joint_attention_dim=16, caption_projection_dim=16, out_channels=4,
+                                                pos_embed_max_size=16)
+
+
+def _efficientnet():
+    import torchvision
+    return torchvision.models.efficientnet_b0(num_classes=10)
+
+
+def _regnet_block():
+    from timm.models.regnet import Bottleneck
+    return Bottleneck(8, 16, stride=2)
+
+
+REFUSED = {  # library: (a model no adapter takes and the trace cannot prove, the block class met, why the trace refused)
+    "timm": (_regnet_block, "timm.models.regnet.Bottleneck", "a projection or a scale"),
+    "torchvision": (_efficientnet, "torchvision.models.efficientnet.MBConv", r"an in-place add \(\+=\)"),
+    "transformers": (_gpt2, "transformers.models.gpt2.modeling_gpt2.GPT2Block", r"takes \*\*kwargs"),
+    "diffusers": (_auraflow, "diffusers.models.transformers.auraflow_transformer_2d.AuraFlowJointTransformerBlock",
+                  "needs argument"),
+}
+
+
+@pytest.mark.parametrize("library", list(REFUSED))
+def test_every_library_refusal_names_the_block_met_the_nearest_kind_of_that_library_and_why(library):
+    """One line for each library: the block class met, the nearest supported kind among that library's adapters (not
+    another library's), and the traced adapter's reason."""
+    build, cls, why = REFUSED[library]
+    with pytest.raises(TypeError) as caught:
+        decayify(build(), alpha_min=0.6)
+    text = str(caught.value)
+    assert "\n" not in text
+    assert f"(its {cls} blocks are not supported; the nearest supported kind is " in text
+    nearest = text.split("the nearest supported kind is ", 1)[1]
+    assert nearest.split("(", 1)[1].startswith(f"{library} "), nearest[:120]  # an adapter of the same library
+    assert re.search(f"the traced adapter refused it: .*{why}", text), text[:600]
+
+
+def test_a_model_with_no_stack_names_its_own_class():
+    class Lone(nn.Module):
+        def forward(self, x):
+            return x
+
+    with pytest.raises(TypeError, match=r"in Lone \(its test_decayify_options.Lone blocks are not supported; the nearest "
+                                        r"supported kind is "):
+        decayify(Lone(), alpha_min=0.6)
