@@ -97,9 +97,11 @@ def test_plot_and_figures_commands(tiny_checkpoints, tmp_path, capsys):
 
     runs = []
     for a in ("0.6", "1.0"):
-        # 256 training digits (4 steps an epoch, not 22): the plot reads the 3 online evaluations of each run
+        # 256 training digits (4 steps an epoch, not 22): the plot reads the 3 online evaluations of each run from its
+        # log.jsonl; the CSV tracker alone, as a tracker that shows images would get each evaluation's figures drawn
         cfg = load_config("mae-tiny-digits", [*TINY, "train.epochs=6", "train.online_eval_every=2", "train.online_eval_size=200",
-                                              "data.train_subset=256", f"alpha_min={a}", f"train.out_dir={tmp_path / a}"])
+                                              "data.train_subset=256", "train.loggers=[csv]", f"alpha_min={a}",
+                                              f"train.out_dir={tmp_path / a}"])
         s = train(cfg, progress=False)
         (tmp_path / a / "summary.json").write_text(json.dumps(s))
         runs.append(str(tmp_path / a))
