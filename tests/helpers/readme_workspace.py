@@ -54,8 +54,10 @@ class Workspace:
         return out
 
     def _mae(self, name: str, preset: str, *extra: str) -> Path:
+        # the CSV tracker alone: the commands read log.jsonl and the checkpoints (no command reads tb/), and a tracker
+        # that shows images would get each online evaluation's figures drawn for it
         return self._pretrain(name, preset, rc.FMNIST, "train.epochs=2", "train.online_eval_every=1",
-                              "train.online_eval_size=32", *extra)
+                              "train.online_eval_size=32", "train.loggers=[csv]", *extra)
 
     @cached_property
     def mae_run(self) -> Path:
