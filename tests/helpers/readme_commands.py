@@ -88,6 +88,7 @@ EVAL_SIZE = ("--max-train", "64", "--max-test", "32", "--probe-epochs", "5")
 EVAL = (*EVAL_SIZE, "--out", "{tmp}/eval", "--no-progress")
 DIAG = ("--diag-images", "16", "--diag-train-images", "32", "--knockout-images", "8")
 GRID = (*FMNIST, "data.train_subset=64", "--out", "{tmp}/grid")
+ONLINE_GRID = (*GRID, "train.online_eval_size=32", "train.loggers=[csv]")  # CSV alone: no figures at each online eval
 RESUMED = ("{tmp}/run/summary.json::step_00000004.pt",)  # resumed from the checkpoint the kill left (of 5 steps)
 FT_IMAGENET = (*_RUN, "train.batch_size=8")  # the ImageFolder stand-in has 24 training images
 IMPORTED = ("--import-override", "model.num_heads=2", "--import-override", "model.decoder_num_heads=2", *FT_IMAGENET)
@@ -281,8 +282,8 @@ PLANS: dict[str, Plan] = {
                                                     "--out", "{tmp}/grid"), expect=("{tmp}/grid/rank_vs_depth.png",)),
     "resdecay ablate --grid where-fmnistm --only plain MAE,alpha 0.8,alpha 0.6": Plan(add=GRID),
     "resdecay ablate --grid where-fmnistm --only plain MAE,alpha 0.8": Plan(add=GRID),
-    "resdecay ablate --grid where-fmnistm-long": Plan(add=(*GRID, "train.online_eval_size=32")),
-    "resdecay ablate --grid where-small --seeds 0,1,2": Plan(add=(*GRID, "train.online_eval_size=32"),
+    "resdecay ablate --grid where-fmnistm-long": Plan(add=ONLINE_GRID),
+    "resdecay ablate --grid where-small --seeds 0,1,2": Plan(add=ONLINE_GRID,
                                                              expect=("{tmp}/grid/seed2/table.txt", "{tmp}/grid/table.txt::±")),
     "torchrun --nproc_per_node 4 -m resdecay ablate --grid table2-in100 data.path=/data/imagenet100": Plan(
         add=(*IMAGENET, "--only", "alpha_min 1.0,alpha_min 0.6", "--out", "{tmp}/grid"),
