@@ -74,6 +74,7 @@ def test_one_block_is_alpha_x_plus_branch(name):
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
 
 
+@pytest.mark.covers("b", "diffusers UVit2DModel (SkipFFTransformerBlock, BasicTransformerBlock ada_norm_continuous)")
 def test_uvit2d_blocks_are_alpha_x_plus_branch():
     """UVit2D's SkipFFTransformerBlock (hooks) and its ada_norm_continuous BasicTransformerBlock (replaced
     forward), each against the hand-written adds on the library's own modules; its ConvNeXt blocks (one add

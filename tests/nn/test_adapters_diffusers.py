@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import threading
 import warnings
 
 import pytest
@@ -367,3 +368,32 @@ def test_compile_adds_no_graph_break(name):
 @pytest.mark.parametrize("name", [SD3, UNET])
 def test_threads_do_not_mix_inputs(name):
     shared.test_threads_do_not_mix_inputs(name)
+
+
+@pytest.mark.covers("d", FLUX, UNETC)
+@pytest.mark.covers("e", FLUX, UNETC)
+@pytest.mark.parametrize("name", [FLUX, UNETC])
+def test_mixed_models_compile_without_new_graph_breaks_and_threads_do_not_mix(name):
+    """(d) and (e) for the models of mixed add counts (shared.build knows MODELS only)."""
+    import torch._dynamo as dynamo
+    model, call = build(name)
+    plain = dynamo.explain(call)(model).graph_break_count
+    dynamo.reset()
+    decayed = decayify(copy.deepcopy(model), alpha_min=0.5)
+    assert dynamo.explain(call)(decayed).graph_break_count <= plain
+    dynamo.reset()
+    with torch.no_grad():
+        want = call(decayed)
+        outs, errors = [], []
+
+        def work():
+            try:
+                outs.extend(call(decayed) for _ in range(3))
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors and len(outs) == 12 and all(torch.equal(o, want) for o in outs)

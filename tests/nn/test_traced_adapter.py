@@ -111,7 +111,13 @@ def _built(name):
     return _jitter(block), torch.randn(*shape, generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("name", list(HAND))
+ROW_OF = {"MixerBlock": "timm mixer (MixerBlock)", "ResBlock (ResMLP)": "timm resmlp (ResBlock)",  # coverage-table rows
+          "ResPostBlock": "timm vit block_fn=ResPostBlock", "ParallelThingsBlock": "timm vit block_fn=ParallelThingsBlock",
+          "MetaFormerBlock": "timm poolformer (MetaFormerBlock)", "ConvMixer Residual": "timm convmixer (Residual)",
+          "GatedBlock": "a user's gated stack"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.covers("b", ROW_OF[n])) for n in HAND])
 def test_each_add_is_alpha_x_plus_branch_by_hand(name):
     plain, x = _built(name)
     adapter = traced_adapter(plain)
@@ -348,6 +354,7 @@ def test_deepcopy_of_a_decayified_traced_model_gives_the_same_outputs():
         assert alphas_of(twin) == alphas_of(model)
 
 
+@pytest.mark.covers("d", "timm mixer (MixerBlock)")
 def test_compile_adds_no_graph_break():
     import torch._dynamo as dynamo
     model, x = _model("timm mixer (MixerBlock)")
@@ -359,7 +366,8 @@ def test_compile_adds_no_graph_break():
     assert explained.graph_break_count <= plain, explained.break_reasons
 
 
-@pytest.mark.parametrize("name", ["timm mixer (MixerBlock)", "timm vit block_fn=ResPostBlock"])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.covers("e", n))
+                                  for n in ("timm mixer (MixerBlock)", "timm vit block_fn=ResPostBlock")])
 def test_threads_give_the_single_thread_outputs(name):
     model, x = _model(name)
     decayify(model, alpha_min=0.5)
