@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_trainer_vitmae import _OneLineParser, digits  # noqa: E402  (the same data and argument rules)
+from hf_trainer_vitmae import _OneLineParser, digits, table_trainer  # noqa: E402  (the same data, loop, arguments)
 
 ALPHA_MIN = 0.6  # the factor of the tower's last residual add
 
@@ -75,8 +75,6 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     import torch
     from torch.utils.data import Dataset
-    from transformers import Trainer, TrainerCallback, TrainingArguments
-    from transformers.trainer_callback import PrinterCallback
     from transformers.utils import logging as hf_logging
 
     import resdecay
@@ -92,23 +90,9 @@ def main(argv: list[str] | None = None) -> dict:
         def __getitem__(self, i):
             return {"pixel_values": images[i], "labels": labels[i]}
 
-    every = max(1, args.steps // 10)
-
-    class Table(TrainerCallback):
-        def on_log(self, _args, state, _control, logs=None, **kw):
-            step = state.global_step
-            if logs and "loss" in logs and (step == 1 or step % every == 0 or step == args.steps):
-                print(f"{step:>5d}  {logs['loss']:.4f}", flush=True)
-
     model = build_model(args.seed)
     out = Path(args.out)
-    targs = TrainingArguments(output_dir=str(out), report_to=[], use_cpu=True, max_steps=args.steps,
-                              per_device_train_batch_size=args.batch_size, learning_rate=args.lr, weight_decay=0.05,
-                              warmup_steps=max(1, args.steps // 10), lr_scheduler_type="cosine", logging_steps=1,
-                              save_strategy="no", seed=args.seed, dataloader_num_workers=0, disable_tqdm=True,
-                              log_level="error")
-    trainer = Trainer(model=model, args=targs, train_dataset=Digits(), callbacks=[Table()])
-    trainer.remove_callback(PrinterCallback)
+    trainer = table_trainer(model, Digits(), args)
     table = resdecay.alphas_of(model)
     print(f"CLIPForImageClassification, decayify(alpha_min={ALPHA_MIN}, zero_init=True): {len(table)} CLIPEncoderLayers, "
           f"alphas {' '.join(f'{a:.2f}' for _, pair in table for a in pair)}; "

@@ -103,12 +103,34 @@ def _alphas(table) -> str:
     return " ".join(f"{a:.2f}" for _, pair in table for a in pair)
 
 
+def table_trainer(model, dataset, args):
+    """transformers' ``Trainer`` on ``dataset`` (CPU, AdamW, warm-up + cosine, every step logged, nothing saved
+    until ``save_model``), printing (step, loss) as it logs: every step is logged, every tenth is printed."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback
+
+    every = max(1, args.steps // 10)
+
+    class Table(TrainerCallback):
+        def on_log(self, _args, state, _control, logs=None, **kw):
+            step = state.global_step
+            if logs and "loss" in logs and (step == 1 or step % every == 0 or step == args.steps):
+                print(f"{step:>5d}  {logs['loss']:.4f}", flush=True)
+
+    targs = TrainingArguments(output_dir=str(args.out), report_to=[], use_cpu=True, max_steps=args.steps,
+                              per_device_train_batch_size=args.batch_size, learning_rate=args.lr, weight_decay=0.05,
+                              warmup_steps=max(1, args.steps // 10), lr_scheduler_type="cosine", logging_steps=1,
+                              save_strategy="no", seed=args.seed, dataloader_num_workers=0,
+                              disable_tqdm=True, log_level="error")
+    trainer = Trainer(model=model, args=targs, train_dataset=dataset, callbacks=[Table()])
+    trainer.remove_callback(PrinterCallback)  # the table replaces the Trainer's own dict lines
+    return trainer
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     import torch
     from torch.utils.data import Dataset
-    from transformers import Trainer, TrainerCallback, TrainingArguments
-    from transformers.trainer_callback import PrinterCallback
     from transformers.utils import logging as hf_logging
 
     import resdecay
@@ -124,25 +146,9 @@ def main(argv: list[str] | None = None) -> dict:
         def __getitem__(self, i):
             return {"pixel_values": images[i]}
 
-    every = max(1, args.steps // 10)
-
-    class Table(TrainerCallback):
-        """Prints (step, loss) as the Trainer logs it (every step is logged; every ``every``-th is printed)."""
-
-        def on_log(self, _args, state, _control, logs=None, **kw):
-            step = state.global_step
-            if logs and "loss" in logs and (step == 1 or step % every == 0 or step == args.steps):
-                print(f"{step:>5d}  {logs['loss']:.4f}", flush=True)
-
     model = build_model(args.seed)
     out = Path(args.out)
-    targs = TrainingArguments(output_dir=str(out), report_to=[], use_cpu=True, max_steps=args.steps,
-                              per_device_train_batch_size=args.batch_size, learning_rate=args.lr, weight_decay=0.05,
-                              warmup_steps=max(1, args.steps // 10), lr_scheduler_type="cosine", logging_steps=1,
-                              save_strategy="no", seed=args.seed, dataloader_num_workers=0,
-                              disable_tqdm=True, log_level="error")
-    trainer = Trainer(model=model, args=targs, train_dataset=Digits(), callbacks=[Table()])
-    trainer.remove_callback(PrinterCallback)  # the table replaces the Trainer's own dict lines
+    trainer = table_trainer(model, Digits(), args)
     unet = next(s for s in model.config.resdecay["steps"] if s["op"] == "unet_skips")  # what save_pretrained keeps
     print(f"ViTMAEForPreTraining + unet_skips(alpha_min={ALPHA_MIN}): encoder alphas "
           f"{_alphas(resdecay.alphas_of(model.vit))}, skips from encoder layers {unet['skip_sources']}, "

@@ -12,6 +12,24 @@ def _img(c=3, s=32, b=2):
     return torch.randn(b, c, s, s, generator=torch.Generator().manual_seed(1))
 
 
+def from_threads(call, threads: int = 4, calls: int = 5) -> tuple[list, list]:
+    """(outputs, errors) of ``threads`` threads each running ``call()`` ``calls`` times at once (check (e))."""
+    import threading
+    outs, errors = [], []
+
+    def work():
+        try:
+            outs.extend(call() for _ in range(calls))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return outs, errors
+
+
 # ----------------------------------------------------------------------------- builders: (model, call)
 def timm_model(name, **kw):
     def build():

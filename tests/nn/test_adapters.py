@@ -6,14 +6,13 @@ threads do not mix."""
 from __future__ import annotations
 
 import copy
-import threading
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.adapter_models import MODELS
+from helpers.adapter_models import MODELS, from_threads
 from resdecay import alpha_schedule, alphas_of, decayify
 from resdecay.nn.decayify import PartialDecayWarning, block_factors, residual_blocks
 
@@ -122,18 +121,7 @@ def test_threads_do_not_mix_inputs(name):
     quiet_decayify(model, alpha_min=0.5)
     with torch.no_grad():
         want = call(model)
-        errors, outs = [], []
-
-        def work():
-            try:
-                outs.extend(call(model) for _ in range(5))
-            except Exception as exc:  # noqa: BLE001
-                errors.append(exc)
-        threads = [threading.Thread(target=work) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        outs, errors = from_threads(lambda: call(model))
     assert not errors and all(torch.equal(o, want) for o in outs)
 
 

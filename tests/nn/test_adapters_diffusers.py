@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import math
-import threading
 import warnings
 
 import pytest
@@ -18,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from helpers import adapter_models_diffusers as dm
+from helpers.adapter_models import from_threads
 from resdecay import alpha_schedule, alphas_of, decayify
 from resdecay.nn.adapters import diffusers_blocks, diffusers_mmdit, diffusers_unet, hooks
 from resdecay.nn.decayify import block_factors, residual_blocks
@@ -384,16 +384,5 @@ def test_mixed_models_compile_without_new_graph_breaks_and_threads_do_not_mix(na
     dynamo.reset()
     with torch.no_grad():
         want = call(decayed)
-        outs, errors = [], []
-
-        def work():
-            try:
-                outs.extend(call(decayed) for _ in range(3))
-            except Exception as exc:  # noqa: BLE001
-                errors.append(exc)
-        threads = [threading.Thread(target=work) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        outs, errors = from_threads(lambda: call(decayed), calls=3)
     assert not errors and len(outs) == 12 and all(torch.equal(o, want) for o in outs)

@@ -8,7 +8,6 @@ eval mode), and what cannot be proved is refused in one line naming the class an
 from __future__ import annotations
 
 import copy
-import threading
 import warnings
 
 import pytest
@@ -16,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from helpers.adapter_models import from_threads
 from resdecay import alpha_schedule, alphas_of, decayify
 from resdecay.nn.adapters import hooks
 from resdecay.nn.adapters.traced import _replaced_forward, plan_block, traced_adapter
@@ -373,18 +373,7 @@ def test_threads_give_the_single_thread_outputs(name):
     decayify(model, alpha_min=0.5)
     with torch.no_grad():
         want = model(x)
-        errors, outs = [], []
-
-        def work():
-            try:
-                outs.extend(model(x) for _ in range(5))
-            except Exception as exc:  # noqa: BLE001
-                errors.append(exc)
-        threads = [threading.Thread(target=work) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        outs, errors = from_threads(lambda: model(x))
     assert not errors and len(outs) == 20 and all(torch.equal(o, want) for o in outs)
 
 
