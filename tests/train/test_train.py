@@ -102,7 +102,8 @@ def test_resume_from_a_different_model_is_refused(tmp_path, tiny_overrides, tiny
 
 @pytest.mark.slow
 def test_resume_auto_without_checkpoint_starts_fresh(tmp_path, tiny_overrides, capsys):
-    train(load_config("mae-tiny-digits", [*tiny_overrides, "train.epochs=1"]), resume="auto", progress=False)
+    train(load_config("mae-tiny-digits", [*tiny_overrides, "train.epochs=1", "data.train_subset=256"]), resume="auto",
+          progress=False)
     assert "starting fresh" in capsys.readouterr().out
 
 
@@ -150,11 +151,12 @@ def test_atomic_save_leaves_no_partial_file(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_gradient_accumulation_matches_the_big_batch(tmp_path):
-    """2 micro-batches of 32 with accumulation == one batch of 64 (same samples, same masks)."""
+    """2 micro-batches of 32 with accumulation == one batch of 64 (same samples, same masks), over 256 training digits
+    (4 optimizer steps)."""
     finals = []
     for bs, accum in ((64, 1), (32, 2)):
         cfg = load_config("mae-tiny-digits", [*TINY, "train.epochs=1", f"train.batch_size={bs}", f"train.accum_steps={accum}",
-                                              "model.zero_init=false", f"train.out_dir={tmp_path / str(bs)}"])
+                                              "model.zero_init=false", "data.train_subset=256", f"train.out_dir={tmp_path / str(bs)}"])
         summary = train(cfg, progress=False)
         finals.append(ckpt.load_checkpoint(summary["checkpoint"])["model"])
     for k in finals[0]:
