@@ -46,7 +46,7 @@ def test_out_names_the_run_folder_of_every_training_command(capsys, tmp_path):
     assert code == 0, err
     assert "out_dir: 'runs/my run: 1e3'" in out or 'out_dir: "runs/my run: 1e3"' in out  # a string, whatever it looks like
     code, out, err = run(capsys, "pretrain", "--preset", "mae-tiny-digits", "--no-progress", *TINY, "train.epochs=1",
-                         "--out", str(tmp_path / "r"))
+                         "data.train_subset=256", "--out", str(tmp_path / "r"))  # 4 steps: a finished run is what is read
     assert code == 0, err
     assert (tmp_path / "r" / "summary.json").exists()
     for cmd in (["pretrain", "--preset", "mae-tiny-digits"], ["train-supervised", "--preset", "resnet18-fmnist"],
@@ -170,7 +170,8 @@ def test_bad_data_paths(capsys, tmp_path, fake_imagefolder):
 
 
 def test_resume_mismatch_and_unwritable_out(capsys, tmp_path):
-    base = ["pretrain", "--preset", "mae-tiny-digits", "--no-progress", *TINY, "train.epochs=1", f"train.out_dir={tmp_path / 'r'}"]
+    base = ["pretrain", "--preset", "mae-tiny-digits", "--no-progress", *TINY, "train.epochs=1", "data.train_subset=256",
+            f"train.out_dir={tmp_path / 'r'}"]  # 4 steps: what is resumed is a finished run's checkpoint
     assert run(capsys, *base)[0] == 0
     kept = ckpt.list_checkpoints(tmp_path / "r" / "checkpoints")
     before = kept[-1].read_bytes()
