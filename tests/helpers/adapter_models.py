@@ -289,4 +289,7 @@ WHY_NOT = {  # the checks a row does not run, and why (the "why not" column of t
     "timm resmlp (ResBlock)": _FORWARD_D_E, "timm vit block_fn=ParallelThingsBlock": _FORWARD_D_E,
     "a user's gated stack": _FORWARD_D_E, "timm poolformer (MetaFormerBlock)": _HOOKS_D_E,
     "timm convmixer (Residual)": _HOOKS_D_E, "timm vit block_fn=ResPostBlock": "d: " + _HOOKS_D_E[6:],
+    "transformers Siglip2VisionModel (Siglip2EncoderLayer)": "d: SigLIP's adapter and layout, run under dynamo on the "
+        "SigLIP row",
+    "timm levit_conv_128s (LevitBlock, conv)": "d: LeViT's adapter, run under dynamo on the levit_128s row",
 }

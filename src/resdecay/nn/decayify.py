@@ -207,7 +207,8 @@ def _refusal(model: nn.Module, skipped: list[tuple[str, str]], why: dict) -> str
     """The one line for a model with no supported block: the block class met and the nearest supported kind
     of its library (a stack's repeated layer counts as a block: CLIP's ``CLIPEncoderLayer``), and why the traced
     adapter refused it."""
-    met = skipped or _stack_members(model) or [("", f"{type(model).__module__}.{type(model).__name__}")]
+    own = [] if type(model).__module__.startswith("torch.") else [("", f"{type(model).__module__}.{type(model).__name__}")]
+    met = skipped or _stack_members(model) or own  # a torch.nn layer given alone is no block of anyone's library
     also = ""
     if met:
         library, cls = met[0][1].partition(".")[0], met[0][1].rpartition(".")[2]
