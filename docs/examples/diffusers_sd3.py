@@ -27,16 +27,12 @@ import argparse
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from diffusers_dit import _OneLineParser, digit_latents  # noqa: E402  (the DiT example's arguments rule and data)
+
 ALPHA_MIN = 0.6  # the factor of the last residual add (3 blocks x 2 image adds: 1, 0.92, 0.84, 0.76, 0.68, 0.6)
 TRAIN_TIMESTEPS = 1000
 TEXT_TOKENS, TEXT_DIM, POOLED_DIM = 4, 16, 16
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """Bad arguments are one line on stderr and exit status 2 (no usage block)."""
-
-    def error(self, message: str):  # noqa: D401
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,18 +59,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if Path(a.out).exists() and not Path(a.out).is_dir():
         p.error(f"--out {a.out} is a file; give a folder")
     return a
-
-
-def digit_latents():
-    """scikit-learn's digits as (N, 4, 8, 8) latent-like stacks in [-1, 1], and their labels (N,)."""
-    import torch
-    import torch.nn.functional as F
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 8.0 - 1.0  # 0..16 -> [-1, 1]
-    x = F.interpolate(x, size=(16, 16), mode="bilinear", align_corners=False)
-    return F.pixel_unshuffle(x, 2), torch.tensor(d.target, dtype=torch.long)
 
 
 def class_text(seed: int):
