@@ -128,6 +128,7 @@ def test_threads_do_not_mix_inputs(name):
 @pytest.mark.parametrize("name", ["transformers ViTMAEForPreTraining (ViTMAELayer)", "timm eva02 (EvaBlock)",
                                   "torchvision convnext (CNBlock)",
                                   "diffusers DiTTransformer2DModel (BasicTransformerBlock, ada_norm_zero)"])
+@pytest.mark.slow  # torch._dynamo.explain of two models: seconds each on 2 cores
 def test_compile_adds_no_graph_break(name):
     import torch._dynamo as dynamo
     model, call = build(name)

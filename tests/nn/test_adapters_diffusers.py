@@ -360,6 +360,7 @@ def test_zero_init_makes_every_branch_zero():
 
 
 # ----------------------------------------------------------------------------- (d) compile, (e) threads
+@pytest.mark.slow  # torch._dynamo.explain of two models: seconds each on 2 cores
 @pytest.mark.parametrize("name", [SD3, UNET])
 def test_compile_adds_no_graph_break(name):
     shared.test_compile_adds_no_graph_break(name)
@@ -370,6 +371,7 @@ def test_threads_do_not_mix_inputs(name):
     shared.test_threads_do_not_mix_inputs(name)
 
 
+@pytest.mark.slow  # torch._dynamo.explain of two models: seconds each on 2 cores
 @pytest.mark.covers("d", FLUX, UNETC)
 @pytest.mark.covers("e", FLUX, UNETC)
 @pytest.mark.parametrize("name", [FLUX, UNETC])

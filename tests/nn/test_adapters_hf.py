@@ -38,6 +38,7 @@ def test_one_block_is_alpha_x_plus_branch(name):
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
 
 
+@pytest.mark.slow  # torch._dynamo.explain of two models: seconds each on 2 cores
 @pytest.mark.parametrize("name", COMPILED)
 def test_compile_adds_no_graph_break(name):
     """(d), as tests/nn/test_adapters.py's, with the copy taken before any forward: LeViT's eval-mode attention-bias
