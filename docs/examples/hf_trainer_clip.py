@@ -23,26 +23,14 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_trainer_vitmae import _OneLineParser, digits, table_trainer  # noqa: E402  (the same data, loop, arguments)
+from hf_trainer_vitmae import digits, table_trainer  # noqa: E402  (the same data, loop and arguments)
+from hf_trainer_vitmae import parse_args as trainer_args  # noqa: E402
 
 ALPHA_MIN = 0.6  # the factor of the tower's last residual add
 
 
 def parse_args(argv: list[str] | None = None):
-    p = _OneLineParser(prog="hf_trainer_clip.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=60, help="optimizer steps (at least 10)")
-    p.add_argument("--out", default="runs/hf-trainer-clip", help="output folder (the model is saved in OUT/model)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the data order")
-    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
-    p.add_argument("--batch-size", type=int, default=32, help="examples per step")
-    a = p.parse_args(argv)
-    if a.steps < 10:
-        p.error(f"--steps must be at least 10 (the table compares the first and last 5 steps), got {a.steps}")
-    if a.batch_size < 1:
-        p.error(f"--batch-size must be at least 1, got {a.batch_size}")
-    if Path(a.out).exists() and not Path(a.out).is_dir():
-        p.error(f"--out {a.out} is a file; give a folder")
-    return a
+    return trainer_args(argv, prog="hf_trainer_clip.py", doc=__doc__, out="runs/hf-trainer-clip")
 
 
 def build_model(seed: int, alpha_min: float = ALPHA_MIN):

@@ -34,10 +34,12 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = _OneLineParser(prog="hf_trainer_vitmae.py", description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None, prog: str = "hf_trainer_vitmae.py", doc: str = __doc__,
+               out: str = "runs/hf-trainer-vitmae") -> argparse.Namespace:
+    """The arguments of a Trainer example (this one's, and hf_trainer_clip.py's with its ``prog``, ``doc``, ``out``)."""
+    p = _OneLineParser(prog=prog, description=doc.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=60, help="optimizer steps (at least 10)")
-    p.add_argument("--out", default="runs/hf-trainer-vitmae", help="output folder (Trainer's output_dir; the model is saved in OUT/model)")
+    p.add_argument("--out", default=out, help="output folder (Trainer's output_dir; the model is saved in OUT/model)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, the masking and the data order")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
     p.add_argument("--batch-size", type=int, default=32, help="examples per step")

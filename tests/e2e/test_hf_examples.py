@@ -125,7 +125,7 @@ def test_dit_trains_with_ddpm_and_samples_with_the_scheduler_loop(tmp_path, caps
         assert torch.equal(reloaded(x, timestep=t, class_labels=y).sample, model(x, timestep=t, class_labels=y).sample)
 
 
-@pytest.mark.parametrize("script", ["hf_trainer_vitmae.py", "diffusers_dit.py"])
+@pytest.mark.parametrize("script", ["hf_trainer_vitmae.py", "diffusers_dit.py", "hf_trainer_clip.py"])
 @pytest.mark.parametrize("args, says", [
     (["--steps", "3"], "--steps must be at least"),
     (["--steps", "x"], "invalid int value"),
