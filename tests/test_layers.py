@@ -73,6 +73,8 @@ for module in {ROOT_MODULES!r}:
     seen[module] = sorted(m for m in sys.modules if m.startswith('resdecay.') and m != module)
 import resdecay.cli.main
 seen['heavy'] = [m for m in {HEAVY!r} if m in sys.modules]
+from resdecay.data.digits import load_digits_split
+seen['digits'] = [len(load_digits_split(True)[0]), *(m for m in {HEAVY!r} if m in sys.modules)]
 print(json.dumps(seen))
 """
 
@@ -97,6 +99,11 @@ def test_the_command_line_starts_without_the_heavy_optional_libraries():
     layer is first used."""
     out = fresh_interpreter_imports()["heavy"]
     assert out == [], out
+
+
+def test_the_digits_load_without_scikit_learn():
+    """A digits run's processes (each torchrun rank) read the data set's file, not import scikit-learn (~2.5 s)."""
+    assert fresh_interpreter_imports()["digits"] == [1437]
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from PIL import Image
 from helpers import TINY, assert_one_line_error, free_port, run
 from resdecay.commands.shard import run_shard
 from resdecay.data import DataConfig, build_dataset
-from resdecay.data.datasets import _load_digits
+from resdecay.data.digits import load_digits_split
 from resdecay.data.hf_export import save_hf_dataset
 from resdecay.data.shards import expand_braces
 from resdecay.train import train
@@ -36,7 +36,7 @@ SMALL = [*TINY, "model.in_chans=3", "train.epochs=1", "train.warmup_epochs=0", "
 def write_digits_folder(root: Path, limit: int) -> Path:
     """The first ``limit`` digits of each split as an ImageFolder (8-bit grey PNGs, as save_hf_dataset encodes them)."""
     for split, folder in (("train", "train"), ("test", "val")):
-        images, labels = _load_digits(split == "train")
+        images, labels = load_digits_split(split == "train")
         for i, (img, label) in enumerate(zip(images[:limit], labels[:limit], strict=True)):
             d = root / folder / str(int(label))
             d.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,7 @@ from torch.utils.data import Dataset
 from ..errors import ConfigError, DataError, check_fields
 from ..io import safe_load
 from ..safe_pickle import load_data_pickle
+from .digits import load_digits_split
 from .fashion_mnist_m import NUISANCES, composite, validate_knobs
 from .fast_images import BadImage, bad_image_reason, decode_uint8
 from .hf_datasets import hf_dataset
@@ -148,18 +149,6 @@ def _load_fashion_mnist_m(cfg: DataConfig, train: bool, limit: int | None):
     garments, labels = garments[chosen], labels[chosen]  # composite only what is used; image i is the same either way
     images = composite(garments, "train" if train else "test", cfg.canvas, cfg.nuisances, cfg.dataset_seed, indices=chosen)
     return images, labels, _fashion_mnist_m_stats(cfg.path, cfg.canvas, tuple(cfg.nuisances), cfg.dataset_seed)
-
-
-def _load_digits(train: bool):
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    d = load_digits()
-    images = np.round(d.images * (255.0 / 16.0)).astype(np.uint8)  # 0..16 -> 0..255
-    idx = np.arange(len(images))
-    tr, te = train_test_split(idx, test_size=0.2, random_state=0, stratify=d.target)
-    sel = np.sort(tr if train else te)
-    return torch.from_numpy(images[sel]).unsqueeze(1), torch.from_numpy(d.target[sel].astype(np.int64))
 
 
 def _cifar_fields(entry, f: Path, name: str):
@@ -321,7 +310,7 @@ def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | No
 def _memory_split(cfg: DataConfig, train: bool, img_size: int):
     """(uint8 images, labels, DataInfo) of a data set held in memory."""
     if cfg.name == "digits":
-        images, labels = _load_digits(train)
+        images, labels = load_digits_split(train)
         stats = ((0.3056,), (0.3777,))
     elif cfg.name == "fashion-mnist":
         images, labels = _load_fashion_mnist(cfg.path, train)

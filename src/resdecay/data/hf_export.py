@@ -8,7 +8,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from .datasets import _load_digits, _load_fashion_mnist
+from .datasets import _load_fashion_mnist
+from .digits import load_digits_split
 from .hf_datasets import require_datasets
 
 
@@ -26,7 +27,7 @@ def save_hf_dataset(name: str, out: str | Path, limit: int | None = None, path: 
     datasets = require_datasets()
     splits = {}
     for split in ("train", "test"):
-        images, labels = _load_digits(split == "train") if name == "digits" else _load_fashion_mnist(path, split == "train")
+        images, labels = load_digits_split(split == "train") if name == "digits" else _load_fashion_mnist(path, split == "train")
         images, labels = images[:limit], labels[:limit]
         encoded = []
         for img in images:
