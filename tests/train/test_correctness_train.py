@@ -7,16 +7,12 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
-import os
-import subprocess
-import sys
-import textwrap
 import time
 
 import pytest
 import torch
 
-from helpers import TINY, assert_one_line_error, free_port, run
+from helpers import TINY, assert_one_line_error, run
 from resdecay.io import NoSpaceLeft, is_disk_full
 from resdecay.models import FAMILIES
 from resdecay.train import checkpoint as ckpt
@@ -111,50 +107,7 @@ def test_tensorboard_keeps_the_resumed_from_step(tmp_path):
 
 
 # ----------------------------------------------------------------------------- 23.6
-DRIVER = textwrap.dedent('''
-    import dataclasses, json, os, pathlib, sys
-    from resdecay.cli import main
-    from resdecay.models import FAMILIES
-
-    rank, record = int(os.environ["RANK"]), pathlib.Path(sys.argv[1])
-    mae = FAMILIES["mae"]
-
-    def recording(model, images, labels):  # every local loss this rank computes
-        loss = mae.objective(model, images, labels)
-        with open(record / f"loss{rank}.jsonl", "a") as f:
-            f.write(json.dumps(float(loss)) + "\\n")
-        return loss
-
-    FAMILIES["mae"] = dataclasses.replace(mae, objective=recording)
-    if rank:  # note every write of summary.json by another rank than 0
-        real_write, real_replace = pathlib.Path.write_text, os.replace
-        def note(target):
-            if "summary.json" in str(target):
-                with open(record / "other_rank_writes", "a") as f:
-                    f.write(str(target) + "\\n")
-        pathlib.Path.write_text = lambda self, *a, **k: (note(self), real_write(self, *a, **k))[1]
-        os.replace = lambda src, dst, *a, **k: (note(dst), real_replace(src, dst, *a, **k))[1]
-    sys.exit(main(sys.argv[2:]))
-''')
-
-
-@pytest.mark.slow
-def test_torchrun_logs_the_global_mean_and_rank_0_alone_reports(tmp_path):
-    """Issue 23.6: the logged loss was rank 0's own, every rank printed "done" and wrote summary.json."""
-    (tmp_path / "driver.py").write_text(DRIVER)
-    out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(tmp_path / "driver.py"), str(tmp_path), *pretrain(out, "train.batch_size=32", "train.log_every=1")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("done:") == 1, proc.stdout
-    assert not (tmp_path / "other_rank_writes").exists(), (tmp_path / "other_rank_writes").read_text()
-    local = [[json.loads(x) for x in (tmp_path / f"loss{r}.jsonl").read_text().split()] for r in (0, 1)]
-    rows = read_log(out)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4] and len(local[0]) == len(local[1]) == 4
-    assert local[0] != local[1]  # the ranks see different images and masks
-    assert [r["loss"] for r in rows] == pytest.approx([(a + b) / 2 for a, b in zip(*local, strict=True)], rel=1e-6)
-    assert strict_json(out / "summary.json")["final_loss"] == rows[-1]["loss"]
+# The torchrun checks (logged loss the global mean, rank 0 alone reports) are in test_torchrun.py.
 
 
 # ----------------------------------------------------------------------------- 23.13
