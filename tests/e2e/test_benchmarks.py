@@ -49,7 +49,8 @@ def run_script_here(script: str, *args: str, capfd, monkeypatch) -> tuple[int | 
 def run_benchmark(script: str, *args: str, tmp_path: Path, capfd=None, monkeypatch=None) -> tuple[str, dict]:
     """The script's smoke run with ``--json``: (its stdout, the JSON). Given ``capfd`` and ``monkeypatch``, it runs in
     this process (``run_script_here``): a script that times what happens inside one process needs no interpreter of its
-    own starting torch again (~5 s of a 2-core machine each); the ones timing processes run as a process."""
+    own starting torch again (~5 s of a 2-core machine each). A script that times processes it starts (startup.py,
+train_end_to_end.py) runs here too: its children are what it times."""
     out = tmp_path / "result.json"
     if capfd is not None:
         code, stdout, stderr = run_script_here(script, *args, "--json", str(out), capfd=capfd, monkeypatch=monkeypatch)
@@ -69,10 +70,10 @@ def test_batch_sweep_lists_every_batch_and_marks_the_fastest(tmp_path, capfd, mo
     assert stdout.count("<- fastest") == 1
 
 
-def test_end_to_end_trains_from_jpegs_with_each_decoder(tmp_path):
+def test_end_to_end_trains_from_jpegs_with_each_decoder(tmp_path, capfd, monkeypatch):
     stdout, result = run_benchmark("train_end_to_end.py", "--images", "16", "--batch-size", "4", "--epochs", "2",
                                    "--log-every", "1", "--rounds", "1", "--decoders", "pil,tensor", "--model-only",
-                                   tmp_path=tmp_path)
+                                   tmp_path=tmp_path, capfd=capfd, monkeypatch=monkeypatch)
     rows = {r["decoder"]: r for r in result["rows"]}
     assert set(rows) == {"pil", "tensor"}
     assert all(len(r["windows"]) == 7 and r["img_per_s"] > 0 for r in rows.values())  # 8 logged steps, the first dropped
@@ -81,8 +82,9 @@ def test_end_to_end_trains_from_jpegs_with_each_decoder(tmp_path):
     assert result["model_only_img_per_s"] > 0 and "model only" in stdout
 
 
-def test_startup_times_every_row_against_torch_alone(tmp_path):
-    stdout, result = run_benchmark("startup.py", "--repeats", "1", "--warmup", "0", tmp_path=tmp_path)
+def test_startup_times_every_row_against_torch_alone(tmp_path, capfd, monkeypatch):
+    stdout, result = run_benchmark("startup.py", "--repeats", "1", "--warmup", "0", tmp_path=tmp_path, capfd=capfd,
+                                   monkeypatch=monkeypatch)
     rows = {r["command"]: r for r in result["rows"]}
     assert set(rows) == {"torch alone", "resdecay CLI (--version)", "eager imports (--version)", "pretrain --print-config"}
     assert rows["torch alone"]["over_torch_s"] == 0 and all(r["median_s"] > 0 and len(r["runs_s"]) == 1 for r in rows.values())
