@@ -7,7 +7,14 @@ import functools
 import os
 import pickle
 import shutil
+import sys
 from pathlib import Path
+
+# Bytecode caches on, even where PYTHONDONTWRITEBYTECODE turns them off (set before the imports below): the suite
+# starts ~100 interpreters (torchrun ranks, CLI and benchmark runs), and without a cache each compiles every resdecay
+# module it imports again (~0.5 s of a 2-core machine each); site-packages were compiled when they were installed.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 import numpy as np
 import pytest
