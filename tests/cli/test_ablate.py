@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from helpers import DIGITS_IMAGE, TINY, assert_one_line_error, run, tiny_config
-from resdecay.commands.ablate import list_grids, load_grid, shared_init
+from resdecay.commands.ablate import list_grids, load_grid, plan_grid, shared_init
 from resdecay.models import MaskedAutoencoder, build_model
 from resdecay.nn.residual import shortcut_factors
 from resdecay.train.config import load_config
@@ -146,6 +146,20 @@ def test_grid_bad_input(tmp_path, capsys):
     bad.write_text(yaml.safe_dump({"name": "b", "preset": "mae-tiny-digits", "variants": [{"name": "x", "overrides": ["shortcut=magic"]}]}))
     code, _, err = run(capsys, "ablate", "--grid", str(bad))
     assert_one_line_error(code, err, "model.shortcut 'magic' is unknown", "scaled_sum")
+
+
+def test_eval_overrides_set_the_grids_evaluation_and_not_the_training(tmp_path, capsys):
+    """table2-in100 extracts features with 10 loader workers: `eval.num_workers=2` (any eval. key) changes the grid's
+    evaluation for this run, recorded as its protocol; the training overrides still reach every variant."""
+    plan = plan_grid("table2-in100", str(tmp_path / "g"), extra=["eval.num_workers=2", "eval.batch-size=64",
+                                                                  "train.epochs=3"])
+    assert (plan.settings.num_workers, plan.settings.batch_size) == (2, 64) and plan.grid["eval"]["num_workers"] == 2
+    assert plan.settings.evals == ("knn", "probe", "rank")  # the grid's own settings stay
+    assert all(cfg.train.epochs == 3 and cfg.data.num_workers == 10 for cfg in plan.cfgs.values())
+    assert load_grid("table2-in100")["eval"]["num_workers"] == 10  # the shipped grid is not changed
+    for arg, needle in (("eval.workers=2", "'eval.workers' is not an evaluation setting"), ("eval.num_workers", "valid eval.")):
+        code, _, err = run(capsys, "ablate", "--grid", "table2-in100", arg, "--out", str(tmp_path / "bad"))
+        assert_one_line_error(code, err, needle, "num_workers")
 
 
 # figure7-toy (the smallest shipped grid: ResNets, kNN + rank) shrunk to seconds: digits, width 8, one epoch

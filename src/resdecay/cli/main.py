@@ -101,7 +101,9 @@ def add_ablate_command(sub) -> None:
     ab.add_argument("--seeds", default=None, metavar="0,1,2",
                     help="run the grid once per seed into <out>/seed<N> (as --out <out>/seed<N> train.seed=<N>), "
                          "then write mean ± std over the seeds to <out>")
-    ab.add_argument("overrides", nargs="*", metavar="key=value", help="added to every variant, e.g. data.path=/data/in100")
+    ab.add_argument("overrides", nargs="*", metavar="key=value",
+                    help="added to every variant, e.g. data.path=/data/in100; eval.KEY=VALUE sets the grid's evaluation, "
+                         "e.g. eval.num_workers=2")
     ab.set_defaults(func=lambda a: run_ablate(a.grid, a.out, only=a.only, seeds=a.seeds, extra=a.overrides,
                                               progress=not a.no_progress, list_only=a.list))
 

@@ -143,17 +143,36 @@ class GridPlan:
     settings: EvalSettings
 
 
+def split_eval_overrides(extra: list[str]) -> tuple[dict, list[str]]:
+    """The ``eval.<setting>=<value>`` pairs of ``extra`` (the grid's evaluation settings, e.g. ``eval.num_workers=2``
+    on a machine with fewer cores than the grid was written for) as a dict, and the training overrides left."""
+    valid = sorted(f.name for f in fields(EvalSettings) if f.name != "progress")
+    evals, rest = {}, []
+    for pair in extra:
+        key, sep, raw = pair.partition("=")
+        if not key.startswith("eval."):
+            rest.append(pair)
+            continue
+        name = key.removeprefix("eval.").replace("-", "_")
+        if not sep or name not in valid:
+            raise UserError(f"{key!r} is not an evaluation setting of the grid; valid eval. keys: {', '.join(valid)}")
+        evals[name] = yaml_io.load(raw) if raw.strip() else None
+    return evals, rest
+
+
 def plan_grid(grid: str, out: str | None = None, only: list[str] | None = None, extra: list[str] | None = None,
               progress: bool = True) -> GridPlan:
     """Load a grid and resolve every variant's config first: a typo fails before hours of training, not after."""
     g = load_grid(grid)
+    evals, extra = split_eval_overrides(extra or [])
+    g["eval"] = {**g.get("eval", {}), **evals}  # recorded as the protocol of ablate.json, as if the grid said so
     names = [v["name"] for v in g["variants"]]
     if only:
         unknown = [n for n in only if n not in names]
         if unknown:
             raise UserError(f"variant {unknown[0]!r} is not in grid {g['name']}; variants: {', '.join(names)}")
     out_dir = Path(out or f"runs/ablate/{g['name']}")
-    cfgs = {v["name"]: load_config(v.get("preset", g["preset"]), [*g.get("overrides", []), *v.get("overrides", []), *(extra or []),
+    cfgs = {v["name"]: load_config(v.get("preset", g["preset"]), [*g.get("overrides", []), *v.get("overrides", []), *extra,
                                                                    f"train.out_dir={out_dir / slug(v['name'])}"])
             for v in g["variants"]}
     # raw pixels are measured once per data set and protocol, not once per variant (cache shared with `eval --baseline pixels`)
