@@ -13,6 +13,11 @@ What is measured
                       resdecay did before; ``import timm`` alone loads all of timm's models and data code).
     print-config      ``resdecay pretrain --preset mae-tiny-digits --print-config``: a real command that
                       reads a preset and exits.
+    digits, resdecay  ``import resdecay.data`` (torch with it, as in any run), then the digits train split as
+                      every digits run loads it (``data/digits.py``: scikit-learn's CSV file read directly,
+                      the stored split).
+    digits, sklearn   the same import, then the reference: ``load_digits()`` and ``train_test_split(...,
+                      stratify=...)``, the calls resdecay made before (scikit-learn and SciPy load).
 
 How to read the numbers
     median / min / max seconds over the repeats; "over torch" is the median minus the torch-alone median,
@@ -41,6 +46,11 @@ ROWS = {
     "eager imports (--version)": ["-c", "import matplotlib.pyplot, torchvision, timm, sys; from resdecay.cli import main; "
                                         "sys.exit(main(['--version']))"],
     "pretrain --print-config": ["-m", "resdecay", "pretrain", "--preset", "mae-tiny-digits", "--print-config"],
+    "digits, resdecay": ["-c", "import resdecay.data; from resdecay.data.digits import load_digits_split; "
+                               "load_digits_split(True)"],
+    "digits, sklearn": ["-c", "import resdecay.data, numpy as np; from sklearn.datasets import load_digits; "
+                              "from sklearn.model_selection import train_test_split; d = load_digits(); "
+                              "train_test_split(np.arange(len(d.target)), test_size=0.2, random_state=0, stratify=d.target)"],
 }
 
 

@@ -86,7 +86,8 @@ def test_startup_times_every_row_against_torch_alone(tmp_path, capfd, monkeypatc
     stdout, result = run_benchmark("startup.py", "--repeats", "1", "--warmup", "0", tmp_path=tmp_path, capfd=capfd,
                                    monkeypatch=monkeypatch)
     rows = {r["command"]: r for r in result["rows"]}
-    assert set(rows) == {"torch alone", "resdecay CLI (--version)", "eager imports (--version)", "pretrain --print-config"}
+    assert set(rows) == {"torch alone", "resdecay CLI (--version)", "eager imports (--version)", "pretrain --print-config",
+                         "digits, resdecay", "digits, sklearn"}
     assert rows["torch alone"]["over_torch_s"] == 0 and all(r["median_s"] > 0 and len(r["runs_s"]) == 1 for r in rows.values())
     assert "over torch" in stdout and "resdecay CLI (--version)" in stdout
 
