@@ -157,9 +157,16 @@ def test_eval_overrides_set_the_grids_evaluation_and_not_the_training(tmp_path, 
     assert plan.settings.evals == ("knn", "probe", "rank")  # the grid's own settings stay
     assert all(cfg.train.epochs == 3 and cfg.data.num_workers == 10 for cfg in plan.cfgs.values())
     assert load_grid("table2-in100")["eval"]["num_workers"] == 10  # the shipped grid is not changed
-    for arg, needle in (("eval.workers=2", "'eval.workers' is not an evaluation setting"), ("eval.num_workers", "valid eval.")):
+    bad = (("eval.workers=2", "eval.workers is not a setting", "num_workers"),
+           ("eval.num_workers", "is not eval.KEY=VALUE", "eval.num_workers=2"),
+           ("eval.num_workers=two", "eval.num_workers must be an integer", "'two'"),
+           ("eval.num_workers=-1", "must be 0", "or more"), ("eval.batch_size=0", "must be a positive integer", "0"),
+           ("eval.evals=[knn,bogus]", "unknown evaluation 'bogus'", "probe"), ("eval.data=digits", "eval.data", "valid"))
+    for arg, *needles in bad:  # each refused before anything trains or any folder is made
         code, _, err = run(capsys, "ablate", "--grid", "table2-in100", arg, "--out", str(tmp_path / "bad"))
-        assert_one_line_error(code, err, needle, "num_workers")
+        assert_one_line_error(code, err, *needles)
+        assert not (tmp_path / "bad").exists()
+    assert plan_grid("table2-in100", str(tmp_path / "g"), extra=["eval.evals=knn,rank"]).settings.evals == ("knn", "rank")
 
 
 # figure7-toy (the smallest shipped grid: ResNets, kNN + rank) shrunk to seconds: digits, width 8, one epoch

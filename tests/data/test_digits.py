@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import assert_one_line_error, run
 from resdecay.data import digits
 from resdecay.errors import DataError
 
@@ -25,7 +26,7 @@ def test_the_split_is_scikit_learns(train):
     assert len(sel) == (1437 if train else 360)
 
 
-def test_a_missing_or_damaged_file_is_one_line(tmp_path, monkeypatch):
+def test_a_missing_or_damaged_file_is_one_line(tmp_path, monkeypatch, capsys):
     import gzip
 
     bad = tmp_path / "digits.csv.gz"
@@ -37,6 +38,14 @@ def test_a_missing_or_damaged_file_is_one_line(tmp_path, monkeypatch):
     try:
         with pytest.raises(DataError, match="not the 1,797 rows"):
             digits.load_digits_split(True)
+        for content, needle in ((b"not gzip at all", "cannot read"), (gzip.compress(b"1,2,x\n"), "cannot read")):
+            bad.write_bytes(content)
+            digits._read.cache_clear()
+            with pytest.raises(DataError, match=f"{needle}.*force-reinstall scikit-learn"):
+                digits.load_digits_split(False)
+        digits._read.cache_clear()  # as the command line shows it: one line, exit 2
+        assert_one_line_error(*run(capsys, "check-data", "--data", "digits", "--no-progress")[::2], "cannot read",
+                              "force-reinstall scikit-learn")
     finally:
         digits._read.cache_clear()
     monkeypatch.setattr(digits.importlib.util, "find_spec", lambda name: None)

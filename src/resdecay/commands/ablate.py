@@ -42,12 +42,15 @@ from ..models import build_model
 from ..nn.shortcut_info import describe_model
 from ..train import distributed as dist_env
 from ..train import train
-from ..train.config import RunConfig, load_config
+from ..train.config import RunConfig, checked_values, load_config, parse_value
 from ..train.distributed import is_main_process
 from ..train.log.tracking import tracker_group
 from ..viz.online_figures import online_hooks
 from ..viz.plots import plot_bars, plot_rank_vs_depth
 
+# the evaluation settings a grid's ``eval:`` section and ``eval.KEY=VALUE`` set (the data and the progress bars are the run's)
+GRID_EVAL_KEYS = ["evals", "layer", "feature", "max_train", "max_test", "batch_size", "num_workers", "device", "cache_dir",
+                  "baselines", "pixel_cache", "trackers", "metric_options"]
 GRID_KEYS = ("name", "description", "preset", "overrides", "baseline", "eval", "paper", "variants")
 VARIANT_KEYS = ("name", "preset", "overrides", "paper")
 
@@ -145,19 +148,17 @@ class GridPlan:
 
 def split_eval_overrides(extra: list[str]) -> tuple[dict, list[str]]:
     """The ``eval.<setting>=<value>`` pairs of ``extra`` (the grid's evaluation settings, e.g. ``eval.num_workers=2``
-    on a machine with fewer cores than the grid was written for) as a dict, and the training overrides left."""
-    valid = sorted(f.name for f in fields(EvalSettings) if f.name != "progress")
+    on a machine with fewer cores than the grid was written for), typed, and the training overrides left."""
     evals, rest = {}, []
     for pair in extra:
         key, sep, raw = pair.partition("=")
         if not key.startswith("eval."):
             rest.append(pair)
             continue
-        name = key.removeprefix("eval.").replace("-", "_")
-        if not sep or name not in valid:
-            raise UserError(f"{key!r} is not an evaluation setting of the grid; valid eval. keys: {', '.join(valid)}")
-        evals[name] = yaml_io.load(raw) if raw.strip() else None
-    return evals, rest
+        if not sep:
+            raise UserError(f"{pair!r} is not eval.KEY=VALUE (for example eval.num_workers=2)")
+        evals[key.removeprefix("eval.").replace("-", "_")] = parse_value(raw)
+    return checked_values(EvalSettings, evals, "eval", GRID_EVAL_KEYS), rest
 
 
 def plan_grid(grid: str, out: str | None = None, only: list[str] | None = None, extra: list[str] | None = None,
@@ -177,6 +178,7 @@ def plan_grid(grid: str, out: str | None = None, only: list[str] | None = None, 
             for v in g["variants"]}
     # raw pixels are measured once per data set and protocol, not once per variant (cache shared with `eval --baseline pixels`)
     settings = EvalSettings.from_dict({"pixel_cache": str(default_baseline_cache()), **g.get("eval", {}), "progress": progress})
+    settings.validate()  # an unknown metric or a bad value: refused now, not after the first variant trained
     return GridPlan(g, cfgs, out_dir, only, settings)
 
 

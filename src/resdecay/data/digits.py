@@ -49,10 +49,15 @@ def held_out_rows() -> np.ndarray:
 
 @lru_cache(maxsize=1)
 def _read() -> tuple[np.ndarray, np.ndarray]:
-    with gzip.open(digits_csv(), "rt") as f:
-        data = np.loadtxt(f, delimiter=",")
+    path = digits_csv()
+    try:
+        with gzip.open(path, "rt") as f:
+            data = np.loadtxt(f, delimiter=",", ndmin=2)
+    except (OSError, EOFError, ValueError) as e:  # not gzip, truncated, or not numbers
+        raise DataError(f"cannot read {path} ({e}); reinstall scikit-learn (pip install --force-reinstall scikit-learn)") from None
     if data.shape != (N_IMAGES, 65):
-        raise DataError(f"{digits_csv()} holds {data.shape} values, not the 1,797 rows of 64 pixels and a label")
+        raise DataError(f"{path} holds {data.shape} values, not the 1,797 rows of 64 pixels and a label; reinstall "
+                        "scikit-learn (pip install --force-reinstall scikit-learn)")
     images = np.round(data[:, :-1].reshape(-1, 8, 8) * (255.0 / 16.0)).astype(np.uint8)  # 0..16 -> 0..255
     return images, data[:, -1].astype(np.int64)
 

@@ -99,6 +99,8 @@ class EvalSettings:
                 options.setdefault(name, {})[option] = d.pop(key)
         given = d.pop("metric_options", {}) or {}
         merged = {n: {**options.get(n, {}), **given.get(n, {})} for n in [*options, *given]}
+        if isinstance(d.get("evals"), str):  # eval.evals=knn,probe on ablate's command line
+            d["evals"] = tuple(e.strip() for e in d["evals"].split(","))
         if isinstance(d.get("evals"), list):
             d["evals"] = tuple(d["evals"])
         return cls(**d, metric_options=merged)
@@ -113,9 +115,11 @@ class EvalSettings:
             raise UserError(f"{one_block[0]} measures one block: pass --layer N (or -1 for the last), not --layer all")
         if self.feature not in POOLINGS:
             raise UserError(f"--feature {self.feature!r} is unknown; choose one of {', '.join(POOLINGS)}")
-        for flag, value in (("--max-train", self.max_train), ("--max-test", self.max_test)):
+        for flag, value in (("--max-train", self.max_train), ("--max-test", self.max_test), ("--batch-size", self.batch_size)):
             if value is not None and value < 1:
                 raise UserError(f"{flag} must be a positive integer, got {value}")
+        if self.num_workers < 0:
+            raise UserError(f"--num-workers must be 0 (load in this process) or more, got {self.num_workers}")
         self.options()  # an unknown metric or key, a value of the wrong type or range: refused before extracting
 
     def options(self) -> dict[str, dict[str, Any]]:

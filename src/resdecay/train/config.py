@@ -217,13 +217,28 @@ def _check_type(value: Any, hint: Any, key: str) -> Any:
     return value  # dict / Any
 
 
-def _build_section(cls: type, values: dict, section: str):
+def checked_values(cls: type, values: dict, section: str, names: list[str] | None = None) -> dict:
+    """``values`` (setting -> value) for the dataclass ``cls``, each coerced to its field's type, or one line naming
+    the key and the fix; ``names``: the settings that may be given (default: every field)."""
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = names or [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in values if k not in names]
     if unknown:
         raise ConfigError(f"{section}.{unknown[0]} is not a setting; valid {section} keys: {', '.join(names)}")
-    return cls(**{k: _check_type(v, hints[k], f"{section}.{k}") for k, v in values.items()})
+    return {k: _check_type(v, hints[k], f"{section}.{k}") for k, v in values.items()}
+
+
+def _build_section(cls: type, values: dict, section: str):
+    return cls(**checked_values(cls, values, section))
+
+
+def parse_value(raw: str) -> Any:
+    """The value of a command line's ``key=value`` as YAML reads it (1e-3, .5, 5. are floats; [a, b] a list), or the
+    text itself where it is no YAML; empty: None."""
+    try:
+        return yaml_io.load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        return raw
 
 
 def parse_overrides(pairs: list[str], family: str) -> dict[str, dict]:
@@ -249,11 +264,7 @@ def parse_overrides(pairs: list[str], family: str) -> dict[str, dict]:
             if len(owners) > 1:
                 raise ConfigError(f"{key!r} is ambiguous; write one of {', '.join(f'{s}.{key}' for s in owners)}")
             section, name = owners[0], key
-        try:
-            value = yaml_io.load(raw) if raw.strip() else None  # 1e-3, .5, 5. are floats
-        except yaml.YAMLError:
-            value = raw
-        out.setdefault(section, {})[name] = value
+        out.setdefault(section, {})[name] = parse_value(raw)
     return out
 
 
