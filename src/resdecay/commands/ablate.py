@@ -158,6 +158,8 @@ def split_eval_overrides(extra: list[str]) -> tuple[dict, list[str]]:
         if not sep:
             raise UserError(f"{pair!r} is not eval.KEY=VALUE (for example eval.num_workers=2)")
         evals[key.removeprefix("eval.").replace("-", "_")] = parse_value(raw)
+    if isinstance(evals.get("evals"), str):  # eval.evals=knn,rank: a list, as a grid file writes it
+        evals["evals"] = [e.strip() for e in evals["evals"].split(",")]
     return checked_values(EvalSettings, evals, "eval", GRID_EVAL_KEYS), rest
 
 

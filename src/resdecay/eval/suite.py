@@ -99,8 +99,6 @@ class EvalSettings:
                 options.setdefault(name, {})[option] = d.pop(key)
         given = d.pop("metric_options", {}) or {}
         merged = {n: {**options.get(n, {}), **given.get(n, {})} for n in [*options, *given]}
-        if isinstance(d.get("evals"), str):  # eval.evals=knn,probe on ablate's command line
-            d["evals"] = tuple(e.strip() for e in d["evals"].split(","))
         if isinstance(d.get("evals"), list):
             d["evals"] = tuple(d["evals"])
         return cls(**d, metric_options=merged)
