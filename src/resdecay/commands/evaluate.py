@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,13 +19,13 @@ from ..errors import UserError
 from ..eval.compare import compare_reports, format_comparison, load_report
 from ..eval.diffusion.probe import FAST_RECIPE, NOISE_LEVELS, check_levels, probe_grid
 from ..eval.features.baselines import default_baseline_cache
-from ..eval.foreign import ForeignEncoder, ForeignRun
 from ..eval.inputs import check_data_path, check_writable, removed_if_refused, write_failure
 from ..eval.metrics import FEATURES, flag_options, metric_names
 from ..eval.options import parse_assignments
 from ..eval.reports import format_report, protocol_text, values_text
-from ..eval.suite import EvalSettings, checked_checkpoint, evaluate, evaluate_checkpoint, evaluate_pixels, open_foreign
-from ..interop.foreign_model import ForeignModel, load_foreign
+from ..eval.suite import EvalSettings, evaluate_pixels
+from ..eval.targets import DEFAULT_OUT, CheckpointTarget, ForeignTarget, Target, as_target
+from ..interop.foreign_model import load_foreign
 from ..io import run_dir_of
 from ..models import is_diffusion
 from ..train import distributed as dist_env
@@ -38,40 +37,21 @@ from ..viz.plots import plot_bars, plot_grid, plot_profile
 from .options import data_config, noise_levels
 
 
-def _report_dir(target, out: str | None) -> Path:
-    if isinstance(target, ForeignModel):  # a model trained elsewhere: no run folder of its own
-        return Path(out or "runs/eval") / re.sub(r"[^A-Za-z0-9_.-]+", "-", target.source.strip("/")).strip("-")
-    return Path(out) / run_dir_of(Path(target)).name if out else run_dir_of(Path(target)) / "eval"
-
-
-def _evaluate_target(target, settings: EvalSettings, folder: Path) -> dict | None:
-    """A checkpoint's evaluation, or a foreign model's behind the model contract (``eval/foreign.py``)."""
-    if not isinstance(target, ForeignModel):
-        return evaluate_checkpoint(target, settings, folder)
-    if settings.data is None:
-        raise UserError(f"--model {target.source}: name the data set to measure it on with --data NAME (and --data-path DIR)")
-    encoder = ForeignEncoder(target.model, target.source, target.weights, target.inputs.get("img_size"),
-                             target.inputs.get("in_chans"), target.conditioning)
-    return evaluate(open_foreign(encoder, ForeignRun(encoder.cfg, settings.data, build=target.fresh), settings, folder),
-                    settings)
-
-
-def check_eval_inputs(reports: dict[str, Path], settings: EvalSettings, out: str | None = None) -> None:
-    """Every checkpoint, option and output folder, checked before the first feature is extracted:
+def check_eval_inputs(reports: dict[Target, Path], settings: EvalSettings, out: str | None = None) -> None:
+    """Every target, option and output folder, checked before the first feature is extracted:
     a bad second checkpoint, a U-ViT among MAEs or a read-only run folder must not cost the first
     checkpoint's evaluation.
 
     Args:
-        reports: each checkpoint's report folder; settings: the evaluation settings; out: ``--out`` or None.
+        reports: each target's report folder; settings: the evaluation settings; out: ``--out`` or None.
     """
-    for ckpt in reports:
-        if not isinstance(ckpt, ForeignModel):
-            checked_checkpoint(ckpt, settings)
+    for target in reports:
+        target.check(settings)
     fix = "pass --out DIR (a folder you can write)" if out is None else "pass --out with a folder you can write"
     for folder in reports.values():
         check_writable(folder, fix)
     if settings.layer == "all" and len(reports) > 1:
-        check_writable(Path(out or "runs/eval"), fix)
+        check_writable(Path(out or DEFAULT_OUT), fix)
 
 
 def _write_report(folder: Path, name: str, report: dict, layer) -> None:
@@ -102,23 +82,22 @@ def _protocol_note(settings: EvalSettings) -> str:
     return "; ".join([f"feature {settings.feature}", *(f"{m.display.label}: {m.display.describe(m.protocol(ms))}" for m in settings.metrics())])
 
 
-def run_eval(checkpoints: list[str], settings: EvalSettings, out: str | None = None) -> dict:
-    """``_evaluate_all``; a refused evaluation removes the report and cache folders it created and left empty."""
-    reports = {c: _report_dir(c, out) for c in checkpoints}
-    folders = [*reports.values()] + [Path(out or "runs/eval")] * (settings.layer == "all")
-    folders += [Path(settings.cache_dir) if settings.cache_dir else
-                reports[c] / "cache" if isinstance(c, ForeignModel) else run_dir_of(Path(c)) / "eval" / "cache"
-                for c in checkpoints]
+def run_eval(targets: list[Target | str | Path], settings: EvalSettings, out: str | None = None) -> dict:
+    """``_evaluate_all`` of checkpoint files and ``eval.targets`` (a model trained elsewhere: ``ForeignTarget``);
+    a refused evaluation removes the report and cache folders it created and left empty."""
+    reports = {t: t.report_dir(out) for t in map(as_target, targets)}
+    folders = [*reports.values()] + [Path(out or DEFAULT_OUT)] * (settings.layer == "all")
+    folders += [Path(settings.cache_dir) if settings.cache_dir else t.cache_dir(folder) for t, folder in reports.items()]
     with removed_if_refused(folders):
         return _evaluate_all(reports, settings, out)
 
 
-def _evaluate_all(reports: dict[str, Path], settings: EvalSettings, out: str | None = None) -> dict:
-    """Evaluate each checkpoint, write ``eval.json`` (or ``profile.json`` + PNG with ``layer="all"``)
+def _evaluate_all(reports: dict[Target, Path], settings: EvalSettings, out: str | None = None) -> dict:
+    """Evaluate each target, write ``eval.json`` (or ``profile.json`` + PNG with ``layer="all"``)
     and, for several profiles, an overlay. Under torchrun every rank extracts, rank 0 reports.
 
     Args:
-        reports: encoder checkpoints and their report folders; settings: the evaluation settings;
+        reports: the targets (encoder checkpoints, models trained elsewhere) and their report folders; settings: the evaluation settings;
         out: the report folder (default ``<run>/eval``; one sub-folder per run).
     """
     layer = settings.layer
@@ -129,8 +108,8 @@ def _evaluate_all(reports: dict[str, Path], settings: EvalSettings, out: str | N
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     env = dist_env.setup("cpu" if settings.device == "cpu" else "auto") if distributed else None
     profiles, done, diagnosed = {}, {}, {}
-    for ckpt, folder in reports.items():
-        report = _evaluate_target(ckpt, settings, folder)
+    for target, folder in reports.items():
+        report = target.evaluate(settings, folder)
         if report is None:  # a non-zero torchrun rank: it only helped extract features
             continue
         name = "profile" if layer == "all" else "eval"
@@ -147,11 +126,11 @@ def _evaluate_all(reports: dict[str, Path], settings: EvalSettings, out: str | N
         hits = report["cache"]
         print(f"wrote {folder / (name + '.json')} (feature cache: train {'hit' if hits['train_hit'] else 'new'}, "
               f"test {'hit' if hits['test_hit'] else 'new'}, in {hits['dir']}{'' if hits['written'] else ', not written'})\n")
-        done[str(getattr(ckpt, "source", ckpt))] = report
+        done[target.name] = report
     if len(diagnosed) > 1:
-        print(f"diagnostics overlay: {plot_diagnostics(diagnosed, Path(out or 'runs/eval') / 'diagnostics_overlay.png')}")
+        print(f"diagnostics overlay: {plot_diagnostics(diagnosed, Path(out or DEFAULT_OUT) / 'diagnostics_overlay.png')}")
     if len(profiles) > 1:
-        path = plot_profile(profiles, Path(out or "runs/eval") / "profile_overlay.png", note=_protocol_note(settings))
+        path = plot_profile(profiles, Path(out or DEFAULT_OUT) / "profile_overlay.png", note=_protocol_note(settings))
         print(f"overlay: {path}")
     if env is not None and dist.is_initialized():
         dist_env.cleanup(env)
@@ -331,9 +310,9 @@ def eval_command(args) -> None:
                             "(pixels are measured beside every checkpoint anyway)")
         run_pixel_baseline(data, settings, args.img_size, args.out)
         return
-    targets = list(args.checkpoints)
+    targets: list[Target] = [CheckpointTarget(Path(c)) for c in args.checkpoints]
     if args.model:  # a model trained elsewhere: built, its weights loaded, measured like a checkpoint
-        targets.append(load_foreign(args.model, args.weights, model_args(args.model_arg)))
+        targets.append(ForeignTarget(load_foreign(args.model, args.weights, model_args(args.model_arg))))
     elif args.weights or args.model_arg:
         raise UserError("--weights and --model-arg describe a --model SPEC (e.g. --model timm:vit_small_patch16_224); add it")
     if not targets:

@@ -44,6 +44,7 @@ class Evaluation:
         shared: what two sources share within one evaluation (the features ``layers`` reuses).
         cache_dir: the feature cache's folder when ``--cache-dir`` names none (``<run>/eval/cache``; a
             foreign model's ``<report>/cache``).
+        about: what was evaluated, the report's first keys (``suite.described``; empty without a model).
     """
 
     checkpoint: Path | None
@@ -60,6 +61,7 @@ class Evaluation:
     shared: dict = field(default_factory=dict)
     side: int | None = None
     cache_dir: Path | None = None
+    about: dict = field(default_factory=dict)
 
     @property
     def img_size(self) -> int:

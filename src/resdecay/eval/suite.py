@@ -11,8 +11,6 @@ the ``blocks`` source adding the token norms and the shortcut-to-branch ratios |
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,6 @@ from ..train.config import from_dict
 from ..train.distributed import resolve_device
 from ..train.log.tracking import log_to_run
 from .features.extract import POOLINGS
-from .foreign import ForeignRun
 from .inputs import check_data_path, check_encoder_family
 from .metrics import FEATURES, Metric, cached_rows, measure_prepared, registered, row_columns
 from .options import checked
@@ -180,7 +177,8 @@ def checked_checkpoint(checkpoint: str | Path, s: EvalSettings) -> tuple[dict, o
     return state, cfg, replace(cfg.data, augment="none", train_subset=None, path=s.data_path or cfg.data.path)
 
 
-def _layers(model, layer: int | str) -> list[int]:
+def measured_layers(model, layer: int | str) -> list[int]:
+    """The blocks ``--layer`` names (every block for ``all``), checked against the model's depth."""
     depth = len(model.blocks)
     if layer == "all":
         return list(range(depth))
@@ -195,30 +193,26 @@ def open_evaluation(checkpoint: str | Path, s: EvalSettings, report_dir: str | P
     state, cfg, data = checked_checkpoint(checkpoint, s)
     device = resolve_device(s.device, "--device")
     model, cfg = load_model(checkpoint, device, state=state)
-    return Evaluation(checkpoint, file_sha256(checkpoint), state, cfg, model, data, s, _layers(model, s.layer), device,
-                      Path(report_dir) if report_dir else run_dir_of(checkpoint) / "eval",
-                      cache_dir=run_dir_of(checkpoint) / "eval" / "cache")
+    ev = Evaluation(checkpoint, file_sha256(checkpoint), state, cfg, model, data, s, measured_layers(model, s.layer), device,
+                    Path(report_dir) if report_dir else run_dir_of(checkpoint) / "eval",
+                    cache_dir=run_dir_of(checkpoint) / "eval" / "cache")
+    return described(ev, _label(cfg))
+
+
+def described(ev: Evaluation, label: str) -> Evaluation:
+    """``ev`` with ``about`` set when it is opened: what was evaluated, the report's first keys (the file and its
+    SHA-256, the alphas in use, the step, preset, label and model config)."""
+    ev.about = {"checkpoint": str(ev.checkpoint), "checkpoint_sha256": ev.sha,
+                "alphas": {name: list(a) for name, a in alphas_of(ev.model)},  # in use (learned values if learnable)
+                "step": ev.state["train_state"]["step"], "preset": ev.cfg.preset, "label": label,
+                "model": dataclasses.asdict(ev.cfg.model)}
+    return ev
 
 
 def _inputs(inputs, source: Source) -> list:
     """A source's prepared inputs, made now; under torchrun on every rank when its extraction is shared."""
     rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
     return list(inputs) if rank0 or source.every_rank else []
-
-
-def open_foreign(model, run, s: EvalSettings, report_dir: str | Path) -> Evaluation:
-    """A model trained elsewhere (``foreign.ForeignEncoder`` with its ``ForeignRun``), checked and ready: what
-    every source reads. Its feature cache is keyed by the weights file's SHA-256 (or the spec, for random weights)."""
-    s.validate()
-    check_data_path(run.data.name, run.data.path)
-    if model.cfg.prefix_tokens == 0 and s.feature == "cls":
-        raise UserError(f"{run.model.source} has no cls token: pass --feature mean or patch_mean")
-    m = run.model
-    sha = file_sha256(Path(m.weights)) if m.weights else hashlib.sha256(json.dumps(run.to_dict()).encode()).hexdigest()
-    state = {"train_state": {"step": None}, "config": run.to_dict()}
-    device = resolve_device(s.device, "--device")
-    return Evaluation(Path(m.weights) if m.weights else None, sha, state, run, model.to(device).eval(), run.data, s,
-                      _layers(model, s.layer), device, Path(report_dir), cache_dir=Path(report_dir) / "cache")
 
 
 def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str | Path | None = None) -> dict | None:
@@ -230,7 +224,11 @@ def evaluate_checkpoint(checkpoint: str | Path, s: EvalSettings, report_dir: str
         report_dir: where the report goes (default ``<run>/eval``); lists of unreadable images
             replaced under the run's ``data.on_bad_file=skip`` are written there.
     """
-    return evaluate(open_evaluation(checkpoint, s, report_dir), s)
+    ev = open_evaluation(checkpoint, s, report_dir)
+    report = evaluate(ev, s)
+    if report is not None and s.trackers and not ev.profile and report["step"] is not None:
+        log_to_trackers(report, ev.state, ev.checkpoint)  # the run's own trackers: its numbers at the checkpoint's step
+    return report
 
 
 def evaluate(ev: Evaluation, s: EvalSettings) -> dict | None:
@@ -272,11 +270,8 @@ def evaluate_pixels(data: DataConfig, side: int, s: EvalSettings) -> tuple[list[
 
 def _report(ev: Evaluation, plan: list, measured: dict, settings: MetricSettings) -> dict:
     """The report: what was evaluated, its rows, the cache and bad-file notes, baselines and the profile."""
-    cfg, s = ev.cfg, ev.settings
-    report = {"resdecay_eval": 1, "checkpoint": str(ev.checkpoint), "checkpoint_sha256": ev.sha,
-              "alphas": {name: list(a) for name, a in alphas_of(ev.model)},  # in use (learned values if learnable)
-              "step": ev.state["train_state"]["step"], "preset": cfg.preset, "label": _label(cfg),
-              "model": dataclasses.asdict(cfg.model), "plugins": loaded_plugins(),
+    s = ev.settings
+    report = {"resdecay_eval": 1, **ev.about, "plugins": loaded_plugins(),
               "results": sorted(measured["results"], key=lambda r: r["layer"]) if ev.profile else measured["results"],
               "cache": ev.notes.get("cache", NO_CACHE), **{k: v for k, v in ev.notes.items() if k != "cache"}}
     if measured["baselines"]:
@@ -285,8 +280,6 @@ def _report(ev: Evaluation, plan: list, measured: dict, settings: MetricSettings
         report["profile"] = list(measured["profile"].values())
         cards = {k: v for _, metrics in plan for m in metrics for k, v in m.protocol(settings).items()}
         report["profile_protocol"] = {**measured["cards"][0], "feature": s.feature, **cards}
-    elif s.trackers and report["step"] is not None:  # a training run's checkpoint, not a foreign model
-        log_to_trackers(report, ev.state, ev.checkpoint)
     return report
 
 
@@ -303,7 +296,5 @@ def log_to_trackers(report: dict, state: dict, checkpoint: Path) -> None:
 
 
 def _label(cfg) -> str:
-    if isinstance(cfg, ForeignRun):
-        return cfg.label
     skips = cfg.model.skips if isinstance(cfg.model, MAEConfig) else False  # only the MAE has long skips
     return f"{cfg.preset} ({describe_model(cfg.model, skips)})"

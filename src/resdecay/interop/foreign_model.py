@@ -9,8 +9,10 @@
                        diffusers one (its ``_class_name``); a decay or U-Net skips that resdecay recorded in
                        config.json are restored (``hf_unet.restore``)
 
-Nothing is downloaded: timm and torchvision build from their code with random weights, folders load
-with ``local_files_only``. Without ``--weights`` the weights are drawn with seed 0 (the random-init baseline's). ``model_args`` (``--model-arg KEY=VALUE``) go to the constructor, except
+Each is a registered ``ModelFormat`` (``register_model_format``: a spec no built-in takes, e.g. an
+``open_clip:NAME``, is one entry, refused on a name clash unless ``replace=True`` as every registry of the
+package); ``load_foreign`` hands the spec to the first format that takes it. Nothing is downloaded: timm
+and torchvision build from their code with random weights, folders load with ``local_files_only``. Without ``--weights`` the weights are drawn with seed 0 (the random-init baseline's). ``model_args`` (``--model-arg KEY=VALUE``) go to the constructor, except
 ``timestep`` and ``class_label``: the fixed conditioning a diffusion backbone is run with (default 500 and 0
 for a diffusers model). Each failure is one line naming the spec and the fix.
 """
@@ -25,7 +27,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from ..errors import CheckpointError, UserError
+from ..errors import CheckpointError, Registry, UserError, defined_at
 from ..nn.decayify import decayify
 from ..nn.spec import check_spec
 from .checkpoint_io import load_strict, read_weights_file, state_dict_of
@@ -74,8 +76,9 @@ def _decayed(build: Callable[[], nn.Module], spec: dict | None) -> Callable[[], 
     return fresh
 
 
-def _from_registry(lib: str, name: str, weights: str | None, kwargs: dict) -> tuple[nn.Module, Callable]:
+def _from_registry(spec: str, weights: str | None, kwargs: dict) -> tuple[nn.Module, Callable]:
     """timm / torchvision: build by name (random weights), then the file's weights, its decay first."""
+    lib, _, name = spec.partition(":")
     blob = read_weights_file(weights) if weights else None
     state = state_dict_of(blob, weights) if blob is not None else None
     head_key, head_arg = HEADS[lib]
@@ -107,8 +110,9 @@ def _from_registry(lib: str, name: str, weights: str | None, kwargs: dict) -> tu
     return model, fresh
 
 
-def _from_folder(folder: Path, kwargs: dict) -> tuple[nn.Module, Callable]:
+def _from_folder(spec: str, weights: str | None, kwargs: dict) -> tuple[nn.Module, Callable]:
     """A transformers or diffusers save_pretrained folder; resdecay's recorded decay restored."""
+    folder = Path(spec)
     try:
         config = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -140,29 +144,77 @@ def _from_folder(folder: Path, kwargs: dict) -> tuple[nn.Module, Callable]:
     return (restore(model, folder) if recorded else model), fresh
 
 
-def load_foreign(spec: str, weights: str | None = None, model_args: dict[str, Any] | None = None) -> ForeignModel:
-    """The model ``spec`` names, with ``weights`` loaded (see the module docstring for the specs).
+@dataclass(frozen=True)
+class ModelFormat:
+    """One way of naming a model trained elsewhere (``--model SPEC``).
 
     Args:
-        spec: ``timm:NAME``, ``torchvision:NAME`` or a transformers / diffusers folder.
-        weights: the weights file of a ``timm:`` / ``torchvision:`` model (None: random weights).
+        name: the registry's key; by default also the spec's prefix (``timm`` takes ``timm:NAME``).
+        load: ``load(spec, weights, model_args) -> (model, fresh)``: the model with its weights (a recorded
+            decay re-applied), and a function of no arguments that builds the same architecture with the
+            same decay, freshly initialised (the random-init baseline).
+        written: how a spec of this format is written, for the refusal of a spec no format takes.
+        takes_weights: ``--weights FILE`` applies (a folder holds its own weights).
+        matches: ``matches(spec) -> bool``; None: the spec starts with ``name:``.
+    """
+
+    name: str
+    load: Callable[[str, str | None, dict], tuple[nn.Module, Callable[[], nn.Module]]]
+    written: str
+    takes_weights: bool = False
+    matches: Callable[[str], bool] | None = None
+
+    def takes(self, spec: str) -> bool:
+        return self.matches(spec) if self.matches is not None else spec.startswith(f"{self.name}:")
+
+
+MODEL_FORMATS: dict[str, ModelFormat] = {}  # by name, tried in registration order
+_FORMATS = Registry("model format", "register_model_format", MODEL_FORMATS, origin=lambda f: f"by {defined_at(f.load)}")
+
+
+def register_model_format(fmt: ModelFormat, replace: bool = False) -> ModelFormat:
+    """Add a ``--model`` format; a name that is taken is refused (``RegistryError``) unless ``replace=True``."""
+    return _FORMATS.add(fmt.name, fmt, replace)
+
+
+def unregister_model_format(name: str) -> ModelFormat:
+    """Remove the format registered under ``name`` (``RegistryError`` if there is none); returns it."""
+    return _FORMATS.remove(name)
+
+
+def model_format(spec: str, weights: str | None) -> ModelFormat:
+    """The first registered format that takes ``spec``, with ``weights`` checked against it (one line otherwise)."""
+    fmt = next((f for f in MODEL_FORMATS.values() if f.takes(spec)), None)
+    if fmt is None:
+        written = [f.written for f in MODEL_FORMATS.values()]
+        raise UserError(f"--model {spec!r} is neither {', '.join(written[:-1])} nor {written[-1]}")
+    if fmt.takes_weights and weights is not None and not Path(weights).is_file():
+        raise UserError(f"--weights {weights} does not exist; pass the weights file of {spec}")
+    if not fmt.takes_weights and weights is not None:
+        takers = " and ".join(f.written.split(":")[0] + ":" for f in MODEL_FORMATS.values() if f.takes_weights)
+        raise UserError(f"--weights applies to {takers} models; {spec} is {fmt.written}, which holds its own weights: "
+                        "drop --weights")
+    return fmt
+
+
+register_model_format(ModelFormat("timm", _from_registry, "timm:NAME", takes_weights=True))
+register_model_format(ModelFormat("torchvision", _from_registry, "torchvision:NAME", takes_weights=True))
+register_model_format(ModelFormat("folder", _from_folder, "a save_pretrained folder (transformers or diffusers)",
+                                  matches=lambda spec: Path(spec).is_dir()))
+
+
+def load_foreign(spec: str, weights: str | None = None, model_args: dict[str, Any] | None = None) -> ForeignModel:
+    """The model ``spec`` names, with ``weights`` loaded, by the registered format that takes the spec (see
+    the module docstring for the built-in ones).
+
+    Args:
+        spec: ``timm:NAME``, ``torchvision:NAME``, a transformers / diffusers folder, or a registered format's.
+        weights: the weights file of a format that takes one (None: random weights, drawn with seed 0).
         model_args: constructor arguments, and ``timestep`` / ``class_label`` for a diffusion backbone.
     """
     args = dict(model_args or {})
     cond = {k: args.pop(k) for k in CONDITIONING if k in args}
-    lib, colon, name = spec.partition(":")
-    if colon and lib in HEADS:
-        if weights is not None and not Path(weights).is_file():
-            raise UserError(f"--weights {weights} does not exist; pass the weights file of {spec}")
-        model, fresh = _from_registry(lib, name, weights, args)
-    elif Path(spec).is_dir():
-        if weights is not None:
-            raise UserError(f"--weights applies to timm: and torchvision: models; {spec} is a folder that holds its "
-                            "own weights: drop --weights")
-        model, fresh = _from_folder(Path(spec), args)
-    else:
-        raise UserError(f"--model {spec!r} is neither timm:NAME, torchvision:NAME nor a save_pretrained folder "
-                        "(transformers or diffusers)")
+    model, fresh = model_format(spec, weights).load(spec, weights, args)
     diffusers = type(model).__module__.startswith("diffusers.")
     conditioning = (cond.get("timestep", 500), cond.get("class_label", 0)) if diffusers else tuple(cond.values())
     return ForeignModel(model.eval(), fresh, spec, weights, conditioning, args, {k: args[k] for k in INPUTS if k in args})

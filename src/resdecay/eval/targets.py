@@ -1,0 +1,139 @@
+"""What ``resdecay eval`` measures: a resdecay checkpoint, or a model trained elsewhere.
+
+Both are a ``Target``: it names its report and feature-cache folders, checks what can be checked before
+the first feature is extracted (a bad second target must not cost the first one's evaluation), and opens
+into the ``sources.Evaluation`` every source reads; ``suite.evaluate`` then measures either the same way.
+A model trained elsewhere arrives built (``interop/foreign_model.load_foreign``: a timm / torchvision name
+with a weights file, a transformers / diffusers folder) and is wrapped here in the model contract the
+evaluators read (``foreign.ForeignEncoder``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+import torch.nn as nn
+
+from ..errors import UserError
+from ..io import file_sha256, run_dir_of
+from ..train.distributed import resolve_device
+from .foreign import ForeignEncoder, ForeignRun
+from .inputs import check_data_path
+from .sources import Evaluation
+from .suite import EvalSettings, checked_checkpoint, described, evaluate, evaluate_checkpoint, measured_layers
+
+DEFAULT_OUT = "runs/eval"  # where reports go without --out when there is no run folder (and the overlays)
+
+
+class Target(Protocol):
+    """One thing ``resdecay eval`` measures.
+
+    Args:
+        name: how the command's result names it (the checkpoint file, the ``--model`` spec).
+    """
+
+    name: str
+
+    def report_dir(self, out: str | None) -> Path:
+        """Its report folder: under ``out`` (``--out``) or its default."""
+
+    def cache_dir(self, report_dir: Path) -> Path:
+        """Its feature cache when ``--cache-dir`` names none."""
+
+    def check(self, s: EvalSettings) -> None:
+        """Everything that can be refused before a feature is extracted (one line, exit 2)."""
+
+    def evaluate(self, s: EvalSettings, report_dir: Path) -> dict | None:
+        """Its report (``suite.evaluate``; None on the torchrun ranks that only help extract)."""
+
+
+@dataclass(eq=False)  # hashed by identity: a key of the command's report folders
+class CheckpointTarget:
+    """A resdecay checkpoint (``<run>/checkpoints/step_*.pt``): reports in ``<run>/eval``, its cache beside them."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return str(self.path)
+
+    def report_dir(self, out: str | None) -> Path:
+        run = run_dir_of(self.path)
+        return Path(out) / run.name if out else run / "eval"
+
+    def cache_dir(self, report_dir: Path) -> Path:
+        return run_dir_of(self.path) / "eval" / "cache"
+
+    def check(self, s: EvalSettings) -> None:
+        checked_checkpoint(self.path, s)
+
+    def evaluate(self, s: EvalSettings, report_dir: Path) -> dict | None:
+        return evaluate_checkpoint(self.path, s, report_dir)  # its numbers also reach its run's trackers
+
+
+class BuiltModel(Protocol):
+    """A model trained elsewhere, built with its weights (``interop.foreign_model.ForeignModel``)."""
+
+    model: nn.Module
+    fresh: Callable[[], nn.Module]  # the same architecture and decay, freshly initialised
+    source: str
+    weights: str | None
+    conditioning: tuple
+    inputs: dict  # the img_size / in_chans given as --model-arg
+
+
+@dataclass(eq=False)
+class ForeignTarget:
+    """A model trained elsewhere: measured on the data set ``--data`` names (it has no run of its own), its
+    report in ``<out>/<spec>``, its feature cache keyed by the weights file's SHA-256 (the spec's, for
+    random weights)."""
+
+    built: BuiltModel
+    encoder: ForeignEncoder | None = None  # made by ``check``: its blocks found, its token grid probed
+
+    @property
+    def name(self) -> str:
+        return self.built.source
+
+    def report_dir(self, out: str | None) -> Path:
+        return Path(out or DEFAULT_OUT) / re.sub(r"[^A-Za-z0-9_.-]+", "-", self.name.strip("/")).strip("-")
+
+    def cache_dir(self, report_dir: Path) -> Path:
+        return report_dir / "cache"
+
+    def check(self, s: EvalSettings) -> None:
+        if s.data is None:
+            raise UserError(f"--model {self.name}: name the data set to measure it on with --data NAME (and --data-path DIR)")
+        s.validate()
+        check_data_path(s.data.name, s.data.path)
+        if self.encoder is None:  # a model whose blocks no adapter reaches is refused here, in one line
+            b = self.built
+            self.encoder = ForeignEncoder(b.model, b.source, b.weights, b.inputs.get("img_size"), b.inputs.get("in_chans"),
+                                          b.conditioning)
+        if self.encoder.cfg.prefix_tokens == 0 and s.feature == "cls":
+            raise UserError(f"{self.name} has no cls token: pass --feature mean or patch_mean")
+
+    def evaluate(self, s: EvalSettings, report_dir: Path) -> dict | None:
+        return evaluate(self.open(s, report_dir), s)
+
+    def open(self, s: EvalSettings, report_dir: Path) -> Evaluation:
+        """Checked, and ready: what every source reads."""
+        self.check(s)
+        model, run = self.encoder, ForeignRun(self.encoder.cfg, s.data, build=self.built.fresh)
+        weights = self.built.weights
+        sha = file_sha256(Path(weights)) if weights else hashlib.sha256(json.dumps(run.to_dict()).encode()).hexdigest()
+        device = resolve_device(s.device, "--device")
+        ev = Evaluation(Path(weights) if weights else None, sha, {"train_state": {"step": None}, "config": run.to_dict()},
+                        run, model.to(device).eval(), run.data, s, measured_layers(model, s.layer), device,
+                        Path(report_dir), cache_dir=self.cache_dir(Path(report_dir)))
+        return described(ev, run.label)
+
+
+def as_target(target: Target | str | Path) -> Target:
+    """A checkpoint path as its target; a target as itself."""
+    return CheckpointTarget(Path(target)) if isinstance(target, (str, Path)) else target
