@@ -1,5 +1,5 @@
-"""The package's four registries (shortcut formulas, model families, metrics, block adapters) follow one
-convention (docs/EXTENDING.md, "One convention for the four registries"): a taken name is refused in one
+"""The package's registries (shortcut formulas, model families, metrics, block adapters, --model formats) follow one
+convention (docs/EXTENDING.md, "One convention for every registry"): a taken name is refused in one
 line unless ``replace=True``, which swaps the entry in place; each has an ``unregister_*``; every refusal is
 a ``RegistryError`` (a ``UserError``: the CLI prints one line, exit 2). Adapters are tried by priority."""
 
@@ -19,6 +19,7 @@ from helpers import assert_one_line_error, run
 from resdecay import alphas_of, decayify
 from resdecay.errors import ConfigError, RegistryError, UserError, one_line
 from resdecay.eval.metrics import Metric, get_metric, register_metric, registered, unregister_metric
+from resdecay.interop.foreign_model import MODEL_FORMATS, ModelFormat, register_model_format, unregister_model_format
 from resdecay.models import FAMILIES, ModelConfig
 from resdecay.models.registry import register_family, unregister_family
 from resdecay.nn.adapters import (
@@ -78,6 +79,11 @@ def _adapter(name: str, replace: bool = False):
     return register_adapter(my_adapter(name), replace=replace)
 
 
+def _model_format(name: str, replace: bool = False):
+    return register_model_format(ModelFormat(name, lambda spec, weights, args: (nn.Identity(), nn.Identity),
+                                             f"{name}:NAME"), replace=replace)
+
+
 @dataclass(frozen=True)
 class Case:
     builtin: str  # a name the package registers
@@ -101,6 +107,8 @@ CASES = {
     "adapter": Case("timm VisionTransformer Block", "scratch adapter", _adapter, lambda n, a: register_adapter(a),
                     lambda n: next((a for a in adapters() if a.name == n), None), lambda: [a.name for a in adapters()],
                     unregister_adapter),
+    "model_format": Case("timm", "scratch_format", _model_format, lambda n, f: register_model_format(f),
+                         MODEL_FORMATS.get, lambda: list(MODEL_FORMATS), unregister_model_format),
 }
 
 
@@ -184,6 +192,10 @@ PLUGINS = {
         from resdecay.nn.adapters import register_adapter, subblock_adapter
         register_adapter(subblock_adapter("timm VisionTransformer Block", classes=("mylib:Block",),
                                           pairs=lambda b: [], zero=lambda b: ()))
+    ''',
+    "model_format": '''
+        from resdecay.interop.foreign_model import ModelFormat, register_model_format
+        register_model_format(ModelFormat("timm", lambda spec, weights, args: None, "timm:NAME"))
     ''',
 }
 

@@ -1,8 +1,10 @@
 """Errors a user can fix. The CLI prints them as one line and exits with code 2.
 
-Also the one convention of the package's four registries (``Registry``): shortcut formulas
+Also the one convention of the package's registries (``Registry``): shortcut formulas
 (``nn.residual.register_shortcut``), model families (``models.register_family``), metrics
-(``eval.metrics.register_metric``) and block adapters (``nn.adapters.register_adapter``).
+(``eval.metrics.register_metric``), input sources (``eval.sources.register_source``), block adapters and
+depth orders (``nn.adapters.register_adapter`` / ``register_depth_order``) and ``--model`` formats
+(``interop.foreign_model.register_model_format``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class CheckpointError(UserError):
 
 class RegistryError(ConfigError):
     """A registration refused: a name already taken (without ``replace=True``), a name to unregister
-    that is not registered, or an entry that cannot work. The one error type of the four registries;
+    that is not registered, or an entry that cannot work. The one error type of every registry;
     a ``ConfigError``, so also a ``UserError`` (one line, exit 2) and a ``ValueError``."""
 
 

@@ -1,7 +1,8 @@
-"""docs/EXTENDING.md's four worked examples, run as the page shows them (with CI-sized budgets):
+"""docs/EXTENDING.md's worked examples, run as the page shows them (with CI-sized budgets):
 (a) a residual formula through ``ablate``, (b) a model family trained, resumed and evaluated by the
 unchanged CLI, (c) a metric in ``eval.json`` and the report, (d) a metric over two blocks (linear CKA)
-through ``eval`` and its per-layer profile — each one file under docs/examples/extending/.
+through ``eval`` and its per-layer profile, (e) a new input kind, (f) a ``--model`` format of one's own —
+each one file under docs/examples/extending/.
 The contract test (tests/models/test_contract.py) and tests/eval/test_metrics.py load the same files."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from helpers import TINY, assert_one_line_error, run
 from resdecay.eval.metrics import registered, unregister_metric
 from resdecay.eval.sources import source_kinds, unregister_source
+from resdecay.interop.foreign_model import MODEL_FORMATS, unregister_model_format
 from resdecay.models import FAMILIES
 from resdecay.nn import residual
 from resdecay.nn.residual import factors_of
@@ -39,8 +41,10 @@ def shown(command: str) -> str:
 def registries_restored():
     """What a plugin registers (formulas, families, metrics, its module) is gone after the test."""
     formulas, families, modules = dict(residual.SHORTCUT_FORMULAS), dict(FAMILIES), set(sys.modules)
-    metrics, kinds = {m.name for m in registered()}, set(source_kinds())
+    metrics, kinds, formats = {m.name for m in registered()}, set(source_kinds()), set(MODEL_FORMATS)
     yield
+    for name in set(MODEL_FORMATS) - formats:
+        unregister_model_format(name)
     residual.SHORTCUT_FORMULAS.clear()
     residual.SHORTCUT_FORMULAS.update(formulas)
     FAMILIES.clear()
@@ -239,3 +243,35 @@ def test_a_new_input_kind_in_one_file_runs_through_eval(tiny_checkpoints, capsys
     with torch.no_grad():
         loss = model(torch.stack([test[i][0] for i in range(40)]))[0]
     assert row["values"]["mse"] == pytest.approx(float(loss), rel=1e-5)
+
+
+def test_a_model_format_in_one_file_runs_through_eval(capsys, tmp_path, registries_restored):
+    """(f): ``zoo:NAME`` from a plugin file is measured by the unchanged ``resdecay eval``: with the same weights,
+    the same numbers as the built-in ``timm:`` format building the same ViT; a name the zoo lacks is one line."""
+    import timm
+
+    shown("resdecay --plugin docs/examples/extending/model_format.py eval --model zoo:digits-vit --weights W.pth --data digits")
+    zoo = dict(img_size=8, patch_size=2, in_chans=1, depth=3, embed_dim=32, num_heads=2)
+    torch.manual_seed(3)
+    weights = tmp_path / "w.pth"
+    torch.save(timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, **zoo).state_dict(), weights)
+    common = ["--weights", str(weights), "--data", "digits", "--evals", "knn,rank", "--max-train", "200", "--max-test",
+              "100", "--no-progress"]
+    code, out, err = run(capsys, "--plugin", str(EXAMPLES / "model_format.py"), "eval", "--model", "zoo:digits-vit",
+                         *common, "--out", str(tmp_path / "zoo"))
+    assert code == 0, err
+    mine = json.loads((tmp_path / "zoo" / "zoo-digits-vit" / "eval.json").read_text())
+    assert mine["label"] == "zoo:digits-vit (plain)" and mine["step"] is None
+    assert {b["source"] for b in mine["baselines"]} == {"pixels", "random-init"}
+    model_args = [a for k, v in zoo.items() for a in ("--model-arg", f"{k}={v}")]
+    code, _, err = run(capsys, "eval", "--model", "timm:vit_tiny_patch16_224", *model_args, *common,
+                       "--out", str(tmp_path / "timm"))
+    assert code == 0, err
+    built_in = json.loads(next((tmp_path / "timm").glob("*/eval.json")).read_text())
+    assert [r["values"] for r in mine["results"]] == [r["values"] for r in built_in["results"]]
+    assert [r["values"] for r in mine["baselines"]] == [r["values"] for r in built_in["baselines"]]
+    assert mine["checkpoint_sha256"] == built_in["checkpoint_sha256"]  # the cache key: the weights file
+    code, _, err = run(capsys, "--plugin", str(EXAMPLES / "model_format.py"), "eval", "--model", "zoo:resnet",
+                       *common, "--out", str(tmp_path / "bad"))
+    assert_one_line_error(code, err, "zoo:resnet", "digits-vit, digits-vit-deep")
+    assert not (tmp_path / "bad").exists()
