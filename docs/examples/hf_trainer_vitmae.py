@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
     same = torch.equal(before, after)
     alphas_same = resdecay.alphas_of(reloaded) == resdecay.alphas_of(model)
     skips_same = all(torch.equal(a, b) for a, b in zip(model.resdecay_unet.state_dict().values(),
-                                                        reloaded.resdecay_unet.state_dict().values()))
+                                                        reloaded.resdecay_unet.state_dict().values(), strict=True))
     first = sum(v for _, v in losses[:5]) / len(losses[:5])
     last = sum(v for _, v in losses[-5:]) / len(losses[-5:])
     print(f"loss: first 5 steps {first:.4f}, last 5 steps {last:.4f}")

@@ -123,7 +123,8 @@ def test_profile_of_a_foreign_model_has_the_shortcut_columns(foreign_files, tmp_
     (["--model", "timm:no_such_model", "--data", "digits"], ["timm:no_such_model"]),
     (["--model", "timm:vit_tiny_patch16_224", "--weights", "/nonexistent.pth", "--data", "digits"], ["does not exist"]),
     (["--weights", "w.pth", "--data", "digits"], ["--model SPEC"]),
-    (["--model", "nothing-here", "--data", "digits"], ["neither timm:NAME"]),
+    (["--model", "nothing-here", "--data", "digits"], ["neither timm:NAME", "torchvision:NAME nor a save_pretrained folder"]),
+    (["--model", ".", "--weights", "w.pth", "--data", "digits"], ["holds its own weights", "drop --weights"]),
     (["--model", "timm:vit_tiny_patch16_224", "--model-arg", "img_size", "--data", "digits"], ["KEY=VALUE"]),
     *[(["--model", "timm:vit_tiny_patch16_224", *VIT_ARGS, "--data", "digits", "--evals", "diagnostics", *bad], [says])
       for bad, says in ((["--diag-images", "0"], "--diag-images (diagnostics.images) must be at least 2"),
@@ -137,6 +138,16 @@ def test_bad_foreign_input_is_one_line(argv, fragments, tmp_path, capsys):
     code, _, err = run(capsys, "eval", *argv, "--out", tmp_path / "out", "--no-progress")
     assert_one_line_error(code, err, *fragments)
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_a_foreign_model_after_a_checkpoint_is_checked_before_the_checkpoint_is_measured(tiny_checkpoints, tmp_path,
+                                                                                           capsys):
+    """Every target is checked before the first feature is extracted: a --model with no --data (its data set cannot
+    be the checkpoint's) costs a second, not the checkpoint's evaluation."""
+    code, _, err = run(capsys, "eval", tiny_checkpoints["plain"], "--model", "timm:vit_tiny_patch16_224", *VIT_ARGS,
+                       "--evals", "knn", "--no-progress", "--cache-dir", tmp_path / "cache", "--out", tmp_path / "out")
+    assert_one_line_error(code, err, "--model timm:vit_tiny_patch16_224", "--data NAME")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
 
 
 def test_segmentation_of_a_timm_vit_reads_its_patch_tokens(fake_fmnist, tmp_path, capsys):

@@ -242,6 +242,8 @@ PLANS: dict[str, Plan] = {
         covered=EXT + "test_a_metric_over_two_blocks_in_one_file_runs_through_eval", needle="cka.reference=-1"),
     "resdecay --plugin docs/examples/extending/reconstruction.py eval RUN/checkpoints/step_N.pt --evals knn,recon_mse":
         Plan(covered=EXT + "test_a_new_input_kind_in_one_file_runs_through_eval", needle="reconstruction.py eval RUN/"),
+    "resdecay --plugin docs/examples/extending/model_format.py eval --model zoo:digits-vit --weights W.pth --data digits":
+        Plan(covered=EXT + "test_a_model_format_in_one_file_runs_through_eval", needle="model_format.py eval --model zoo:"),
     # interop (the foreign files are tiny fakes in each format: tests/helpers/interop.py)
     "resdecay import-weights mae_pretrain_vit_base.pth --format mae --preset mae-b16-plain --out mae.pt": Plan(
         add=HEADS, expect=("mae.pt",)),
@@ -396,5 +398,7 @@ PYTHON_BLOCKS: dict[str, dict[str, str] | tuple[str, str]] = {
         EXT + "test_a_metric_over_two_blocks_in_one_file_runs_through_eval", "cka.py"),
     "docs/EXTENDING.md: (e) A new input kind: the MAE's pixel reconstructions": (
         EXT + "test_a_new_input_kind_in_one_file_runs_through_eval", "reconstruction.py"),
+    "docs/EXTENDING.md: (f) A model format: your lab's architectures by name": (
+        EXT + "test_a_model_format_in_one_file_runs_through_eval", "model_format.py"),
 }
 
