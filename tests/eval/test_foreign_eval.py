@@ -78,6 +78,21 @@ def test_a_save_decayified_file_is_measured_with_its_decay(foreign_files):
     assert getattr(decayed.fresh(), "resdecay_spec", None) == decayed.model.resdecay_spec
 
 
+def test_run_eval_takes_paths_built_models_and_targets(foreign_files, tmp_path):
+    from resdecay.eval.targets import CheckpointTarget, ForeignTarget, as_target
+
+    built = load_foreign("timm:vit_tiny_patch16_224", str(foreign_files / "vit.pth"), dict(DIGITS_VIT))
+    target = as_target(built)
+    assert isinstance(target, ForeignTarget) and target.built is built and as_target(target) is target
+    assert target.name == "timm:vit_tiny_patch16_224"
+    assert target.report_dir(str(tmp_path)) == tmp_path / "timm-vit_tiny_patch16_224"
+    assert target.cache_dir(tmp_path / "r") == tmp_path / "r" / "cache"
+    ckpt = as_target(str(tmp_path / "run" / "checkpoints" / "step_00000010.pt"))
+    assert isinstance(ckpt, CheckpointTarget) and ckpt.report_dir(None) == tmp_path / "run" / "eval"
+    with pytest.raises(TypeError, match="not int"):
+        as_target(3)
+
+
 def test_eval_of_a_timm_vit_runs_the_suite_and_the_diagnostics(foreign_files, tmp_path, capsys):
     code, out, err = run(capsys, "eval", "--model", "timm:vit_tiny_patch16_224", "--weights", foreign_files / "vit.pth",
                          *VIT_ARGS, "--data", "digits", "--evals", "knn,rank,diagnostics", *SMALL, "--out", tmp_path)

@@ -82,9 +82,9 @@ def _protocol_note(settings: EvalSettings) -> str:
     return "; ".join([f"feature {settings.feature}", *(f"{m.display.label}: {m.display.describe(m.protocol(ms))}" for m in settings.metrics())])
 
 
-def run_eval(targets: list[Target | str | Path], settings: EvalSettings, out: str | None = None) -> dict:
-    """``_evaluate_all`` of checkpoint files and ``eval.targets`` (a model trained elsewhere: ``ForeignTarget``);
-    a refused evaluation removes the report and cache folders it created and left empty."""
+def run_eval(targets: list, settings: EvalSettings, out: str | None = None) -> dict:
+    """``_evaluate_all`` of checkpoint files, models trained elsewhere (``load_foreign``'s) and other
+    ``eval.targets.Target``s; a refused evaluation removes the report and cache folders it created and left empty."""
     reports = {t: t.report_dir(out) for t in map(as_target, targets)}
     folders = [*reports.values()] + [Path(out or DEFAULT_OUT)] * (settings.layer == "all")
     folders += [Path(settings.cache_dir) if settings.cache_dir else t.cache_dir(folder) for t, folder in reports.items()]

@@ -15,7 +15,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Protocol, runtime_checkable
 
 import torch.nn as nn
 
@@ -30,6 +30,7 @@ from .suite import EvalSettings, checked_checkpoint, described, evaluate, evalua
 DEFAULT_OUT = "runs/eval"  # where reports go without --out when there is no run folder (and the overlays)
 
 
+@runtime_checkable
 class Target(Protocol):
     """One thing ``resdecay eval`` measures.
 
@@ -76,6 +77,7 @@ class CheckpointTarget:
         return evaluate_checkpoint(self.path, s, report_dir)  # its numbers also reach its run's trackers
 
 
+@runtime_checkable
 class BuiltModel(Protocol):
     """A model trained elsewhere, built with its weights (``interop.foreign_model.ForeignModel``)."""
 
@@ -134,6 +136,13 @@ class ForeignTarget:
         return described(ev, run.label)
 
 
-def as_target(target: Target | str | Path) -> Target:
-    """A checkpoint path as its target; a target as itself."""
-    return CheckpointTarget(Path(target)) if isinstance(target, (str, Path)) else target
+def as_target(target: Target | BuiltModel | str | Path) -> Target:
+    """A checkpoint path as its ``CheckpointTarget``, a built model (``load_foreign``'s) as its ``ForeignTarget``,
+    a target as itself."""
+    if isinstance(target, (str, Path)):
+        return CheckpointTarget(Path(target))
+    if isinstance(target, Target):
+        return target
+    if isinstance(target, BuiltModel):
+        return ForeignTarget(target)
+    raise TypeError(f"run_eval takes checkpoint paths, eval.targets Targets or load_foreign's models, not {type(target).__name__}")
