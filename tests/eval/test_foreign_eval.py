@@ -179,3 +179,29 @@ def test_segmentation_of_a_timm_vit_reads_its_patch_tokens(fake_fmnist, tmp_path
     assert {b["source"] for b in report["baselines"]} == {"pixels", "random-init"}
     random_init = next(b for b in report["baselines"] if b["source"] == "random-init")
     assert random_init["values"]["miou"] == row["values"]["miou"]
+
+
+def test_load_foreign_hands_the_spec_to_the_first_registered_format_that_takes_it(tmp_path):
+    """A format may take specs by its own rule (``matches``); the conditioning and input sizes are split off the
+    model arguments before its ``load`` sees them; ``--weights`` is checked against the format."""
+    from resdecay.interop.foreign_model import ModelFormat, register_model_format, unregister_model_format
+
+    seen = {}
+
+    def load(spec, weights, args):
+        seen.update(spec=spec, weights=weights, args=args)
+        return _timm_vit(), _timm_vit
+
+    register_model_format(ModelFormat("dotmine", load, "FILE.mine", takes_weights=True,
+                                      matches=lambda spec: spec.endswith(".mine")))
+    try:
+        weights = tmp_path / "w.pth"
+        weights.write_bytes(b"")
+        built = load_foreign("lab/vit.mine", str(weights), {"img_size": 8, "timestep": 3})
+        assert seen == {"spec": "lab/vit.mine", "weights": str(weights), "args": {"img_size": 8}}
+        assert built.source == "lab/vit.mine" and built.inputs == {"img_size": 8} and built.conditioning == (3,)
+        with pytest.raises(resdecay.errors.UserError, match="--weights .*missing.pth does not exist"):
+            load_foreign("lab/vit.mine", str(tmp_path / "missing.pth"))
+        assert load_foreign("timm:vit_tiny_patch16_224", None, dict(DIGITS_VIT)).source.startswith("timm:")
+    finally:
+        unregister_model_format("dotmine")

@@ -182,18 +182,23 @@ def unregister_model_format(name: str) -> ModelFormat:
     return _FORMATS.remove(name)
 
 
+def _listed(items: list[str], word: str) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {word} {items[-1]}"
+
+
 def model_format(spec: str, weights: str | None) -> ModelFormat:
     """The first registered format that takes ``spec``, with ``weights`` checked against it (one line otherwise)."""
     fmt = next((f for f in MODEL_FORMATS.values() if f.takes(spec)), None)
     if fmt is None:
-        written = [f.written for f in MODEL_FORMATS.values()]
-        raise UserError(f"--model {spec!r} is neither {', '.join(written[:-1])} nor {written[-1]}")
+        written = [f.written for f in MODEL_FORMATS.values()] or ["a registered format (none is registered)"]
+        raise UserError(f"--model {spec!r} is neither {_listed(written, 'nor')} (a format of your own is one --plugin "
+                        "file: docs/EXTENDING.md (f))")
     if fmt.takes_weights and weights is not None and not Path(weights).is_file():
         raise UserError(f"--weights {weights} does not exist; pass the weights file of {spec}")
     if not fmt.takes_weights and weights is not None:
-        takers = " and ".join(f.written.split(":")[0] + ":" for f in MODEL_FORMATS.values() if f.takes_weights)
-        raise UserError(f"--weights applies to {takers} models; {spec} is {fmt.written}, which holds its own weights: "
-                        "drop --weights")
+        takers = [f.written for f in MODEL_FORMATS.values() if f.takes_weights] or ["no registered format"]
+        raise UserError(f"--weights applies to {_listed(takers, 'and')}; {spec} is {fmt.written}, which holds its own "
+                        "weights: drop --weights")
     return fmt
 
 
