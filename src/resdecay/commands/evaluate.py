@@ -97,8 +97,8 @@ def _evaluate_all(reports: dict[Target, Path], settings: EvalSettings, out: str 
     and, for several profiles, an overlay. Under torchrun every rank extracts, rank 0 reports.
 
     Args:
-        reports: the targets (encoder checkpoints, models trained elsewhere) and their report folders; settings: the evaluation settings;
-        out: the report folder (default ``<run>/eval``; one sub-folder per run).
+        reports: the targets (encoder checkpoints, models trained elsewhere) and their report folders;
+        settings: the evaluation settings; out: the report folder (default ``<run>/eval``; one sub-folder per run).
     """
     layer = settings.layer
     check_eval_inputs(reports, settings, out)

@@ -38,7 +38,7 @@ INPUTS = ("img_size", "in_chans")  # model_args the evaluators read too
 HEADS = {"timm": ("head.weight", "num_classes"), "torchvision": ("fc.weight", "num_classes")}
 
 
-@dataclass(eq=False)  # hashed by identity: a key of the command's report folders
+@dataclass(eq=False)  # compared by identity: two loads of one spec are two models
 class ForeignModel:
     """A model built from a spec, with what the evaluators need besides it.
 
