@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from helpers import readme_commands as rc
+from helpers.readme_blocks import PYTHON_BLOCKS
 from helpers.readme_workspace import Workspace
 from resdecay.cli import main
 
@@ -158,7 +159,7 @@ def test_every_shown_command_has_a_plan():
     assert not unknown, f"add to PLANS in tests/helpers/readme_commands.py (how to shrink it, or why it is skipped): {unknown}"
     stale = [c for c in rc.PLANS if c not in COMMANDS]
     assert not stale, f"PLANS has commands README, docs/ and --help no longer show: {stale}"
-    assert sorted(BLOCKS) == sorted(rc.PYTHON_BLOCKS), "add the page's new ```python block to PYTHON_BLOCKS"
+    assert sorted(BLOCKS) == sorted(PYTHON_BLOCKS), "add the page's new ```python block to PYTHON_BLOCKS"
 
 
 def test_every_docs_page_is_covered_or_a_listed_log():
@@ -281,7 +282,7 @@ def test_readme_command(command, workspace, tmp_path, request, capsys, monkeypat
 @pytest.mark.parametrize("title", sorted(BLOCKS))
 def test_readme_python_block(title, workspace, tmp_path, monkeypatch):
     """The pages' ```python blocks as written (bar the listed size replacements), and their stated values."""
-    plan = rc.PYTHON_BLOCKS.get(title)
+    plan = PYTHON_BLOCKS.get(title)
     if isinstance(plan, tuple):
         skip_if_covered(*plan)
     code = BLOCKS[title]

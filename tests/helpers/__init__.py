@@ -4,7 +4,7 @@ and its one-line-error check, copies of the session's shared runs and proxy extr
 
 Modules beside this one: ``helpers.interop`` (foreign checkpoints in each format), ``helpers.adapter_models``
 (one tiny model per row of docs/plug-and-play.md), ``helpers.doc_pages`` (the commands and python blocks the pages
-show), ``helpers.readme_commands`` (how each is shrunk for the executable-docs test) and ``helpers.readme_workspace``
+show), ``helpers.readme_commands`` and ``helpers.readme_blocks`` (how each command and block is shrunk for the executable-docs test) and ``helpers.readme_workspace``
 (the artifacts standing in for the pages' placeholder paths)."""
 
 from __future__ import annotations
