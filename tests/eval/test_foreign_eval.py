@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import resdecay
-from helpers import assert_one_line_error, run
+from helpers import ROOT, assert_one_line_error, run
 from resdecay.eval.foreign import ForeignEncoder
 from resdecay.interop.foreign_model import load_foreign
 
@@ -205,3 +205,59 @@ def test_load_foreign_hands_the_spec_to_the_first_registered_format_that_takes_i
         assert load_foreign("timm:vit_tiny_patch16_224", None, dict(DIGITS_VIT)).source.startswith("timm:")
     finally:
         unregister_model_format("dotmine")
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda F: F("my:zoo", _timm_vit, "my:zoo:NAME"), "must be a word without ':'"),
+    (lambda F: F("", _timm_vit, "NAME"), "must be a word"),
+    (lambda F: F("zoo2", "not a function", "zoo2:NAME"), "load must be a function"),
+    (lambda F: F("zoo2", _timm_vit, ""), "written must be a non-empty string"),
+    (lambda F: F("zoo2", _timm_vit, "zoo2:NAME", matches="zoo2"), "matches must be a function"),
+    (lambda F: {"name": "zoo2"}, "takes a ModelFormat"),
+])
+def test_a_model_format_that_cannot_work_is_refused_when_registered(make, says):
+    from resdecay.errors import RegistryError
+    from resdecay.interop.foreign_model import MODEL_FORMATS, ModelFormat, register_model_format
+
+    before = dict(MODEL_FORMATS)
+    with pytest.raises(RegistryError, match=says) as e:
+        register_model_format(make(ModelFormat))
+    assert "\n" not in str(e.value) and MODEL_FORMATS == before
+
+
+@pytest.mark.parametrize("load, says", [
+    (lambda spec, weights, args: _timm_vit(), "returned VisionTransformer, not (model, fresh)"),
+    (lambda spec, weights, args: (None, _timm_vit), "returned tuple, not (model, fresh)"),
+    (lambda spec, weights, args: _timm_vit(depth="three"), "--model broken:x: "),
+])
+def test_a_format_whose_load_fails_is_one_line_naming_the_format(load, says, capsys, tmp_path):
+    """A plugin format's load that returns the wrong thing, or a constructor that refuses a --model-arg deep inside
+    its library: one line naming the spec and the format, exit 2, nothing written."""
+    from resdecay.interop.foreign_model import ModelFormat, register_model_format, unregister_model_format
+
+    register_model_format(ModelFormat("broken", load, "broken:NAME"))
+    try:
+        code, _, err = run(capsys, "eval", "--model", "broken:x", "--data", "digits", "--out", tmp_path / "out")
+    finally:
+        unregister_model_format("broken")
+    assert_one_line_error(code, err, says, "broken format")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_arg_the_plugin_constructor_refuses_is_one_line(capsys, tmp_path):
+    """docs/examples/extending/model_format.py with a --model-arg timm cannot take: one line, not timm's traceback."""
+    import sys
+    modules = set(sys.modules)
+    try:
+        code, _, err = run(capsys, "--plugin", ROOT / "docs" / "examples" / "extending" / "model_format.py", "eval",
+                           "--model", "zoo:digits-vit", "--model-arg", "embed_dim=abc", "--data", "digits",
+                           "--out", tmp_path / "out")
+    finally:
+        from resdecay.interop.foreign_model import MODEL_FORMATS, unregister_model_format
+        if "zoo" in MODEL_FORMATS:
+            unregister_model_format("zoo")
+        for name in set(sys.modules) - modules:
+            if name.startswith("resdecay_plugin_"):
+                del sys.modules[name]
+    assert_one_line_error(code, err, "--model zoo:digits-vit", "the zoo format", "--model-arg")
+    assert not (tmp_path / "out").exists()

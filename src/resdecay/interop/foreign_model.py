@@ -12,7 +12,9 @@
 Each is a registered ``ModelFormat`` (``register_model_format``: a spec no built-in takes, e.g. an
 ``open_clip:NAME``, is one entry, refused on a name clash unless ``replace=True`` as every registry of the
 package); ``load_foreign`` hands the spec to the first format that takes it. Nothing is downloaded: timm
-and torchvision build from their code with random weights, folders load with ``local_files_only``. Without ``--weights`` the weights are drawn with seed 0 (the random-init baseline's). ``model_args`` (``--model-arg KEY=VALUE``) go to the constructor, except
+and torchvision build from their code with random weights, folders load with ``local_files_only``. Without
+``--weights`` the weights are drawn with seed 0 (the random-init baseline's). ``model_args``
+(``--model-arg KEY=VALUE``) go to the constructor, except
 ``timestep`` and ``class_label``: the fixed conditioning a diffusion backbone is run with (default 500 and 0
 for a diffusers model). Each failure is one line naming the spec and the fix.
 """
@@ -27,7 +29,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from ..errors import CheckpointError, Registry, UserError, defined_at
+from ..errors import CheckpointError, Registry, RegistryError, UserError, defined_at, one_line
 from ..nn.decayify import decayify
 from ..nn.spec import check_spec
 from .checkpoint_io import load_strict, read_weights_file, state_dict_of
@@ -173,7 +175,18 @@ _FORMATS = Registry("model format", "register_model_format", MODEL_FORMATS, orig
 
 
 def register_model_format(fmt: ModelFormat, replace: bool = False) -> ModelFormat:
-    """Add a ``--model`` format; a name that is taken is refused (``RegistryError``) unless ``replace=True``."""
+    """Add a ``--model`` format; a name that is taken is refused (``RegistryError``) unless ``replace=True``, and
+    so is an entry that cannot work (a name that is no spec prefix, a ``load`` that is no function)."""
+    if not isinstance(fmt, ModelFormat):
+        raise RegistryError(f"register_model_format takes a ModelFormat(name, load, written), not {type(fmt).__name__}")
+    if not isinstance(fmt.name, str) or not fmt.name or any(c in fmt.name for c in ": /\\"):
+        raise RegistryError(f"model format name {fmt.name!r} must be a word without ':', spaces or slashes (it is "
+                            "the spec's prefix, as timm in timm:NAME)")
+    for field_name, ok in (("load", callable(fmt.load)), ("written", isinstance(fmt.written, str) and fmt.written),
+                           ("matches", fmt.matches is None or callable(fmt.matches))):
+        if not ok:
+            raise RegistryError(f"model format {fmt.name!r}: {field_name} must be "
+                                f"{'a non-empty string' if field_name == 'written' else 'a function'}")
     return _FORMATS.add(fmt.name, fmt, replace)
 
 
@@ -219,7 +232,18 @@ def load_foreign(spec: str, weights: str | None = None, model_args: dict[str, An
     """
     args = dict(model_args or {})
     cond = {k: args.pop(k) for k in CONDITIONING if k in args}
-    model, fresh = model_format(spec, weights).load(spec, weights, args)
+    fmt = model_format(spec, weights)
+    try:
+        built = fmt.load(spec, weights, args)
+    except UserError:
+        raise
+    except (TypeError, ValueError, RuntimeError, KeyError) as e:  # e.g. a constructor refusing a --model-arg
+        raise UserError(f"--model {spec}: {one_line(e)} (the {fmt.name} format, {defined_at(fmt.load)}; check the "
+                        "name and --model-arg)") from None
+    if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], nn.Module) and callable(built[1])):
+        raise UserError(f"--model {spec}: the {fmt.name} format's load ({defined_at(fmt.load)}) returned "
+                        f"{type(built).__name__}, not (model, fresh): an nn.Module and a function that builds it afresh")
+    model, fresh = built
     diffusers = type(model).__module__.startswith("diffusers.")
     conditioning = (cond.get("timestep", 500), cond.get("class_label", 0)) if diffusers else tuple(cond.values())
     return ForeignModel(model.eval(), fresh, spec, weights, conditioning, args, {k: args[k] for k in INPUTS if k in args})
