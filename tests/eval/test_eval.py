@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from resdecay.eval import effective_rank, knn_accuracy, knn_scores, pool_tokens
+from resdecay.eval.features.knn import knn_log_scores
 
 
 def test_knn_hand_computed_toy():
@@ -13,9 +14,12 @@ def test_knn_hand_computed_toy():
     q = torch.tensor([[0.6, 0.8]])  # cos: 0.6, 0.6*1/sqrt(1.01)+0.08/sqrt(1.01), 0.8
     T = 0.5
     c1, c2, c3 = 0.6, (0.6 + 0.08) / math.sqrt(1.01), 0.8
-    scores = knn_scores(bank, labels, q, k=3, temperature=T)
-    assert scores[0, 0].item() == pytest.approx(math.exp(c1 / T) + math.exp(c2 / T), rel=1e-5)
-    assert scores[0, 1].item() == pytest.approx(math.exp(c3 / T), rel=1e-5)
+    scores = knn_scores(bank, labels, q, k=3, temperature=T)  # each row divided by its largest vote
+    vote0, vote1 = math.exp(c1 / T) + math.exp(c2 / T), math.exp(c3 / T)
+    assert scores[0, 0].item() == pytest.approx(vote0 / max(vote0, vote1), rel=1e-5)
+    assert scores[0, 1].item() == pytest.approx(vote1 / max(vote0, vote1), rel=1e-5)
+    logs = knn_log_scores(bank, labels, q, k=3, temperature=T)  # the votes themselves, as logs
+    assert logs[0].tolist() == pytest.approx([math.log(vote0), math.log(vote1)], rel=1e-6)
     # with k=3 class 0 wins by two votes; with k=1 the single nearest (class 1) wins
     assert knn_accuracy(bank, labels, q, torch.tensor([0]), k=3, temperature=T) == 1.0
     assert knn_accuracy(bank, labels, q, torch.tensor([1]), k=1, temperature=T) == 1.0
