@@ -331,8 +331,9 @@ def test_folder_draw_takes_the_rare_class_and_depends_on_seg_seed(tmp_path):
 
 
 def test_voc_classes_from_its_maps_png_images_and_no_val_txt(tmp_path):
-    """VOC's class count is not fixed at 21: an 11-class VOC-layout folder is scored over 11 classes; its images
-    may be PNG; without val.txt the N maps are drawn, not the first N."""
+    """VOC's class count is not fixed at 21: labels 0..10 of a VOC-layout folder are 11 classes, of which the 3 its
+    maps show are scored and the 8 others named (issue 49.3: not 8 IoUs of 0 in the mean); its images may be PNG;
+    without val.txt the N maps are drawn, not the first N."""
     write_seg_folder(tmp_path / "src", n=6, rare=2, names=None)
     for d in ("JPEGImages", "SegmentationClass"):
         (tmp_path / "voc" / d).mkdir(parents=True)
@@ -343,9 +344,11 @@ def test_voc_classes_from_its_maps_png_images_and_no_val_txt(tmp_path):
         f.rename(tmp_path / "voc" / "JPEGImages" / f.name)  # .png and .jpg
         assert i < 6
     m = masked_images("voc", None, str(tmp_path / "voc"), 32, 100)
-    assert m.classes == 11 and m.names == tuple(map(str, range(11))) and len(m.images) == 6
+    assert m.classes == 3 and m.names == ("0", "1", "10") and len(m.images) == 6
+    assert m.card["absent_classes"] == [str(c) for c in range(2, 10)]
     drawn = masked_images(f"voc:{tmp_path / 'voc'}", None, None, 32, 3, seed=0)
     assert drawn.card["chosen"].startswith("class-balanced draw of 3 of 6 (every label map (no id list found))")
-    assert sum(int((lab == 10).any()) for lab in drawn.labels) >= 1  # maps showing class 10 are the last by name
+    assert drawn.names == ("0", "1", "10")
+    assert sum(int((lab == 2).any()) for lab in drawn.labels) >= 1  # maps showing label 10 are the last by name
     _write_voc(tmp_path / "full", label=np.arange(21, dtype=np.uint8).repeat(58)[:1200].reshape(30, 40))
     assert masked_images("voc", None, str(tmp_path / "full"), 32, 100).names == VOC_NAMES

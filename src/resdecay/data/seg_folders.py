@@ -15,7 +15,11 @@ An image may be PNG or JPEG in every layout; it is read as RGB, or as grey (PIL'
 input channel. Classes (voc and folder): ``classes.txt`` when present (line i
 names label value i, one name a line), else every label value up to the largest any label map holds
 (VOC's 21 names when that gives 21). ``ignore_index`` (default 255) is the value of unlabelled pixels; a
-value inside the class range (e.g. 0) is not a class, and the labels above it move down by one.
+value inside the class range (e.g. 0) is not a class, and the labels above it move down by one. A class that
+no scored label map shows (a name of ``classes.txt``, a gap in the label values, a category the drawn images
+lack) is taken out: the classes are those the scored maps show, in order, and the card names the others
+(``absent_classes``), so mIoU is not pulled down by an IoU of 0 for a class there was nothing of. Label maps
+with no scored pixel at all (every pixel ``ignore_index``) are refused, with ``classes.txt`` or without.
 
 Which label maps: all of them when ``--seg-images`` is at least their number, else a seeded class-balanced
 draw (``subsets.label_map_order``) over every label map (or every listed id), never the first N of a
@@ -24,7 +28,7 @@ listing: every label map is read once for the classes it shows before the drawn 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -198,6 +202,39 @@ def class_names_file(root: Path) -> list[str] | None:
     return names
 
 
+def _nothing_to_score(layout: Layout, ignore: int) -> str:
+    if layout.name == "cocostuff27":
+        return (f"{layout.root}: every pixel of every label map is unlabelled (255, or a fine label 182..254 that "
+                "COCO-Stuff-27 does not map), so there is nothing to score: check annotations/val2017")
+    return (f"{layout.root}: every pixel of every label map is {ignore} (--seg-ignore-index), so there is nothing to "
+            "score: check the label maps, or set --seg-ignore-index to the label of unlabelled pixels")
+
+
+def without_absent_classes(m: MaskedImages, where: str) -> MaskedImages:
+    """``m`` with the classes that none of its label maps shows taken out: the classes left keep their order and
+    are numbered 0.. again, the card's ``classes`` / ``class_names`` are theirs and ``absent_classes`` names the
+    others (so mIoU is the mean over the classes there is something of). ``m`` itself when every class occurs.
+    Label maps without one scored pixel, or showing one class only, are refused (``where`` names them)."""
+    shown = torch.unique(m.labels[m.labels != IGNORE])
+    names = list(m.names) if len(m.names) == m.classes else [str(c) for c in range(m.classes)]
+    if len(shown) == 0:
+        raise DataError(f"{where}: no pixel of the {len(m.labels)} scored label maps is labelled (after resizing to "
+                        "the model's input), so there is nothing to score: check the label maps and --seg-ignore-index")
+    if len(shown) == 1:
+        raise DataError(f"{where}: the {len(m.labels)} scored label maps show one class only "
+                        f"({names[int(shown[0])]!r}), and mIoU needs 2: add label maps with other classes, or raise "
+                        "--seg-images")
+    if len(shown) == m.classes:
+        return m
+    renumber = torch.full((IGNORE + 1,), IGNORE, dtype=torch.long)
+    renumber[shown] = torch.arange(len(shown))
+    kept = [names[int(c)] for c in shown]
+    absent = [n for c, n in enumerate(names) if c not in set(shown.tolist())]
+    card = {**m.card, "classes": len(kept), "class_names": kept, "absent_classes": absent}
+    return replace(m, labels=renumber[m.labels], classes=len(kept), card=card,
+                   names=tuple(kept) if m.names else ())
+
+
 def _classes(layout: Layout, values: list[np.ndarray], ignore: int) -> tuple[np.ndarray, tuple[str, ...], str]:
     """(raw label value -> class index or IGNORE, the class names, where the classes came from)."""
     top = max((int(v.max()) for v in values if v.size), default=0)
@@ -217,9 +254,7 @@ def _classes(layout: Layout, values: list[np.ndarray], ignore: int) -> tuple[np.
     else:
         raw = max((int(v[v != ignore].max()) + 1 for v in values if (v != ignore).any()), default=0)
         if not raw:
-            raise DataError(f"{layout.root}: every pixel of every label map is {ignore} (--seg-ignore-index), so there "
-                            "is nothing to score: check the label maps, or set --seg-ignore-index to the label of "
-                            "unlabelled pixels")
+            raise DataError(_nothing_to_score(layout, ignore))
         source = f"the label maps (every value up to the largest, {raw - 1}; {ignore} ignored)"
         standard = layout.name == "voc" and raw == len(VOC_NAMES) and ignore >= raw
         listed = list(VOC_NAMES) if standard else [str(i) for i in range(raw)]
@@ -272,6 +307,8 @@ def read_folder(name: str, root: Path, side: int, limit: int, seed: int, ignore:
     layout = _folder_pairs(root) if name == "folder" else _listed_pairs(name, root)
     values = [np.unique(_label_map(lab)) for _, lab in layout.pairs]  # each label map once, for its classes
     lut, names, classes_from = _classes(layout, values, ignore)
+    if not any((lut[v] != IGNORE).any() for v in values):  # with classes.txt too (then they scored mIoU 0)
+        raise DataError(_nothing_to_score(layout, ignore))
     total = len(layout.pairs)
     if limit >= total:
         chosen, how = np.arange(total), layout.source
@@ -289,4 +326,4 @@ def read_folder(name: str, root: Path, side: int, limit: int, seed: int, ignore:
             "files": [layout.pairs[int(i)][1].stem for i in chosen],
             "resize": f"short side to {side} (bicubic; labels nearest), centre crop {side}",
             "norm": "grey (PIL L), ImageNet mean/std averaged over RGB" if grey else "ImageNet mean/std"}
-    return MaskedImages(x, labels, len(names), card, mean, std, names)
+    return without_absent_classes(MaskedImages(x, labels, len(names), card, mean, std, names), str(root))

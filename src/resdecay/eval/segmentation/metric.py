@@ -45,7 +45,8 @@ def _segmentation(x: SegmentationSet, s: MetricSettings) -> list[Result]:
     card = {"split": "test", "segmentation": x.protocol.card(), "k": out["k"], "classes": x.classes,
             "token_grid": list(x.grid), "tokens": int(x.tokens.shape[0] * x.tokens.shape[1]),
             "matching": "hungarian (one-to-one, pixel counts; headline) and majority vote",
-            "miou": "one dataset-wide confusion matrix, ignored pixels excluded, mean over all classes (empty union = 0)",
+            "miou": "one dataset-wide confusion matrix, ignored pixels excluded, mean over the classes the scored label "
+                    "maps show (a class none shows is left out before clustering: test.absent_classes)",
             "iou": "per class, Hungarian matching, keyed by class name"}
     return [Result("tokens", out["values"], card=card)]
 
@@ -53,8 +54,10 @@ def _segmentation(x: SegmentationSet, s: MetricSettings) -> list[Result]:
 def _segmentation_text(p: dict) -> str:
     g = p["segmentation"]
     graph = "" if g["solver"] == "kmeans" else f", kNN {g['intra']}+{g['inter']} in {g['batch_images']}-image batches"
+    absent = p.get("test", {}).get("absent_classes")
+    left_out = f"; not in any scored label map (left out of mIoU): {', '.join(absent)}" if absent else ""
     return (f"{g['solver']} solver{graph}, K={p['k']} over {p['classes']} classes, {p['token_grid'][0]}x"
-            f"{p['token_grid'][1]} tokens, Hungarian (majority beside), seed {g['seed']}")
+            f"{p['token_grid'][1]} tokens, Hungarian (majority beside), seed {g['seed']}{left_out}")
 
 
 SEGMENTATION_METRIC = Metric(

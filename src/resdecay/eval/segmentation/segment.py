@@ -23,7 +23,10 @@ from the description in ``shared/segmentation-protocol.md`` (no code of theirs w
    (one-to-one, ``linear_sum_assignment``; the headline) and majority vote (many-to-one);
 6. mIoU from one dataset-wide confusion matrix, ignore label 255 excluded, averaged over all classes
    (a class with an empty union counts as 0, the authors' choice), pixel accuracy and the per-class IoU
-   beside it. (A label map's own ignore value, ``ignore_index``, becomes 255 where it is read.)
+   beside it. (A label map's own ignore value, ``ignore_index``, becomes 255 where it is read, and a class
+   that no scored label map shows is taken out there, ``seg_folders.without_absent_classes``: it would add
+   an IoU of 0 and take one of the K clusters. So every class of the evaluation has pixels, and the mean is
+   over the classes present.)
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ...data.seg_folders import without_absent_classes
 from ...data.seg_masks import SEG_FIX, masked_images
 from ...errors import UserError
 from ...io import progress_bar
@@ -67,6 +68,7 @@ def _check(ev: Evaluation, metrics: list) -> None:
     masked = masked_images(p.data or ev.data.name, ev.data, p.path, ev.cfg.model.img_size, p.images, p.seed,
                            p.ignore_index, chans)
     name = masked.card["data"]
+    masked = without_absent_classes(masked, name)  # a folder's already are; a built-in set's few drawn images
     if masked.images.shape[1] != chans:
         raise UserError(f"{name} images have {masked.images.shape[1]} channels but the model reads {chans}; pass "
                         "--seg-data with images of its kind (a folder's images are converted to the model's)")
