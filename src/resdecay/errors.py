@@ -27,6 +27,16 @@ class DataError(UserError):
     """A dataset path or file that cannot be used."""
 
 
+class InputMismatch(DataError):
+    """Images of another side or channel count than the model takes. ``key`` is "img_size" or "in_chans",
+    ``data`` the images' value and ``model`` the model's: a command re-words the fix in its own options
+    (``resdecay eval``: ``--resize``, ``--model-arg``) where the data pipeline's ``model.*`` overrides do not apply."""
+
+    def __init__(self, message: str, key: str, data: int, model: int):
+        super().__init__(message)
+        self.key, self.data, self.model = key, data, model
+
+
 class CheckpointError(UserError):
     """A checkpoint that cannot be resumed or loaded into this model."""
 

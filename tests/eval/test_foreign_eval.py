@@ -188,9 +188,13 @@ def test_load_foreign_hands_the_spec_to_the_first_registered_format_that_takes_i
 
     seen = {}
 
+    class Conditioned(torch.nn.Module):  # a backbone whose forward takes (x, t): a timestep is its to take
+        def forward(self, x, t):
+            return x
+
     def load(spec, weights, args):
         seen.update(spec=spec, weights=weights, args=args)
-        return _timm_vit(), _timm_vit
+        return Conditioned(), Conditioned
 
     register_model_format(ModelFormat("dotmine", load, "FILE.mine", takes_weights=True,
                                       matches=lambda spec: spec.endswith(".mine")))

@@ -121,9 +121,15 @@ def add_measurement_commands(sub) -> None:
     e.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="--model: a constructor argument (repeatable), e.g. img_size=32, in_chans=1; timestep / "
                         "class_label: a diffusion backbone's fixed conditioning (diffusers default 500 / 0)")
+    e.add_argument("--trust-remote-code", action="store_true",
+                   help="--model FOLDER: run the Python file its config.json's auto_map names (transformers' own "
+                        "opt-in; the file runs with your permissions: read it first)")
     e.add_argument("--baseline", choices=("pixels",), default=None,
                    help="pixels: the raw-pixel baseline of --data alone, no checkpoint (cached per data set and protocol)")
     e.add_argument("--img-size", type=int, default=None, help="with --baseline pixels: image side (default: the data set's own)")
+    e.add_argument("--resize", action="store_true",
+                   help="read fixed-size images (digits, Fashion-MNIST, CIFAR) resized to the model's input side "
+                        "instead of refusing a size that differs (recorded in the protocol card)")
     e.add_argument("--layer", default="-1", help="encoder block index (-1 = last) or 'all' for the per-layer profile")
     e.add_argument("--feature", default="mean", help="pooling: mean (all tokens incl. cls; default) | cls | patch_mean")
     e.add_argument("--evals", default=None, help=f"comma list of {', '.join(metric_names(FEATURES))} (default: all; "

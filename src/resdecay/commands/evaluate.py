@@ -15,7 +15,7 @@ import yaml
 
 from ..data import DataConfig, build_dataset
 from ..data.subsets import balanced_subset
-from ..errors import UserError
+from ..errors import UserError, one_line
 from ..eval.compare import compare_reports, format_comparison, load_report
 from ..eval.diffusion.probe import FAST_RECIPE, NOISE_LEVELS, check_levels, probe_grid
 from ..eval.features.baselines import default_baseline_cache
@@ -278,13 +278,14 @@ def eval_settings(args) -> EvalSettings:
     ``--metric-option`` (which wins) both set its options."""
     data = None
     if args.data:  # --data-path alone: the checkpoint's data set at another path
-        data = DataConfig(name=args.data, path=args.data_path, num_workers=args.num_workers)
+        data = DataConfig(name=args.data, path=args.data_path, num_workers=args.num_workers, resize=args.resize)
     evals = tuple(e.strip() for e in args.evals.split(",") if e.strip()) if args.evals else metric_names(FEATURES)
     flags, given = flag_options(args.metric_flags), parse_assignments(args.metric_option)
     return EvalSettings(evals=evals, layer=args.layer, feature=args.feature, data=data, max_train=args.max_train,
                         max_test=args.max_test, batch_size=args.batch_size, num_workers=args.num_workers,
                         device=args.device, cache_dir=args.cache_dir, progress=not args.no_progress,
                         baselines=not args.no_baselines, data_path=None if args.data else args.data_path,
+                        resize=args.resize,
                         metric_options={n: {**flags.get(n, {}), **given.get(n, {})} for n in [*flags, *given]})
 
 
@@ -295,7 +296,12 @@ def model_args(items: list[str]) -> dict:
         key, eq, value = item.partition("=")
         if not eq or not key.strip().isidentifier():
             raise UserError(f"--model-arg {item!r} is not KEY=VALUE (e.g. --model-arg img_size=32)")
-        out[key.strip()] = yaml.safe_load(value)
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or one_line(e)
+            raise UserError(f"--model-arg {item!r}: {value!r} is not a YAML value ({problem}); write a number, a "
+                            f"list as [4, 4], or quote a string: {key.strip()}='\"...\"'") from None
     return out
 
 
@@ -312,9 +318,10 @@ def eval_command(args) -> None:
         return
     targets: list[Target] = [CheckpointTarget(Path(c)) for c in args.checkpoints]
     if args.model:  # a model trained elsewhere: built, its weights loaded, measured like a checkpoint
-        targets.append(ForeignTarget(load_foreign(args.model, args.weights, model_args(args.model_arg))))
-    elif args.weights or args.model_arg:
-        raise UserError("--weights and --model-arg describe a --model SPEC (e.g. --model timm:vit_small_patch16_224); add it")
+        targets.append(ForeignTarget(load_foreign(args.model, args.weights, model_args(args.model_arg),
+                                                   trust_remote_code=args.trust_remote_code)))
+    elif args.weights or args.model_arg or args.trust_remote_code:
+        raise UserError("--weights, --model-arg and --trust-remote-code describe a --model SPEC (e.g. --model timm:vit_small_patch16_224); add it")
     if not targets:
         raise UserError("eval needs checkpoint files (<run>/checkpoints/step_*.pt), --model SPEC, or --baseline pixels --data NAME")
     if args.img_size is not None:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..data import DataConfig
+from ..data.seg_folders import without_absent_classes
 from ..data.seg_masks import IGNORE, masked_images
 from ..data.subsets import label_map_order
 from ..errors import UserError
@@ -54,6 +55,7 @@ def run_segmentation_figures(checkpoints: list[str], out: str, protocol: SegProt
     grid = token_grid(next(iter(models.values()))[0])
     masked = masked_images(seg_data or data.name, data, seg_path, first.model.img_size, protocol.images, protocol.seed,
                            protocol.ignore_index, first.model.in_chans)
+    masked = without_absent_classes(masked, masked.card["data"])  # scored over the classes present, as eval scores them
     k = protocol.k or masked.classes
     if k > len(masked.images) * grid[0] * grid[1]:
         raise UserError(f"--seg-k {k} is more clusters than the tokens of {len(masked.images)} images; lower --seg-k")

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import ConfigError, DataError, check_fields
+from ..errors import ConfigError, DataError, InputMismatch, check_fields
 from ..io import safe_load
 from ..safe_pickle import load_data_pickle
 from .digits import load_digits_split
@@ -299,10 +299,10 @@ def build_dataset(cfg: DataConfig, split: str, img_size: int, augment: bool | No
     images, labels, info = _memory_split(cfg, train, img_size)
     native = info.native_size
     if native != img_size and not cfg.resize and RECIPES[aug].crop_scale is None:  # a resized crop makes img_size pixels
-        raise DataError(
+        raise InputMismatch(
             f"{cfg.name} images are {native}x{native} but model.img_size is {img_size}; "
-            f"set model.img_size={native} (with a patch_size that divides it) or data.resize=true"
-        )
+            f"set model.img_size={native} (with a patch_size that divides it) or data.resize=true",
+            "img_size", native, img_size)
     transform = create_transform(aug, img_size, pipeline, native=native, resize=cfg.resize)
     return TensorImages(images, labels, info, transform), info
 

@@ -12,7 +12,7 @@ import math
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from ..errors import DataError
+from ..errors import InputMismatch
 from .datasets import TensorImages
 
 
@@ -77,7 +77,8 @@ def check_first_sample(dataset: Dataset, expected_chans: int, img_size: int, wha
     """Load one sample up front so shape problems surface as one clear line before training."""
     x, _ = dataset[(0, 0)] if isinstance(dataset, SeededSamples) else dataset[0]
     if x.shape[0] != expected_chans:
-        raise DataError(f"{what} images have {x.shape[0]} channels but model.in_chans is {expected_chans}; "
-                        f"set model.in_chans={x.shape[0]}")
+        raise InputMismatch(f"{what} images have {x.shape[0]} channels but model.in_chans is {expected_chans}; "
+                            f"set model.in_chans={x.shape[0]}", "in_chans", x.shape[0], expected_chans)
     if tuple(x.shape[-2:]) != (img_size, img_size):
-        raise DataError(f"{what} images come out {tuple(x.shape[-2:])} but model.img_size is {img_size}")
+        raise InputMismatch(f"{what} images come out {tuple(x.shape[-2:])} but model.img_size is {img_size}", "img_size",
+                            x.shape[-1], img_size)

@@ -22,7 +22,8 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from ..errors import UserError
+from ..errors import UserError, one_line
+from ..io import first_sentence
 from ..nn.decayify import alphas_of, residual_blocks
 from .diagnostics.branches import BranchStats
 from .diagnostics.record import Pass, hooked
@@ -108,11 +109,21 @@ def _tokens(out) -> torch.Tensor:
     return t.flatten(2).transpose(1, 2) if t.dim() == 4 else t
 
 
-def _decay_of(model: nn.Module) -> tuple[float, str]:
-    spec = getattr(model, "resdecay_spec", None)  # decayify's record on the model (nn/spec.py)
-    if spec is None:
+def installed_decay(model: nn.Module) -> tuple[float, str]:
+    """(alpha_min, schedule) of the decay installed anywhere in ``model``, for its label and protocol card.
+
+    alpha_min is the smallest alpha its residual adds use now (``alphas_of``: what the numbers were measured
+    with), so a decay on a part -- ``decayify(mae.vit)``, a restored ``unet_skips`` folder -- is not read as
+    "plain". The schedule is the one ``decayify`` recorded (``resdecay_spec``) on the module it was given,
+    named when that is a part (``linear on vit``); ``unrecorded`` where alphas differ from 1 without a record.
+    (1, "none") when every add keeps alpha 1.
+    """
+    lowest = min((v for _, a in alphas_of(model) for v in a), default=1.0)
+    if lowest == 1.0:
         return 1.0, "none"
-    return float(spec["alpha_min"]), str(spec["schedule"])
+    specs = [(name, m.resdecay_spec) for name, m in model.named_modules() if getattr(m, "resdecay_spec", None)]
+    parts = [f"{spec.get('schedule', 'linear')}{f' on {name}' if name else ''}" for name, spec in specs]
+    return float(lowest), "; ".join(parts) or "unrecorded"
 
 
 class ForeignEncoder(nn.Module):
@@ -133,16 +144,17 @@ class ForeignEncoder(nn.Module):
         super().__init__()
         self.model = model
         img_size, in_chans = img_size or _input_side(model), in_chans or _input_chans(model)
-        if img_size is None or in_chans is None:
-            raise UserError(f"{source}: its input size is not recorded in the model; pass --model-arg img_size=N "
-                            "and --model-arg in_chans=C as the model was built")
+        if img_size is None or in_chans is None:  # a CNN takes any side: the side to read the images at
+            missing = " and ".join(f"--model-arg {k}" for k, v in (("img_size=N", img_size), ("in_chans=C", in_chans))
+                                   if v is None)
+            raise UserError(f"{source}: its input {'size' if img_size is None else 'channels'} is not recorded in the "
+                            f"model; pass {missing} (a CNN reads any side: the side its images were trained at)")
         patch = patch_size_of(model)
-        alpha_min, schedule = _decay_of(model)
+        alpha_min, schedule = installed_decay(model)
         self.cfg = ForeignModelConfig(source, weights, int(img_size), int(in_chans), patch[0] if patch else None,
                                       0, alpha_min, schedule, tuple(conditioning))
         self._blocks = [b for _, b in stream_blocks(model, container)]  # a plain list: registered once, under ``model``
-        with torch.no_grad():
-            probe = self.forward_intermediates(torch.zeros(1, self.cfg.in_chans, self.cfg.img_size, self.cfg.img_size), [0])
+        probe = self._probe()
         if probe[0].dim() == 3 and self._maps and container is None:  # a CNN: its stages are one stream of blocks
             self._blocks = [b for _, b, _ in residual_blocks(model)]
             self.cfg.patch_size = None
@@ -150,6 +162,20 @@ class ForeignEncoder(nn.Module):
         self.cfg.prefix_tokens = probe[0].shape[1] - (grid[0] * grid[1] if grid else probe[0].shape[1])
 
     _maps = False  # the blocks return feature maps (a CNN), not token sequences
+
+    @torch.no_grad()
+    def _probe(self) -> list[torch.Tensor]:
+        """The first block's output on one zero image, or one line: a model that cannot run on the input and the
+        conditioning it was given (an index error deep in a class embedding, an attention mask of the wrong dtype)
+        is refused here, before a feature is extracted."""
+        c = self.cfg
+        try:
+            return self.forward_intermediates(torch.zeros(1, c.in_chans, c.img_size, c.img_size), [0])
+        except Exception as e:  # noqa: BLE001  (whatever the model's own code raises: it is reported, not hidden)
+            given = ["img_size", "in_chans"] + (["timestep", "class_label"] if c.conditioning else [])
+            cond = f" with conditioning {tuple(c.conditioning)}" if c.conditioning else ""
+            raise UserError(f"{c.source}: a forward pass on a {c.in_chans}x{c.img_size}x{c.img_size} image{cond} fails "
+                            f"({first_sentence(one_line(e))}); check --model-arg {' / '.join(given)}") from None
 
     @property
     def blocks(self) -> list[nn.Module]:

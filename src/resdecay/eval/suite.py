@@ -58,6 +58,8 @@ class EvalSettings:
         cache_dir: the feature cache (default ``<run>/eval/cache``); pixel_cache: a folder of cached raw-pixel
             rows (``ablate``: ``baselines.default_baseline_cache()``).
         baselines: also measure raw pixels and the run's randomly initialised encoder.
+        resize: read fixed-size images (digits, Fashion-MNIST, CIFAR) at the model's side (``--resize``; the
+            checkpoint's data without ``data``; with ``data`` it is ``data.resize``).
         trackers: also log one layer's numbers to the run's trackers (TensorBoard, W&B, MLflow).
         metric_options: metric name -> {key: value}, the metrics' own options.
     """
@@ -76,6 +78,7 @@ class EvalSettings:
     baselines: bool = True
     data_path: str | None = None
     pixel_cache: str | None = None
+    resize: bool = False
     trackers: bool = True
     metric_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -174,7 +177,8 @@ def checked_checkpoint(checkpoint: str | Path, s: EvalSettings) -> tuple[dict, o
         check_data_path(s.data.name, s.data.path)
         return state, cfg, s.data
     check_data_path(cfg.data.name, s.data_path)
-    return state, cfg, replace(cfg.data, augment="none", train_subset=None, path=s.data_path or cfg.data.path)
+    return state, cfg, replace(cfg.data, augment="none", train_subset=None, path=s.data_path or cfg.data.path,
+                               resize=cfg.data.resize or s.resize)
 
 
 def measured_layers(model, layer: int | str) -> list[int]:

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
 
+import torch
 import torch.nn as nn
 
-from ..errors import UserError
-from ..io import file_sha256, run_dir_of
+from ..errors import DataError, InputMismatch, UserError, one_line
+from ..io import file_sha256, first_sentence, run_dir_of
 from ..train.distributed import resolve_device
 from .foreign import ForeignEncoder, ForeignRun
 from .inputs import check_data_path
@@ -71,10 +72,23 @@ class CheckpointTarget:
         return run_dir_of(self.path) / "eval" / "cache"
 
     def check(self, s: EvalSettings) -> None:
+        library = saved_library(self.path)
+        if library is not None:  # a folder of another library: measured as a model trained elsewhere
+            convert = (f" (or convert it into a checkpoint: resdecay import-weights {self.path} --format hf-vitmae "
+                       "--preset PRESET --out imported.pt)") if library == "transformers vit_mae" else ""
+            raise UserError(f"{self.path} is a {library} save_pretrained folder, not a resdecay checkpoint; measure it "
+                            f"as a model trained elsewhere: resdecay eval --model {self.path} --data NAME{convert}")
         checked_checkpoint(self.path, s)
 
     def evaluate(self, s: EvalSettings, report_dir: Path) -> dict | None:
-        return evaluate_checkpoint(self.path, s, report_dir)  # its numbers also reach its run's trackers
+        try:
+            return evaluate_checkpoint(self.path, s, report_dir)  # its numbers also reach its run's trackers
+        except InputMismatch as e:  # the checkpoint's model is fixed: only the images can change
+            if e.key == "img_size":
+                raise DataError(f"the images are {e.data}x{e.data} but {self.path} takes {e.model}x{e.model}: pass --resize "
+                                f"to read them at {e.model}x{e.model}, or measure it on the data it was trained on") from None
+            raise DataError(f"the images have {e.data} channel(s) but {self.path} takes {e.model}: measure it on "
+                            f"images of {e.model} channel(s) (--data NAME)") from None
 
 
 @runtime_checkable
@@ -97,6 +111,7 @@ class ForeignTarget:
 
     built: BuiltModel
     encoder: ForeignEncoder | None = None  # made by ``check``: its blocks found, its token grid probed
+    fresh_checked: bool = False  # ``check`` built the random-init baseline once
 
     @property
     def name(self) -> str:
@@ -119,21 +134,77 @@ class ForeignTarget:
                                           b.conditioning)
         if self.encoder.cfg.prefix_tokens == 0 and s.feature == "cls":
             raise UserError(f"{self.name} has no cls token: pass --feature mean or patch_mean")
+        if s.baselines and not self.fresh_checked:  # built once now, so that it cannot fail after the extraction
+            with torch.random.fork_rng():
+                try:
+                    self.built.fresh()
+                except Exception as e:  # noqa: BLE001  (the library's own error, reported in one line)
+                    raise UserError(f"--model {self.name}: its random-init baseline (the same architecture, freshly "
+                                    f"initialised) cannot be built ({first_sentence(one_line(e))}); pass --no-baselines "
+                                    "to measure it without the baselines") from None
+            self.fresh_checked = True
 
     def evaluate(self, s: EvalSettings, report_dir: Path) -> dict | None:
-        return evaluate(self.open(s, report_dir), s)
+        try:
+            return evaluate(self.open(s, report_dir), s)
+        except InputMismatch as e:
+            raise DataError(self._input_fix(e, s.data.name)) from None
+
+    def _input_fix(self, e: InputMismatch, data: str) -> str:
+        """The fix of images the model does not take, in ``eval``'s own options: ``--resize``, or a
+        ``--model-arg`` where the model's constructor takes the value (a folder's config states its own)."""
+        folder = Path(self.name).is_dir()
+        if e.key == "img_size":
+            arg = "" if folder else (f", or --model-arg img_size={e.data} if it was built for {e.data}x{e.data} "
+                                     "images (a ViT: with a patch_size that divides it)")
+            return (f"{data} images are {e.data}x{e.data} but {self.name} takes "
+                    f"{e.model}x{e.model}: pass --resize to read them at {e.model}x{e.model}{arg}")
+        fixed = folder or self.name.startswith("torchvision:")  # torchvision's constructors take no in_chans
+        arg = "" if fixed else f"pass --model-arg in_chans={e.data} if it was built for them, or "
+        return (f"{data} images have {e.data} channel(s) but {self.name} takes {e.model}: {arg}measure it on images of "
+                f"{e.model} channel(s) (--data NAME)")
 
     def open(self, s: EvalSettings, report_dir: Path) -> Evaluation:
         """Checked, and ready: what every source reads."""
         self.check(s)
         model, run = self.encoder, ForeignRun(self.encoder.cfg, s.data, build=self.built.fresh)
-        weights = self.built.weights
-        sha = file_sha256(Path(weights)) if weights else hashlib.sha256(json.dumps(run.to_dict()).encode()).hexdigest()
+        weights, folder = self.built.weights, Path(self.name)
+        if weights:
+            sha = file_sha256(Path(weights))
+        elif folder.is_dir():  # a save_pretrained folder holds its weights: saved again, its features are new
+            sha = folder_sha256(folder)
+        else:  # random weights, drawn with seed 0: the spec and its arguments name them
+            sha = hashlib.sha256(json.dumps(run.to_dict()).encode()).hexdigest()
         device = resolve_device(s.device, "--device")
         ev = Evaluation(Path(weights) if weights else None, sha, {"train_state": {"step": None}, "config": run.to_dict()},
                         run, model.to(device).eval(), run.data, s, measured_layers(model, s.layer), device,
                         Path(report_dir), cache_dir=self.cache_dir(Path(report_dir)))
         return described(ev, run.label)
+
+
+def folder_sha256(folder: Path) -> str:
+    """One SHA-256 over a save_pretrained folder's files (names and contents; the cache key of its features), so
+    that a model saved again into the same folder is extracted again rather than read from the cache."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and "cache" not in p.relative_to(folder).parts):
+        digest.update(f"{path.relative_to(folder).as_posix()}\0{file_sha256(path)}\0".encode())
+    return digest.hexdigest()
+
+
+def saved_library(path: Path) -> str | None:
+    """"diffusers", "transformers MODEL_TYPE" when ``path`` is a save_pretrained folder of that library (its
+    config.json names a class: ``_class_name`` / ``architectures``, or a ``model_type``); None otherwise (a file,
+    resdecay's own ``export --to hf`` folder: ``from_pretrained`` reads that one)."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text()) if Path(path).is_dir() else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    if "_class_name" in config:
+        return "diffusers"
+    kind = config.get("model_type")
+    return f"transformers {kind}" if isinstance(kind, str) and kind else None
 
 
 def as_target(target: Target | BuiltModel | str | Path) -> Target:

@@ -21,7 +21,9 @@ for a diffusers model). Each failure is one line naming the spec and the fix.
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -30,6 +32,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import CheckpointError, Registry, RegistryError, UserError, defined_at, one_line
+from ..io import first_sentence
 from ..nn.decayify import decayify
 from ..nn.spec import check_spec
 from .checkpoint_io import load_strict, read_weights_file, state_dict_of
@@ -90,15 +93,25 @@ def _from_registry(spec: str, weights: str | None, kwargs: dict) -> tuple[nn.Mod
     if lib == "torchvision":  # its constructors take no input size: the evaluators read it (ForeignEncoder)
         kwargs = {k: v for k, v in kwargs.items() if k not in INPUTS}
 
-    def build() -> nn.Module:
-        try:
-            if lib == "timm":
-                return module.create_model(name, pretrained=False, **kwargs)
-            import torchvision.models  # noqa: PLC0415  (torchvision's registry; imported with the spec that names it)
+    def create(args: dict) -> nn.Module:
+        if lib == "timm":
+            return module.create_model(name, pretrained=False, **args)
+        import torchvision.models  # noqa: PLC0415  (torchvision's registry; imported with the spec that names it)
 
-            return torchvision.models.get_model(name, weights=None, **kwargs)
-        except (RuntimeError, ValueError, TypeError, KeyError) as e:
-            raise UserError(f"--model {lib}:{name}: {str(e).splitlines()[0]} (check the name and --model-arg)") from None
+        return torchvision.models.get_model(name, weights=None, **args)
+
+    def build() -> nn.Module:
+        args = dict(kwargs)
+        while True:
+            try:
+                return create(args)
+            except TypeError as e:  # a timm CNN takes no img_size: the evaluators read it (load_foreign's inputs)
+                refused = next((k for k in INPUTS if k in args and f"keyword argument '{k}'" in str(e)), None)
+                if refused is None:
+                    raise UserError(f"--model {lib}:{name}: {one_line(e)} (check the name and --model-arg)") from None
+                del args[refused]
+            except (RuntimeError, ValueError, KeyError) as e:
+                raise UserError(f"--model {lib}:{name}: {one_line(e)} (check the name and --model-arg)") from None
 
     spec = None
     if isinstance(blob, dict) and "resdecay_spec" in blob:
@@ -112,37 +125,82 @@ def _from_registry(spec: str, weights: str | None, kwargs: dict) -> tuple[nn.Mod
     return model, fresh
 
 
+WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt", "*.pth")  # the weight files a save_pretrained folder may hold
+REMOTE_CODE = "trust_remote_code"  # transformers' opt-in to run a folder's own Python: --trust-remote-code only
+
+
+def _folder_class(folder: Path, config: dict, trust_remote_code: bool) -> tuple[Any, Any]:
+    """(library, model class) a save_pretrained folder names: diffusers' ``_class_name``, else transformers'
+    ``architectures[0]`` (``AutoModel`` without one, as transformers loads it); one line for a name that is
+    no model class of the installed library, or code of the folder's own that was not allowed to run."""
+    diffusers = "_class_name" in config
+    lib = _library("diffusers" if diffusers else "transformers")
+    name = config["_class_name"] if diffusers else (config.get("architectures") or ["AutoModel"])[0]
+    code = _remote_code(folder, config)
+    if trust_remote_code:  # the auto class its auto_map names (AutoModel, AutoModelForImageClassification, ...)
+        auto = next((getattr(lib, k) for k in config.get("auto_map") or {} if k != "AutoConfig" and hasattr(lib, k)), None)
+        if not code or diffusers or auto is None:
+            raise UserError(f"--trust-remote-code: {folder}/config.json names no transformers model code of its own "
+                            "(no auto_map with a model class); drop the flag")
+        return lib, auto
+    cls = getattr(lib, name, None) if isinstance(name, str) else None
+    if isinstance(cls, type) and issubclass(cls, nn.Module) or name == "AutoModel":
+        return lib, cls
+    if code:
+        raise UserError(f"--model {folder}: {name} is the folder's own code ({', '.join(code)}), which resdecay runs "
+                        "only with --trust-remote-code (read the file first: it runs with your permissions)")
+    raise UserError(f"--model {folder}: config.json names {name!r}, which is not a model class of the installed "
+                    f"{lib.__name__} {lib.__version__}; upgrade it, or fix {'_class_name' if diffusers else 'architectures'}")
+
+
+def _remote_code(folder: Path, config: dict) -> list[str]:
+    """The Python files of the folder that config.json's ``auto_map`` names (``"modeling_x.MyModel"`` -> modeling_x.py)."""
+    auto_map = config.get("auto_map")
+    refs = auto_map.values() if isinstance(auto_map, dict) else []
+    names = {str(r).split("--")[-1].rpartition(".")[0] for r in refs if isinstance(r, str)}
+    return sorted(str(folder / f"{n.replace('.', '/')}.py") for n in names if n)
+
+
+def _unloadable(folder: Path, e: Exception) -> str:
+    """Why ``from_pretrained(folder)`` failed, in the words ``--weights`` uses for the same file (resdecay's own
+    readers: a pickle payload, a truncated safetensors file), else the library's first sentence."""
+    for pattern in WEIGHT_GLOBS:
+        for path in sorted(folder.glob(pattern)):
+            try:
+                read_weights_file(path)
+            except CheckpointError as bad:
+                return str(bad)
+    return f"{folder}: {first_sentence(one_line(e))}"
+
+
 def _from_folder(spec: str, weights: str | None, kwargs: dict) -> tuple[nn.Module, Callable]:
-    """A transformers or diffusers save_pretrained folder; resdecay's recorded decay restored."""
+    """A transformers or diffusers save_pretrained folder; resdecay's recorded decay and skips restored."""
     folder = Path(spec)
     try:
         config = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"--model {folder}: no readable config.json ({e}); pass a save_pretrained folder") from None
-    if "_class_name" in config:  # diffusers
-        lib = _library("diffusers")
-        cls = getattr(lib, config["_class_name"], None)
-        load = lambda: cls.from_pretrained(folder, **kwargs)  # noqa: E731
-        fresh_base = lambda: cls.from_config(cls.load_config(folder), **kwargs)  # noqa: E731
-    else:
-        lib = _library("transformers")
-        arch = (config.get("architectures") or ["AutoModel"])[0]
-        cls = getattr(lib, arch, None)
-        load = lambda: cls.from_pretrained(folder, local_files_only=True, **kwargs)  # noqa: E731
-        fresh_base = lambda: cls(lib.AutoConfig.from_pretrained(folder, local_files_only=True, **kwargs))  # noqa: E731
-    if cls is None:
-        raise UserError(f"--model {folder}: {config.get('_class_name') or arch} is not a class of the installed "
-                        f"{lib.__name__} {lib.__version__}; upgrade it")
+        if not isinstance(config, dict):
+            raise ValueError(f"it holds a {type(config).__name__}, not a JSON object")
+    except (OSError, ValueError) as e:
+        raise UserError(f"--model {folder}: no readable config.json ({one_line(e)}); pass a save_pretrained folder") from None
+    trust = bool(kwargs.pop(REMOTE_CODE, False))  # set by load_foreign for --trust-remote-code only
+    lib, cls = _folder_class(folder, config, trust)
+    diffusers = "_class_name" in config
+    local = {} if diffusers else {"local_files_only": True, **({REMOTE_CODE: True} if trust else {})}
+    if trust:
+        print(f"warning: --trust-remote-code: running {', '.join(_remote_code(folder, config))} from {folder}")
+    try:
+        model = cls.from_pretrained(folder, **local, **kwargs)
+    except Exception as e:  # noqa: BLE001  (the libraries raise OSError, pickle's, safetensors' and their own errors)
+        raise CheckpointError(f"--model {_unloadable(folder, e)}") from None
     recorded = "resdecay" in config
 
-    def fresh() -> nn.Module:
-        model = fresh_base()
-        return restore(model) if recorded else model
+    def fresh() -> nn.Module:  # the class from_pretrained gave (an AutoModel's concrete one), its config afresh
+        if diffusers:
+            base = cls.from_config(cls.load_config(folder), **kwargs)
+        else:
+            base = type(model)(lib.AutoConfig.from_pretrained(folder, **local, **kwargs))
+        return restore(base, skip_weights=False) if recorded else base  # fresh skips too: nothing trained
 
-    try:
-        model = load()
-    except (OSError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"--model {folder}: {str(e).splitlines()[0]}") from None
     return (restore(model, folder) if recorded else model), fresh
 
 
@@ -206,6 +264,12 @@ def model_format(spec: str, weights: str | None) -> ModelFormat:
         written = [f.written for f in MODEL_FORMATS.values()] or ["a registered format (none is registered)"]
         raise UserError(f"--model {spec!r} is neither {_listed(written, 'nor')} (a format of your own is one --plugin "
                         "file: docs/EXTENDING.md (f))")
+    if fmt.takes_weights and weights is not None and Path(weights).is_dir():
+        inside = sorted(p.name for pattern in WEIGHT_GLOBS for p in Path(weights).glob(pattern))[:3]
+        saved = (Path(weights) / "config.json").is_file()
+        raise UserError(f"--weights {weights} is a folder" + (
+            f", a save_pretrained one: measure it as --model {weights} (without --weights)" if saved else
+            f"; pass the weights file of {spec} itself" + (f" (it holds {', '.join(inside)})" if inside else "")))
     if fmt.takes_weights and weights is not None and not Path(weights).is_file():
         raise UserError(f"--weights {weights} does not exist; pass the weights file of {spec}")
     if not fmt.takes_weights and weights is not None:
@@ -221,7 +285,8 @@ register_model_format(ModelFormat("folder", _from_folder, "a save_pretrained fol
                                   matches=lambda spec: Path(spec).is_dir()))
 
 
-def load_foreign(spec: str, weights: str | None = None, model_args: dict[str, Any] | None = None) -> ForeignModel:
+def load_foreign(spec: str, weights: str | None = None, model_args: dict[str, Any] | None = None,
+                 trust_remote_code: bool = False) -> ForeignModel:
     """The model ``spec`` names, with ``weights`` loaded, by the registered format that takes the spec (see
     the module docstring for the built-in ones).
 
@@ -229,10 +294,19 @@ def load_foreign(spec: str, weights: str | None = None, model_args: dict[str, An
         spec: ``timm:NAME``, ``torchvision:NAME``, a transformers / diffusers folder, or a registered format's.
         weights: the weights file of a format that takes one (None: random weights, drawn with seed 0).
         model_args: constructor arguments, and ``timestep`` / ``class_label`` for a diffusion backbone.
+        trust_remote_code: run the Python file a transformers folder's ``auto_map`` names (``--trust-remote-code``;
+            never through ``model_args``).
     """
     args = dict(model_args or {})
+    if REMOTE_CODE in args:
+        raise UserError(f"--model-arg {REMOTE_CODE} is refused: running a folder's own Python is the explicit "
+                        "--trust-remote-code flag (it names the file it runs)")
     cond = {k: args.pop(k) for k in CONDITIONING if k in args}
     fmt = model_format(spec, weights)
+    if trust_remote_code:
+        if fmt.name != "folder":
+            raise UserError(f"--trust-remote-code applies to a transformers save_pretrained folder; {spec} is {fmt.written}")
+        args[REMOTE_CODE] = True  # read (and removed) by _from_folder
     try:
         built = fmt.load(spec, weights, args)
     except UserError:
@@ -244,6 +318,33 @@ def load_foreign(spec: str, weights: str | None = None, model_args: dict[str, An
         raise UserError(f"--model {spec}: the {fmt.name} format's load ({defined_at(fmt.load)}) returned "
                         f"{type(built).__name__}, not (model, fresh): an nn.Module and a function that builds it afresh")
     model, fresh = built
-    diffusers = type(model).__module__.startswith("diffusers.")
-    conditioning = (cond.get("timestep", 500), cond.get("class_label", 0)) if diffusers else tuple(cond.values())
+    conditioning = _conditioning(spec, model, cond)
     return ForeignModel(model.eval(), fresh, spec, weights, conditioning, args, {k: args[k] for k in INPUTS if k in args})
+
+
+def _conditioning(spec: str, model: nn.Module, given: dict) -> tuple:
+    """The fixed values a diffusion backbone is run with after x (a diffusers model: timestep 500, class 0 unless
+    given), checked: a timestep is a number >= 0, a class label a whole number >= 0, and a model that takes none
+    (a timm / transformers encoder, a forward of x alone) is refused rather than fed them where they mean something else."""
+    for key, value in given.items():
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        number = whole or isinstance(value, float) and math.isfinite(value)
+        if not (whole if key == "class_label" else number) or value < 0:
+            kind = "a class index (a whole number >= 0)" if key == "class_label" else "a diffusion time (a number >= 0)"
+            raise UserError(f"--model-arg {key}={value!r} is not {kind}, e.g. --model-arg {key}="
+                            f"{0 if key == 'class_label' else 500}")
+    if type(model).__module__.startswith("diffusers."):
+        return given.get("timestep", 500), given.get("class_label", 0)
+    if not given:
+        return ()
+    library = type(model).__module__.partition(".")[0]
+    try:
+        takes = library not in ("timm", "transformers") and not hasattr(model, "forward_features")
+        takes = takes and bool(inspect.signature(model.forward).bind(None, *given.values()))
+    except (TypeError, ValueError):
+        takes = False
+    if not takes:
+        raise UserError(f"--model-arg {' / '.join(given)} is the fixed conditioning of a diffusion backbone (a diffusers "
+                        f"folder, or a model whose forward takes (x, t, y)); {spec} ({type(model).__name__}) takes none: "
+                        "drop it")
+    return tuple(given.values())

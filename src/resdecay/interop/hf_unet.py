@@ -209,7 +209,7 @@ def _install_hooks(model, unet, enc_layers, dec_layers) -> None:
         layer.register_forward_pre_hook(_fuse, with_kwargs=True)
 
 
-def restore(model: nn.Module, folder: str | Path | None = None) -> nn.Module:
+def restore(model: nn.Module, folder: str | Path | None = None, skip_weights: bool = True) -> nn.Module:
     """Re-do on ``model`` what its config records under ``resdecay`` (``decayify``, ``unet_skips``, in their
     order) and load the skips' weights from ``folder``: the model a library's ``from_pretrained(folder)``
     returns becomes the one that was saved. Returns ``model`` (in place), its record rewritten in this
@@ -219,6 +219,8 @@ def restore(model: nn.Module, folder: str | Path | None = None) -> nn.Module:
         model: what ``from_pretrained`` returned (transformers or diffusers).
         folder: the folder it was loaded from; needed for skips (their weights), and read for the
             record when the model's config has none.
+        skip_weights: load the skips' trained weights from ``folder``; False builds them as ``unet_skips``
+            initialises them (the same architecture afresh: ``resdecay eval``'s random-init baseline).
 
     Raises:
         UserError: one line: no record, a record this version cannot read, a folder that is missing,
@@ -241,7 +243,7 @@ def restore(model: nn.Module, folder: str | Path | None = None) -> nn.Module:
     steps, note = parse(section, where)
     targets = [_target(model, s, where) if s["op"] == "decayify" else None for s in steps]
     skips = [s for s in steps if s["op"] == "unet_skips"]
-    state = _skip_state(model, folder, where, skips)
+    state = _skip_state(model, folder, where, skips, skip_weights)
     with replaying():
         for step, target in zip(steps, targets, strict=True):
             if step["op"] == "decayify":
@@ -265,7 +267,7 @@ def _target(model: nn.Module, step: dict, where: str) -> nn.Module:
     return found[0]
 
 
-def _skip_state(model: nn.Module, folder: Path | None, where: str, skips: list[dict]) -> dict | None:
+def _skip_state(model: nn.Module, folder: Path | None, where: str, skips: list[dict], read: bool = True) -> dict | None:
     """The ``resdecay_unet.`` weights the record's skips need, read and checked against skips built as the
     record says before anything changes (so that a refusal leaves the model as it was)."""
     if not skips:
@@ -278,6 +280,8 @@ def _skip_state(model: nn.Module, folder: Path | None, where: str, skips: list[d
     if hasattr(model, "resdecay_unet"):
         raise UserError(f"restore: this {type(model).__name__} already has its skips (model.resdecay_unet); pass the model "
                         "from_pretrained returned")
+    if not read:
+        return None
     if folder is None:
         raise UserError(f"{where} records encoder->decoder skips, whose weights from_pretrained drops: pass the folder "
                         "too, restore(model, folder)")

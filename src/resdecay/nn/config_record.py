@@ -28,6 +28,8 @@ step or module) is refused in one line. Nothing here imports transformers or dif
 
 from __future__ import annotations
 
+import copy
+import gc
 import threading
 import warnings
 from contextlib import contextmanager
@@ -79,7 +81,39 @@ def write_section(model: nn.Module, steps: list[dict], note: str | None = None) 
     if library_of(model) == "diffusers":
         model.register_to_config(**{KEY: section})
     else:
-        setattr(model.config, KEY, section)
+        setattr(own_config(model), KEY, section)
+
+
+def own_config(model: nn.Module):
+    """``model.config``, first copied when another model shares the object, so that the record describes this
+    model only. transformers keeps the config it is given: ``a = ViTMAEForPreTraining(c); b =
+    ViTMAEForPreTraining(c)`` share ``c``, and a record written into it would make ``b`` save (and restore) a
+    decay it never had. The copy goes to every module of this model's tree that holds the object (a ViTMAE's
+    ``vit``, ``decoder``, embeddings ...: a part ``decayify`` was given shares it with its model); the other
+    models keep the original. Who holds the object is asked of the garbage collector: the config does not know."""
+    config = model.config
+    holders = _holders(config)
+    roots = [h for h in holders if any(m is model for m in h.modules())]  # model and the models it is a part of
+    tree = max(roots, key=lambda h: sum(1 for _ in h.modules()), default=model)
+    mine = {id(m) for m in tree.modules()}
+    if all(id(h) in mine for h in holders):
+        return config
+    copied = copy.deepcopy(config)
+    for h in holders:
+        if id(h) in mine:
+            h.config = copied
+    return copied
+
+
+def _holders(config: Any) -> list[nn.Module]:
+    """The modules whose ``config`` attribute is ``config`` (an instance's attributes live in its ``__dict__``,
+    or inline in the object itself on Python >= 3.11: either may be the referrer)."""
+    refs = gc.get_referrers(config)
+    found = {id(r): r for r in refs if isinstance(r, nn.Module) and r.__dict__.get("config") is config}
+    dicts = [r for r in refs if isinstance(r, dict) and r.get("config") is config]
+    owners = gc.get_referrers(*dicts) if dicts else []  # one pass over the heap for all of them
+    found.update({id(o): o for o in owners if isinstance(o, nn.Module) and any(o.__dict__ is d for d in dicts)})
+    return list(found.values())
 
 
 # ----------------------------------------------------------------------------- reading the schema

@@ -36,7 +36,7 @@ from ..protocol import MetricSettings
 from ..sources import Prepared
 from .sets import FeatureSet
 
-BASELINE_FORMAT = 1  # bump when the pixel features change, so old cached rows are not reused
+BASELINE_FORMAT = 2  # bump when the pixel features or a metric's arithmetic change, so old cached rows are not reused (2: kNN votes in the log domain)
 
 
 def default_baseline_cache() -> Path:
