@@ -240,7 +240,7 @@ def test_eval_of_a_transformers_vitmae_folder_points_to_import_weights_not_from_
     assert code == 0, err
     for given in (folder, folder / "model.safetensors"):
         code, _, err = run(capsys, "eval", str(given), *FAST_EVAL, "--out", str(tmp_path / "ev"))
-        assert_one_line_error(code, err, "a transformers vit_mae model",
+        assert_one_line_error(code, err, "a transformers vit_mae",
                               f"resdecay import-weights {folder} --format hf-vitmae --preset PRESET --out imported.pt")
         assert "from_pretrained" not in err
     assert not (tmp_path / "ev").exists()
@@ -249,12 +249,12 @@ def test_eval_of_a_transformers_vitmae_folder_points_to_import_weights_not_from_
     assert code == 0, err
     code, _, err = run(capsys, "eval", str(tmp_path / "imported.pt"), *FAST_EVAL, "--out", str(tmp_path / "ev"))
     assert code == 0, err
-    other = tmp_path / "vit"  # a transformers model of another kind: no route is promised that refuses it
+    other = tmp_path / "vit"  # a transformers model of another kind: eval --model measures it (issue 49.12)
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "vit", "architectures": ["ViTModel"]}))
     (other / "model.safetensors").write_bytes(b"")
     code, _, err = run(capsys, "eval", str(other), *FAST_EVAL, "--out", str(tmp_path / "ev2"))
-    assert_one_line_error(code, err, "a transformers vit model", "ViTMAE folders only")
+    assert_one_line_error(code, err, "a transformers vit save_pretrained folder", f"resdecay eval --model {other} --data NAME")
     assert "from_pretrained" not in err
 
 

@@ -38,6 +38,7 @@ def folders(tmp_path_factory):
     """save_pretrained folders: a ViTMAE plain, with its encoder decayified, with U-Net skips; a ViT; a DiT."""
     import diffusers
     import transformers
+
     from resdecay.interop.hf_unet import unet_skips
 
     root = tmp_path_factory.mktemp("seam")
@@ -98,6 +99,7 @@ def test_one_config_object_two_models_keeps_the_decay_on_the_model_decayified(tm
     """Item 4: ``a, b`` built from one config object, ``decayify(a)``: b's config stays without a record, so b saved
     and restored comes back plain; a keeps its record, shared by its own parts."""
     import transformers
+
     from resdecay.interop import restore
 
     config = transformers.ViTMAEConfig(**MAE)
