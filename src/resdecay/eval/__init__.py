@@ -20,16 +20,18 @@ from .features.sets import BlockStats, FeatureSet, LayerSet
 from .fid import metric as fid_metric
 from .fid import source as fid_source
 from .metrics import Metric, register_metric, unregister_metric
+from .probing import metrics as probing_metrics
+from .probing import source as probing_source
 from .segmentation import metric as segmentation_metric
 from .segmentation import source as segmentation_source
 from .sources import Prepared, Source, register_source, unregister_source
 
 # The built-ins, registered here in the order that is every table's column order (a plugin's come after).
 for _source in (*features_source.SOURCES, *fid_source.SOURCES, *diffusion_source.SOURCES, *segmentation_source.SOURCES,
-                *diagnostics_source.SOURCES):
+                *diagnostics_source.SOURCES, *probing_source.SOURCES):
     register_source(_source)
 for _metric in (*features_metrics.METRICS, *fid_metric.METRICS, *diffusion_metric.METRICS, *segmentation_metric.METRICS,
-                *diagnostics_metric.METRICS):
+                *diagnostics_metric.METRICS, *probing_metrics.METRICS):
     register_metric(_metric)
 
 __all__ = ["BlockStats", "FeatureSet", "LayerSet", "Metric", "Prepared", "Source", "effective_rank",

@@ -48,6 +48,46 @@ IN100_RECIPE = ProbeRecipe()
 FAST_RECIPE = ProbeRecipe(name="fast", epochs=30, batch_size=256, feature_norm="batchnorm")
 
 
+# ----------------------------------------------------------------------------- attentive probes (eval/probing/)
+@dataclass(frozen=True)
+class AttentiveRecipe:
+    """How an attentive probe (EP, V-JEPA's pooler) is trained on frozen tokens: one head per base learning rate,
+    all trained together on the same batches, each kept at its best epoch on the validation split, the best
+    base rate chosen on validation too. lr = blr x effective batch / 256 (MAE's rule); the effective batch is
+    ``batch_size`` images (gradients accumulated over micro-batches of ``micro_batch``), or the whole training
+    split when it is smaller; warmup, then a half-cycle cosine per iteration."""
+
+    name: str
+    optimizer: str  # lars (timm's, MAE's rule) | adamw
+    blrs: tuple[float, ...]
+    batch_size: int
+    epochs: int
+    warmup_epochs: int
+    weight_decay: float
+    micro_batch: int = 256
+    seed: int = 0
+
+    def card(self) -> dict:
+        return asdict(self)
+
+
+# efficient-probing's ImageNet-1K recipe (main_linprobe.py): LARS, blr 0.1, effective batch 4096, 90 epochs, 10 warmup
+EP_RECIPE = AttentiveRecipe("efficient-probing", "lars", (0.1,), 4096, 90, 10, 0.0)
+# a few thousand images on a CPU: AdamW over three base rates at batch 256, 30 epochs (3 warmup)
+SMALL_ATTENTIVE_RECIPE = AttentiveRecipe("small", "adamw", (1e-3, 3e-3, 1e-2), 256, 30, 3, 0.01)
+ATTENTIVE_RECIPES = {r.name: r for r in (EP_RECIPE, SMALL_ATTENTIVE_RECIPE)}
+VAL_FRACTION = 0.1  # of the training split, carved (seeded, class-balanced) for every selection; test is never seen
+
+# ----------------------------------------------------------------------------- swept linear heads, kNN sweep, few-shot
+SWEEP_LRS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # AdamW, the IN-100 recipe's schedule (DINOv2 sweeps lr the same way)
+SWEEP_WEIGHT_DECAYS = (0.0, 0.01)
+SWEEP_FEATURES = ("cls", "patch_mean", "cls+patch_mean", "cls@last4")  # cls@last4: cls of the last 4 blocks, concatenated
+KNN_SWEEP_K = (10, 20, 100, 200)
+KNN_SWEEP_T = (0.07, 0.1, 0.2)
+FEW_SHOTS = (1, 5, 13)
+FEW_SHOT_DRAWS = 3
+
+
 # ----------------------------------------------------------------------------- effective rank (paper eq. 6)
 RANK_FORMS = {False: "entropy of normalised covariance spectrum (paper eq. 6)",
               True: "exp(entropy) (Roy & Vetterli)"}

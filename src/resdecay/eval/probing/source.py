@@ -1,0 +1,172 @@
+"""The ``probing`` source of ``resdecay eval --evals ep,attentive,linear_sweep,knn_sweep,fewshot``.
+
+One pass of the frozen encoder over the training and test images (no augmentation) keeps, for each measured
+block: its pooled features (cls, mean of patches, both, and the cls tokens of the last four blocks up to it,
+concatenated: the swept heads' features; and the evaluation's ``--feature`` pooling for the kNN sweep and few-shot)
+and, when an attentive probe is selected, its tokens in a ``TokenStore`` (float16 by default, in memory or streamed
+under the budget). The validation split every selection uses is carved from the training images, seeded and
+class-balanced (``data/subsets.balanced_indices``), and recorded in every card; test labels choose nothing.
+Everything is cached beside the feature cache, keyed by the checkpoint, the data and the protocol.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from ...data.subsets import balanced_indices, dataset_labels
+from ...errors import UserError
+from ...io import atomic_save, progress_bar, safe_load
+from ..features.extract import pool_tokens
+from ..features.source import _cache, _split
+from ..sources import Evaluation, Prepared, Source
+from .tokens import TokenWriter, check_budget, reuse
+from .train import Split
+
+PROBING = "probing"
+READS_TOKENS = ("ep", "attentive")  # the metrics that need the tokens kept, not only the pooled features
+SPLIT_OPTIONS = ("val_fraction", "token_dtype", "token_budget_mb")
+FORMAT = 1
+
+
+@dataclass
+class ProbingSet:
+    """What a ``probing`` metric reads, for one block.
+
+    Args:
+        layer: the block; pooled: split ("train" without the validation images, "val", "test", "bank": all the
+            training images) -> feature -> (N, D); labels: split -> (N,); tokens: split -> ``Split`` of the token
+            store (None without an attentive probe); feature: the evaluation's pooling; card: the validation split
+            and the token store, for every result's card.
+    """
+
+    layer: int
+    pooled: dict[str, dict[str, torch.Tensor]]
+    labels: dict[str, torch.Tensor]
+    tokens: dict[str, Split] | None
+    feature: str
+    card: dict
+
+
+def split_settings(ev: Evaluation, metrics: list) -> dict:
+    """The validation fraction and token storage every selected probing metric agrees on (one line otherwise)."""
+    ms = ev.settings.metric_settings()
+    seen = {m.name: {k: getattr(ms.options_of(m.name), k) for k in SPLIT_OPTIONS} for m in metrics}
+    first = next(iter(seen.values()))
+    for name, values in seen.items():
+        for k in SPLIT_OPTIONS:
+            if values[k] != first[k]:
+                raise UserError(f"--metric-option {name}.{k}={values[k]} differs from {next(iter(seen))}.{k}="
+                                f"{first[k]}: the probing metrics share one validation split and token store; set it "
+                                "alike for each")
+    return first
+
+
+def carve_validation(labels: torch.Tensor, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """(train rows, validation rows, how): ``fraction`` of the training images, class-balanced and seeded; a split
+    that leaves a class without an image on either side is refused in one line."""
+    n_val = int(round(fraction * len(labels)))
+    val = balanced_indices(labels, n_val, seed)
+    train = np.setdiff1d(np.arange(len(labels)), val)
+    classes = set(labels.unique().tolist())
+    empty = sorted(classes - set(labels[val].tolist())) or sorted(classes - set(labels[train].tolist()))
+    if n_val < 1 or empty:
+        raise UserError(f"probing.val_fraction {fraction:g} of {len(labels)} training images leaves class "
+                        f"{empty[0] if empty else '?'} without a validation or training image; raise it (or "
+                        "--max-train) so that every class has both")
+    return train, val, f"{len(val)} of {len(labels)} training images, class-balanced, seed {seed}"
+
+
+def _pooled(tokens: list[torch.Tensor], prefix: int, feature: str) -> dict[str, torch.Tensor]:
+    """The swept heads' features of one block (``tokens[-1]``) and the 3 before it, and the evaluation's pooling."""
+    last = tokens[-1]
+    cls = last[:, 0] if prefix else last.mean(1)  # a model without a cls token: its mean stands in
+    patches = last[:, prefix:].mean(1)
+    return {"cls": cls, "patch_mean": patches, "cls+patch_mean": torch.cat([cls, patches], 1),
+            "cls@last4": torch.cat([t[:, 0] if prefix else t.mean(1) for t in tokens], 1), feature: pool_tokens(last, feature)}
+
+
+@torch.no_grad()
+def _extract(ev: Evaluation, split: str, layer: int, writer: TokenWriter | None, prefix: int) -> tuple[dict, torch.Tensor]:
+    dataset, _ = _split(ev, split)
+    s, depth = ev.settings, len(ev.model.blocks)
+    blocks = [b for b in range(layer - 3, layer + 1) if b >= 0]
+    loader = DataLoader(dataset, batch_size=s.batch_size, shuffle=False, num_workers=s.num_workers)
+    pooled, labels = {}, []
+    for images, y in progress_bar(loader, desc=f"tokens ({split}, block {layer})", disable=not s.progress, leave=False):
+        outs = [t.float() for t in ev.model.forward_intermediates(images.to(ev.device), [b % depth for b in blocks])]
+        if writer is not None:
+            writer.add(outs[-1])
+        for k, v in _pooled(outs, prefix, s.feature).items():
+            pooled.setdefault(k, []).append(v.cpu())
+        labels.append(torch.as_tensor(y))
+    return {k: torch.cat(v) for k, v in pooled.items()}, torch.cat(labels)
+
+
+def _block(ev: Evaluation, layer: int, split: str, with_tokens: bool, opts: dict, prefix: int):
+    """(pooled, labels, token store or None) of one split at one block, from the cache when it holds them."""
+    cache = _cache(ev).sub("probing")
+    _, card = _split(ev, split)
+    key = {"format": FORMAT, "checkpoint_sha256": ev.sha, **card, "layer": layer, "feature": ev.settings.feature}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    pooled_file, token_file = cache.dir / f"{split}-{digest}.pt", cache.dir / f"{split}-{digest}-{opts['token_dtype']}.npy"
+    budget = int(opts["token_budget_mb"] * 2**20)
+    store = reuse(token_file, {**key, "dtype": opts["token_dtype"]}, budget) if with_tokens else None
+    try:
+        blob = safe_load(pooled_file, UserError, "damaged") if pooled_file.is_file() else None
+    except UserError:  # a damaged cache file is extracted again
+        blob = None
+    if blob is not None and blob.get("key") == json.dumps(key, sort_keys=True) and (store is not None or not with_tokens):
+        return blob["pooled"], blob["labels"], store
+    n = len(_split(ev, split)[0])
+    writer = TokenWriter(token_file, n, opts["token_dtype"], {**key, "dtype": opts["token_dtype"]}, budget) if with_tokens else None
+    pooled, labels = _extract(ev, split, layer, writer, prefix)
+    if cache.writable:
+        atomic_save({"key": json.dumps(key, sort_keys=True), "pooled": pooled, "labels": labels}, pooled_file)
+    return pooled, labels, writer.close() if writer is not None else None
+
+
+def prepare_probing(ev: Evaluation, metrics: list):
+    opts = split_settings(ev, metrics)
+    with_tokens = any(m.name in READS_TOKENS for m in metrics)
+    grid = ev.model.cfg.token_grid
+    for layer in ev.layers:
+        def made(layer=layer) -> ProbingSet:  # lazy: extracted when measured, one block at a time
+            image = _split(ev, "test")[0][0][0]  # the first test image: how many tokens come before the patches
+            probe_out = ev.model.forward_intermediates(image[None].to(ev.device), [layer])[0]
+            prefix = probe_out.shape[1] - (grid[0] * grid[1] if grid else probe_out.shape[1])
+            if with_tokens:
+                check_budget(int(opts["token_budget_mb"] * 2**20), probe_out[0].numel() * (2 if opts["token_dtype"] == "float16" else 4))
+            train, train_y, train_store = _block(ev, layer, "train", with_tokens, opts, prefix)
+            test, test_y, test_store = _block(ev, layer, "test", with_tokens, opts, prefix)
+            rest, val, how = carve_validation(train_y, opts["val_fraction"], ev.data.subset_seed)
+            pick = lambda feats, rows: {k: v[torch.as_tensor(rows)] for k, v in feats.items()}  # noqa: E731
+            pooled = {"train": pick(train, rest), "val": pick(train, val), "test": test, "bank": train}
+            labels = {"train": train_y[rest], "val": train_y[val], "test": test_y, "bank": train_y}
+            tokens = None
+            if with_tokens:
+                tokens = {"train": Split(train_store, rest, labels["train"], prefix),
+                          "val": Split(train_store, val, labels["val"], prefix),
+                          "test": Split(test_store, np.arange(len(test_y)), test_y, prefix)}
+            card = {"validation": how, "prefix_tokens": prefix,
+                    **({"tokens": {"dtype": opts["token_dtype"], "access": train_store.access,
+                                   "shape": list(train_store.shape)}} if with_tokens else {})}
+            return ProbingSet(layer, pooled, labels, tokens, ev.settings.feature, card)
+
+        card = {"train": _split(ev, "train")[1], "test": _split(ev, "test")[1], "norm": "none", "checkpoint_sha256": ev.sha}
+        yield Prepared(layer, made, card)
+
+
+def check_probing(ev: Evaluation, metrics: list) -> None:
+    """Before anything is extracted: the shared settings agree, and the training split can give a validation split."""
+    opts = split_settings(ev, metrics)
+    dataset, _ = _split(ev, "train")
+    carve_validation(torch.as_tensor(dataset_labels(dataset)), opts["val_fraction"], ev.data.subset_seed)
+
+
+SOURCES = (Source(PROBING, prepare=prepare_probing, check=check_probing),)
