@@ -43,7 +43,7 @@ from ..protocol import (
     MetricSettings,
 )
 from .heads import AttentiveClassifier, ep_probe
-from .source import PROBING, ProbingSet
+from .source import PROBING, ProbingSet, check_head
 from .sweep import Head, few_shot_indices, knn_sweep, linear_sweep
 from .train import train_heads
 
@@ -86,9 +86,12 @@ class AttentiveOptions(SplitOptions):
 
 @dataclass(frozen=True)
 class SweepOptions(SplitOptions):
-    """``linear_sweep.epochs`` (the IN-100 recipe's 200 by default), ``linear_sweep.feature_norm``."""
+    """``linear_sweep.epochs``, ``linear_sweep.batch_size``, ``linear_sweep.feature_norm``: the IN-100 recipe's
+    schedule (AdamW, per-iteration cosine) at batch 256 for 100 epochs, so that a few thousand images still take
+    hundreds of steps (at the IN-100 batch of 1024, 1,400 images are one step an epoch)."""
 
-    epochs: Annotated[int, AT_LEAST_ONE] = IN100_RECIPE.epochs
+    epochs: Annotated[int, AT_LEAST_ONE] = 100
+    batch_size: Annotated[int, AT_LEAST_ONE] = 256
     feature_norm: Literal["none", "batchnorm"] = "none"
 
 
@@ -114,16 +117,12 @@ def _attentive(x: ProbingSet, s: MetricSettings, name: str) -> list[Result]:
     o = s.options_of(name)
     splits = _tokens_of(x, o)
     D, C = splits["train"].store.shape[2], int(x.labels["bank"].max()) + 1
+    check_head(name, o, D)
     if name == "ep":
-        if D % o.d_out or (D // o.d_out) % o.queries:
-            raise UserError(f"ep.queries {o.queries} and ep.d_out {o.d_out}: the value width {D} / {o.d_out} must split "
-                            f"into {o.queries} equal chunks; choose queries dividing {D // max(o.d_out, 1)}")
         make, head = (lambda: ep_probe(D, C, o.queries, o.d_out)), {"head": "EP (efficient-probing)", "queries": o.queries,
                                                                    "d_out": o.d_out}
     else:
         heads = o.heads or next((h for h in (16, 12, 8, 6, 4, 2) if D % h == 0 and D // h >= 16), 1)
-        if D % heads:
-            raise UserError(f"attentive.heads {heads} does not divide the token width {D}")
         make, head = (lambda: AttentiveClassifier(D, C, heads, o.depth)), {"head": "V-JEPA attentive pooler",
                                                                           "depth": o.depth, "heads": heads}
     recipe = _recipe(o)
@@ -135,7 +134,7 @@ def _attentive(x: ProbingSet, s: MetricSettings, name: str) -> list[Result]:
 
 def _linear_sweep(x: ProbingSet, s: MetricSettings) -> list[Result]:
     o = s.options_of("linear_sweep")
-    recipe = replace(IN100_RECIPE, name="in100-sweep", epochs=o.epochs, feature_norm=o.feature_norm)
+    recipe = replace(IN100_RECIPE, name="sweep", epochs=o.epochs, batch_size=o.batch_size, feature_norm=o.feature_norm)
     grid = [Head(f, lr, wd) for f in SWEEP_FEATURES for lr in SWEEP_LRS for wd in SWEEP_WEIGHT_DECAYS]
     p, y = x.pooled, x.labels
     out = linear_sweep(p["train"], y["train"], p["val"], y["val"], p["test"], y["test"], grid, recipe, s.device, s.progress)
@@ -191,7 +190,7 @@ def _attentive_text(p: dict) -> str:
 def _probing_metric(name: str, compute, options, label: str, describe, feature: str = "tokens",
                     values: tuple[str, ...] = ("top1", "val_top1")):
     return Metric(name=name, compute=compute, protocol=lambda s: {}, headline="top1", applies_to=PROBING,
-                  where=frozenset({"eval"}), options=options,
+                  where=frozenset({"eval", "profile"}), options=options,
                   display=Display(label, describe=describe, table_feature=feature, report_values=values,
                                   table=TableSpec(label[:8], f"d {label[:6]}", None, (8, 8))))
 

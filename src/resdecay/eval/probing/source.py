@@ -131,17 +131,25 @@ def _block(ev: Evaluation, layer: int, split: str, with_tokens: bool, opts: dict
     return pooled, labels, writer.close() if writer is not None else None
 
 
+def _geometry(ev: Evaluation, layer: int) -> tuple[int, int, int]:
+    """(tokens, width, prefix tokens) of one block's output, from the first test image; a model whose block gives a
+    pooled vector rather than tokens is refused in one line."""
+    image = _split(ev, "test")[0][0][0]
+    with torch.no_grad():
+        out = ev.model.forward_intermediates(image[None].to(ev.device), [layer])[0]
+    if out.dim() != 3:
+        raise UserError(f"block {layer} of {ev.cfg.model.family} gives a pooled vector {tuple(out.shape)}, not tokens: "
+                        "the probing metrics read tokens (B, T, D); measure it with knn / probe instead")
+    grid = ev.model.cfg.token_grid
+    return out.shape[1], out.shape[2], out.shape[1] - (grid[0] * grid[1] if grid else out.shape[1])
+
+
 def prepare_probing(ev: Evaluation, metrics: list):
     opts = split_settings(ev, metrics)
     with_tokens = any(m.name in READS_TOKENS for m in metrics)
-    grid = ev.model.cfg.token_grid
     for layer in ev.layers:
         def made(layer=layer) -> ProbingSet:  # lazy: extracted when measured, one block at a time
-            image = _split(ev, "test")[0][0][0]  # the first test image: how many tokens come before the patches
-            probe_out = ev.model.forward_intermediates(image[None].to(ev.device), [layer])[0]
-            prefix = probe_out.shape[1] - (grid[0] * grid[1] if grid else probe_out.shape[1])
-            if with_tokens:
-                check_budget(int(opts["token_budget_mb"] * 2**20), probe_out[0].numel() * (2 if opts["token_dtype"] == "float16" else 4))
+            prefix = _geometry(ev, layer)[2]
             train, train_y, train_store = _block(ev, layer, "train", with_tokens, opts, prefix)
             test, test_y, test_store = _block(ev, layer, "test", with_tokens, opts, prefix)
             rest, val, how = carve_validation(train_y, opts["val_fraction"], ev.data.subset_seed)
@@ -163,10 +171,28 @@ def prepare_probing(ev: Evaluation, metrics: list):
 
 
 def check_probing(ev: Evaluation, metrics: list) -> None:
-    """Before anything is extracted: the shared settings agree, and the training split can give a validation split."""
+    """Before anything is extracted: the shared settings agree, the training split can give a validation split, the
+    blocks give tokens, the budget holds one image's, and each metric's own geometry fits the token width."""
     opts = split_settings(ev, metrics)
     dataset, _ = _split(ev, "train")
     carve_validation(torch.as_tensor(dataset_labels(dataset)), opts["val_fraction"], ev.data.subset_seed)
+    ms = ev.settings.metric_settings()
+    for layer in ev.layers[:1]:
+        T, D, _ = _geometry(ev, layer)
+        if any(m.name in READS_TOKENS for m in metrics):
+            check_budget(int(opts["token_budget_mb"] * 2**20), T * D * (2 if opts["token_dtype"] == "float16" else 4))
+        for m in metrics:
+            if m.name in READS_TOKENS:
+                check_head(m.name, ms.options_of(m.name), D)
+
+
+def check_head(name: str, o, D: int) -> None:
+    """EP's value width must split into its queries; the attentive pooler's heads must divide the width."""
+    if name == "ep" and (D % o.d_out or (D // o.d_out) % o.queries):
+        raise UserError(f"ep.queries {o.queries} and ep.d_out {o.d_out}: the value width {D} / {o.d_out} must split "
+                        f"into {o.queries} equal chunks; choose queries dividing {D // o.d_out if D % o.d_out == 0 else D}")
+    if name == "attentive" and o.heads is not None and D % o.heads:
+        raise UserError(f"attentive.heads {o.heads} does not divide the token width {D}; choose a divisor of {D}")
 
 
 SOURCES = (Source(PROBING, prepare=prepare_probing, check=check_probing),)
