@@ -225,3 +225,12 @@ def test_gpu_rows_refuses_an_unknown_row_before_doing_anything(tmp_path):
                           text=True, cwd=tmp_path, env={**os.environ, "OUT": str(tmp_path / "rows")}, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown row 'nope'" in proc.stderr
     assert not (tmp_path / "rows").exists()
+
+
+def test_probing_cost_times_the_grid_ep_and_a_streamed_pass(tmp_path, capfd, monkeypatch):
+    out, result = run_benchmark("probing_cost.py", "--images", "200", "--tokens", "4", "--dim", "16", "--epochs", "1",
+                                "--ep-epochs", "1", "--depth", "1", "--stream-images", "300", "--budget-mb", "0.01",
+                                tmp_path=tmp_path, capfd=capfd, monkeypatch=monkeypatch)
+    assert result["linear"]["heads"] == 48 and "48 heads in one pass" in out
+    assert result["stream"]["images_read"] == 300 and result["stream"]["access"].startswith("streamed")
+    assert result["ep"]["ep_rerunning_encoder_s"] >= result["ep"]["ep_on_cached_tokens_s"]

@@ -69,7 +69,12 @@ class TokenStore:
         index = np.asarray(index)
         if self.data is not None:
             return self.data[torch.as_tensor(index)].float()
-        return torch.from_numpy(np.asarray(self._map[np.sort(index)]))[torch.as_tensor(np.argsort(np.argsort(index)))].float()
+        low, high = int(index.min()), int(index.max()) + 1  # one read of the span (a batch lies in one chunk)
+        row = int(np.prod(self.shape[1:]))
+        with open(self.path, "rb") as f:  # a plain read, not the memory map: only this span is ever resident
+            f.seek(self._map.offset + low * row * self._map.itemsize)
+            span = np.fromfile(f, dtype=self._map.dtype, count=(high - low) * row).reshape(high - low, *self.shape[1:])
+        return torch.from_numpy(span[index - low]).float()
 
     def batches(self, index: np.ndarray, batch_size: int, generator: torch.Generator | None) -> Iterator[np.ndarray]:
         """Batches of the images ``index``: shuffled with ``generator`` (None: in order); streamed, the shuffle
