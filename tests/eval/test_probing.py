@@ -110,7 +110,8 @@ def probed(tiny_checkpoints, tmp_path_factory):
     argv = ["eval", tiny_checkpoints["decayed"], "--evals", "knn,linear_sweep,knn_sweep,ep,attentive,fewshot",
             "--no-baselines", "--no-progress", "--max-train", "400", "--max-test", "150", "--out", str(out),
             "--cache-dir", str(out / "cache"), "--metric-option", "linear_sweep.epochs=3", "--metric-option",
-            "ep.epochs=3", "--metric-option", "attentive.epochs=3", "--metric-option", "fewshot.draws=2"]
+            "ep.epochs=3", "--metric-option", "attentive.epochs=3", "--metric-option", "fewshot.draws=2",
+            "--export-row", str(out / "row.csv")]
     return argv, out
 
 
@@ -130,6 +131,39 @@ def test_eval_prints_one_table_and_cards_for_every_probe(probed, capsys):
     assert {f for m, f in rows if m == "fewshot"} == {"1-shot", "5-shot", "13-shot"}
     for line in ("ep ", "attentive", "linear_sweep", "knn_sweep", "fewshot"):
         assert line in text
+    # the leaderboard's row: efficient-probing's results.csv columns, the numbers in percent, the command
+    import csv
+
+    (row,) = list(csv.DictReader((out / "row.csv").open()))
+    assert row["ep"] == f"{100 * rows[('ep', 'tokens')]['values']['top1']:.2f}" and row["ep_queries"] == "32"
+    assert row["lp"] == f"{100 * rows[('linear_sweep', 'swept')]['values']['top1']:.2f}"
+    assert row["knn_k"] == str(rows[("knn_sweep", "mean")]["protocol"]["chosen"]["k"])
+    assert row["extra_flags"].startswith("resdecay eval ") and "--export-row" in row["extra_flags"]
+    code, _, err = run(capsys, *argv)  # the row file is never overwritten
+    assert_one_line_error(code, err, "--export-row", "exists")
+
+
+def test_probes_read_models_trained_elsewhere(tmp_path, capsys):
+    """A timm ViT and a transformers ViTMAE folder: the same probes, their tokens through the foreign encoder."""
+    import transformers
+
+    folder = tmp_path / "vitmae"
+    torch.manual_seed(0)
+    transformers.ViTMAEForPreTraining(transformers.ViTMAEConfig(
+        image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, decoder_hidden_size=16, decoder_num_hidden_layers=1, decoder_num_attention_heads=2,
+        decoder_intermediate_size=32)).save_pretrained(folder)
+    timm_vit = ["timm:vit_tiny_patch16_224", "--model-arg", "img_size=8", "--model-arg", "patch_size=2", "--model-arg",
+                "in_chans=1", "--model-arg", "depth=2"]
+    for model in (timm_vit, [str(folder)]):
+        code, _, err = run(capsys, "eval", "--model", *model, "--data", "digits", "--evals", "knn,linear_sweep,ep",
+                           "--no-baselines", "--no-progress", "--max-train", "300", "--max-test", "100", "--metric-option",
+                           "linear_sweep.epochs=2", "--metric-option", "ep.epochs=2", "--out", str(tmp_path / "out"))
+        assert code == 0, err
+    for report in tmp_path.glob("out/*/eval.json"):
+        rows = json.loads(report.read_text())["results"]
+        ep = next(r for r in rows if r["metric"] == "ep")
+        assert ep["protocol"]["prefix_tokens"] == 1 and ep["protocol"]["tokens"]["shape"][1] == 17  # cls + 4x4 patches
 
 
 @pytest.mark.parametrize("extra, says", [

@@ -146,6 +146,9 @@ def add_measurement_commands(sub) -> None:
                                                       "~/.cache/resdecay/baselines)")
     e.add_argument("--out", default=None, help="output folder (default <run>/eval)")
     add_metric_flags(e, registered(where="eval"))  # --k, --probe-epochs, --seg-*, ...: each metric's own
+    e.add_argument("--export-row", default=None, metavar="FILE.csv",
+                   help="also write each model's kNN / linear / EP numbers as a row of efficient-probing's results.csv "
+                        "(the leaderboard's layout), with this command")
     e.add_argument("--no-baselines", action="store_true",
                    help="skip the raw-pixel and random-init-encoder rows (measured by default with the same protocol)")
     e.set_defaults(func=eval_command)
@@ -259,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.argv = argv  # the command as given (eval --export-row writes it beside the numbers)
     try:
         args.func(args)
     except UserError as e:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from ..eval.features.baselines import default_baseline_cache
 from ..eval.inputs import check_data_path, check_writable, removed_if_refused, write_failure
 from ..eval.metrics import FEATURES, flag_options, metric_names
 from ..eval.options import parse_assignments
+from ..eval.probing.leaderboard import export_rows
 from ..eval.reports import format_report, protocol_text, values_text
 from ..eval.suite import EvalSettings, evaluate_pixels
 from ..eval.targets import DEFAULT_OUT, CheckpointTarget, ForeignTarget, Target, as_target
@@ -326,7 +328,12 @@ def eval_command(args) -> None:
         raise UserError("eval needs checkpoint files (<run>/checkpoints/step_*.pt), --model SPEC, or --baseline pixels --data NAME")
     if args.img_size is not None:
         raise UserError("--img-size applies to --baseline pixels; a checkpoint's images are read at its model.img_size")
-    run_eval(targets, settings, args.out)
+    if args.export_row and Path(args.export_row).exists():
+        raise UserError(f"--export-row {args.export_row} exists; name a new file (a row is never overwritten silently)")
+    done = run_eval(targets, settings, args.out)
+    if args.export_row and done:
+        command = " ".join(["resdecay", *map(shlex.quote, map(str, args.argv))])
+        print(f"leaderboard rows: {export_rows(list(done.values()), args.export_row, command)}")
 
 
 def eval_diffusion_command(checkpoint: str, data: str | None, data_path: str | None, out: str | None, layers: str,
