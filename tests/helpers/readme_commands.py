@@ -88,6 +88,8 @@ HEADS = ("model.num_heads=2", "model.decoder_num_heads=2")  # the weights are 32
 EVAL_SIZE = ("--max-train", "64", "--max-test", "32", "--probe-epochs", "5")
 EVAL = (*EVAL_SIZE, "--out", "{tmp}/eval", "--no-progress")
 DIAG = ("--diag-images", "16", "--diag-train-images", "32", "--knockout-images", "8")
+PROBES = ("--max-train", "200", "--metric-option", "ep.epochs=1", "--metric-option", "attentive.epochs=1",
+          "--metric-option", "linear_sweep.epochs=1", "--metric-option", "fewshot.draws=1")  # a validation image a class
 GRID = (*FMNIST, "data.train_subset=64", "--out", "{tmp}/grid")
 ONLINE_GRID = (*GRID, "train.online_eval_size=32", "train.loggers=[csv]")  # CSV alone: no figures at each online eval
 RESUMED = ("{tmp}/run/summary.json::step_00000004.pt",)  # resumed from the checkpoint the kill left (of 5 steps)
@@ -211,6 +213,16 @@ PLANS: dict[str, Plan] = {
                                   expect=("{tmp}/eval/timm-vit_small_patch16_224/diagnostics.png",)),
     "resdecay eval --model vit-mae-base/ --data imagefolder --data-path /data/imagenet --evals knn,diagnostics": Plan(
         add=(*EVAL, *DIAG), expect=("{tmp}/eval/*/diagnostics.png",)),
+    # probing (docs/probing.md): every probe on a checkpoint, per block, a timm ViT's weights file, a leaderboard row
+    "resdecay eval CKPT --evals knn,probe,ep,attentive,linear_sweep,knn_sweep,fewshot": Plan(
+        add=(*EVAL, *PROBES), expect=("{tmp}/eval/*/eval.json::linear_sweep",)),
+    "resdecay eval PLAIN_CKPT DECAYED_CKPT --layer all --evals knn,ep,linear_sweep": Plan(
+        add=(*EVAL, *PROBES), expect=("{tmp}/eval/profile_overlay.png",)),
+    "resdecay eval --model timm:vit_small_patch16_224 --weights vit.pth --data cifar10 --data-path /data/cifar --evals ep":
+        Plan(add=("--model-arg", "img_size=32", "--model-arg", "patch_size=8", "--model-arg", "depth=4", "--model-arg",
+                  "embed_dim=192", *EVAL, *PROBES, "--metric-option", "ep.val_fraction=0.5"), expect=("{tmp}/eval/timm-vit_small_patch16_224/eval.json::ep",)),
+    "resdecay eval CKPT --evals knn,probe,ep,knn_sweep --export-row row.csv": Plan(
+        add=(*EVAL, *PROBES, "--export-row", "{tmp}/row.csv"), expect=("{tmp}/row.csv::knn_k",)),
     # segmentation (docs/segmentation.md): label maps of Fashion-MNIST-M and a COCO-Stuff-27 folder, in these tests
     "resdecay eval runs/plain/checkpoints/step_*.pt runs/decayed/checkpoints/step_*.pt --evals segmentation": Plan(
         covered=SEG + "test_eval_reports_segmentation_with_protocol_card_and_baselines", needle='"segmentation"'),

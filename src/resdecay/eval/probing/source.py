@@ -54,20 +54,23 @@ class ProbingSet:
 
 
 def split_settings(ev: Evaluation, metrics: list) -> dict:
-    """The validation fraction and token storage every selected probing metric agrees on (one line otherwise)."""
-    ms = ev.settings.metric_settings()
-    seen = {m.name: {k: getattr(ms.options_of(m.name), k) for k in SPLIT_OPTIONS} for m in metrics}
-    first = next(iter(seen.values()))
-    for name, values in seen.items():
-        for k in SPLIT_OPTIONS:
-            if values[k] != first[k]:
-                raise UserError(f"--metric-option {name}.{k}={values[k]} differs from {next(iter(seen))}.{k}="
-                                f"{first[k]}: the probing metrics share one validation split and token store; set it "
-                                "alike for each")
-    return first
+    """The validation fraction and token storage of the selected probing metrics: one set on any of them (``--metric-
+    option ep.val_fraction=0.2``) holds for all (they share one validation split and one token store); two metrics
+    set to different values are refused in one line."""
+    ms, out = ev.settings.metric_settings(), {}
+    for k in SPLIT_OPTIONS:
+        given = {m.name: getattr(ms.options_of(m.name), k) for m in metrics
+                 if getattr(ms.options_of(m.name), k) != getattr(m.options, k)}
+        if len(set(given.values())) > 1:
+            (a, va), (b, vb) = list(given.items())[:2]
+            raise UserError(f"--metric-option {a}.{k}={va} differs from {b}.{k}={vb}: the probing metrics share one "
+                            "validation split and token store; set it once")
+        out[k] = next(iter(given.values()), getattr(metrics[0].options, k))
+    return out
 
 
-def carve_validation(labels: torch.Tensor, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, str]:
+def carve_validation(labels: torch.Tensor, fraction: float, seed: int, option: str = "ep.val_fraction"
+                     ) -> tuple[np.ndarray, np.ndarray, str]:
     """(train rows, validation rows, how): ``fraction`` of the training images, class-balanced and seeded; a split
     that leaves a class without an image on either side is refused in one line."""
     n_val = int(round(fraction * len(labels)))
@@ -76,7 +79,7 @@ def carve_validation(labels: torch.Tensor, fraction: float, seed: int) -> tuple[
     classes = set(labels.unique().tolist())
     empty = sorted(classes - set(labels[val].tolist())) or sorted(classes - set(labels[train].tolist()))
     if n_val < 1 or empty:
-        raise UserError(f"probing.val_fraction {fraction:g} of {len(labels)} training images leaves class "
+        raise UserError(f"--metric-option {option}={fraction:g} of {len(labels)} training images leaves class "
                         f"{empty[0] if empty else '?'} without a validation or training image; raise it (or "
                         "--max-train) so that every class has both")
     return train, val, f"{len(val)} of {len(labels)} training images, class-balanced, seed {seed}"
@@ -152,7 +155,8 @@ def prepare_probing(ev: Evaluation, metrics: list):
             prefix = _geometry(ev, layer)[2]
             train, train_y, train_store = _block(ev, layer, "train", with_tokens, opts, prefix)
             test, test_y, test_store = _block(ev, layer, "test", with_tokens, opts, prefix)
-            rest, val, how = carve_validation(train_y, opts["val_fraction"], ev.data.subset_seed)
+            rest, val, how = carve_validation(train_y, opts["val_fraction"], ev.data.subset_seed,
+                                              f"{metrics[0].name}.val_fraction")
             pick = lambda feats, rows: {k: v[torch.as_tensor(rows)] for k, v in feats.items()}  # noqa: E731
             pooled = {"train": pick(train, rest), "val": pick(train, val), "test": test, "bank": train}
             labels = {"train": train_y[rest], "val": train_y[val], "test": test_y, "bank": train_y}
@@ -175,7 +179,8 @@ def check_probing(ev: Evaluation, metrics: list) -> None:
     blocks give tokens, the budget holds one image's, and each metric's own geometry fits the token width."""
     opts = split_settings(ev, metrics)
     dataset, _ = _split(ev, "train")
-    carve_validation(torch.as_tensor(dataset_labels(dataset)), opts["val_fraction"], ev.data.subset_seed)
+    carve_validation(torch.as_tensor(dataset_labels(dataset)), opts["val_fraction"], ev.data.subset_seed,
+                     f"{metrics[0].name}.val_fraction")
     ms = ev.settings.metric_settings()
     for layer in ev.layers[:1]:
         T, D, _ = _geometry(ev, layer)

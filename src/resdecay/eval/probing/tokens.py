@@ -2,7 +2,7 @@
 
 A ``TokenStore`` is one ``.npy`` file of shape (N, T, D) (float16 by default: the protocol card says which), written
 batch by batch as the encoder runs and read back through a memory map. When N x T x D fits the memory budget
-(``probing.token_budget_mb``) the tokens are read into memory once; otherwise they are streamed: training visits
+(``ep.token_budget_mb``, any probing metric's) the tokens are read into memory once; otherwise they are streamed: training visits
 chunks of ``budget / bytes per image`` images in a seeded random order, shuffled within each chunk, so no more than
 one chunk is ever held (an ImageNet train split's 1.28 M x 196 x 768 fp16 tokens are 385 GB). The file is written
 under a temporary name and renamed when complete; a store whose key matches is reused.
@@ -141,5 +141,5 @@ def reuse(path: Path, key: dict, budget_bytes: int) -> TokenStore | None:
 def check_budget(budget_bytes: int, bytes_per_image: int) -> None:
     """A budget that cannot hold one image's tokens cannot stream them: one line naming the least that works."""
     if budget_bytes < bytes_per_image:
-        raise UserError(f"probing.token_budget_mb {budget_bytes / 2**20:g} holds not one image's tokens "
+        raise UserError(f"--metric-option ep.token_budget_mb (or attentive.) {budget_bytes / 2**20:g} holds not one image's tokens "
                         f"({bytes_per_image / 2**20:.3f} MB); raise it to at least {bytes_per_image / 2**20:.3f}")
