@@ -1,0 +1,57 @@
+"""Issue 50 item 7: plain vs decayed under every protocol, from evaluate.sh's reports.
+
+Reads RUNS/eval/<level>/seed<N>/<variant>/eval.json and writes probing.md / probing.json beside this script: per
+nuisance level and protocol, each variant's top-1 (mean ± sample std over seeds), Δ = decayed − plain of the same
+seed (mean ± std) and the seeds where Δ > 0.
+
+    .venv/bin/python docs/results/probing/collect.py [RUNS]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RUNS = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE.parents[2] / "runs" / "probing"
+PROTOCOLS = [("knn", "kNN k 20 T 0.07 (paper)"), ("probe", "linear probe, IN-100 recipe (paper)"),
+             ("knn_sweep", "kNN, k x T chosen on val"), ("linear_sweep", "48 swept linear heads, chosen on val"),
+             ("ep", "EP (Q 32), small recipe, chosen on val"), ("attentive", "V-JEPA attentive, small recipe, chosen on val")]
+PLAIN, DECAYED = "plain-mae", "alpha-0.8"
+
+
+def top1(report: dict, metric: str) -> float | None:
+    row = next((r for r in report["results"] if r["metric"] == metric), None)
+    return None if row is None else row["values"]["top1"]
+
+
+def spread(xs: list[float]) -> str:
+    if not xs:
+        return "–"
+    return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
+
+
+def main() -> None:
+    found: dict = {}
+    for file in sorted((RUNS / "eval").glob("*/seed*/*/eval.json")):
+        level, seed, variant = file.parts[-4], file.parts[-3], file.parts[-2]
+        found.setdefault(level, {}).setdefault(seed, {})[variant] = json.loads(file.read_text())
+    table, lines = {}, ["| level | protocol | plain | α_min 0.8 | Δ (decayed − plain) | wins |", "|---|---|---|---|---|---|"]
+    for level, seeds in sorted(found.items()):
+        for metric, words in PROTOCOLS:
+            pairs = [(top1(v[PLAIN], metric), top1(v[DECAYED], metric)) for v in seeds.values() if PLAIN in v and DECAYED in v]
+            pairs = [(p, d) for p, d in pairs if p is not None and d is not None]
+            deltas = [d - p for p, d in pairs]
+            table.setdefault(level, {})[metric] = {"plain": [p for p, _ in pairs], "decayed": [d for _, d in pairs],
+                                                   "delta": deltas}
+            lines.append(f"| {level} | {words} | {spread([p for p, _ in pairs])} | {spread([d for _, d in pairs])} | "
+                         f"{spread(deltas):>s} | {sum(x > 0 for x in deltas)}/{len(deltas)} |")
+    (HERE / "probing.json").write_text(json.dumps(table, indent=1))
+    (HERE / "probing.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
