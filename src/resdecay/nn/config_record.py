@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import sys
 import threading
 import warnings
 from contextlib import contextmanager
@@ -92,6 +93,9 @@ def own_config(model: nn.Module):
     ``vit``, ``decoder``, embeddings ...: a part ``decayify`` was given shares it with its model); the other
     models keep the original. Who holds the object is asked of the garbage collector: the config does not know."""
     config = model.config
+    mine = sum(1 for m in model.modules() if m.__dict__.get("config") is config)
+    if sys.getrefcount(config) - 2 <= mine:  # no reference but this tree's (and this frame's two): nothing to scan
+        return config
     holders = _holders(config)
     roots = [h for h in holders if any(m is model for m in h.modules())]  # model and the models it is a part of
     tree = max(roots, key=lambda h: sum(1 for _ in h.modules()), default=model)
