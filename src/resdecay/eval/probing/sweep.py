@@ -105,8 +105,9 @@ def train_linear_heads(train: dict[str, torch.Tensor], train_y: torch.Tensor, sc
             loss = 0
             for g, order in zip(groups, orders, strict=True):
                 idx = order[i:i + bs]
-                logits = g.logits(g.x[idx])  # (B, H, C): each head its own cross-entropy, summed
-                loss = loss + sum(F.cross_entropy(logits[:, h], y[idx]) for h in range(len(g.heads)))
+                logits = g.logits(g.x[idx])  # (B, H, C): the sum of each head's mean cross-entropy, as one call
+                H = len(g.heads)
+                loss = loss + F.cross_entropy(logits.reshape(-1, g.C), y[idx].repeat_interleave(H)) * H
             loss.backward()
             step += 1
             for g in groups:
