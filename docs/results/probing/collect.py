@@ -1,10 +1,11 @@
 """Issue 50 item 7: plain vs decayed under every protocol, from evaluate.sh's reports.
 
-Reads RUNS/eval/<level>/seed<N>/<variant>/eval.json and writes probing.md / probing.json beside this script: per
+Reads RUNS/eval/<level>/seed<N>/<variant>/eval.json (every RUNS given; default runs/probing and runs/probing-e32) and
+writes probing.md / probing.json beside this script: per
 nuisance level and protocol, each variant's top-1 (mean ± sample std over seeds), Δ = decayed − plain of the same
 seed (mean ± std) and the seeds where Δ > 0.
 
-    .venv/bin/python docs/results/probing/collect.py [RUNS]
+    .venv/bin/python docs/results/probing/collect.py [RUNS ...]
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RUNS = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE.parents[2] / "runs" / "probing"
+RUNS = [Path(a) for a in sys.argv[1:]] or [HERE.parents[2] / "runs" / name for name in ("probing", "probing-e32")]
 PROTOCOLS = [("knn", "kNN k 20 T 0.07 (paper)"), ("probe", "linear probe, IN-100 recipe (paper)"),
              ("knn_sweep", "kNN, k x T chosen on val"), ("linear_sweep", "48 swept linear heads, chosen on val"),
              ("ep", "EP (Q 32), small recipe, chosen on val"), ("attentive", "V-JEPA attentive, small recipe, chosen on val")]
-PLAIN, DECAYED = "plain-mae", "alpha-0.8"
+PLAIN, DECAYED = "plain-mae", "alpha-0-8"
 
 
 def top1(report: dict, metric: str) -> float | None:
@@ -35,7 +36,7 @@ def spread(xs: list[float]) -> str:
 
 def main() -> None:
     found: dict = {}
-    for file in sorted((RUNS / "eval").glob("*/seed*/*/eval.json")):
+    for file in sorted(f for runs in RUNS for f in (runs / "eval").glob("*/seed*/*/eval.json")):
         level, seed, variant = file.parts[-4], file.parts[-3], file.parts[-2]
         found.setdefault(level, {}).setdefault(seed, {})[variant] = json.loads(file.read_text())
     table, lines = {}, ["| level | protocol | plain | α_min 0.8 | Δ (decayed − plain) | wins |", "|---|---|---|---|---|---|"]

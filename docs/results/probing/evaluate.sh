@@ -16,6 +16,6 @@ for run in "$RUNS"/*/seed*/*/; do
   level=$(basename "$(dirname "$(dirname "$run")")"); dest=$OUT/$level/$seed
   [ -f "$dest/$variant/eval.json" ] && continue
   mkdir "$RUNS/.eval-claims/$level-$seed-$variant" 2>/dev/null || continue
-  nice -n 19 "$ROOT/.venv/bin/resdecay" eval "$ckpt" --evals knn,probe,linear_sweep,knn_sweep,ep,attentive \
+  OMP_NUM_THREADS=1 nice -n 19 "$ROOT/.venv/bin/resdecay" eval "$ckpt" --evals knn,probe,linear_sweep,knn_sweep,ep,attentive \
     --max-train 20000 --max-test 5000 --no-baselines --no-progress --out "$dest" || echo "FAILED $ckpt"
 done
