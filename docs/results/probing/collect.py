@@ -28,10 +28,11 @@ def top1(report: dict, metric: str) -> float | None:
     return None if row is None else row["values"]["top1"]
 
 
-def spread(xs: list[float]) -> str:
+def spread(xs: list[float], sign: str = "") -> str:
     if not xs:
         return "–"
-    return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
+    mean = format(statistics.mean(xs), f"{sign}.3f")
+    return f"{mean} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else mean
 
 
 def main() -> None:
@@ -48,7 +49,7 @@ def main() -> None:
             table.setdefault(level, {})[metric] = {"plain": [p for p, _ in pairs], "decayed": [d for _, d in pairs],
                                                    "delta": deltas}
             lines.append(f"| {level} | {words} | {spread([p for p, _ in pairs])} | {spread([d for _, d in pairs])} | "
-                         f"{spread(deltas):>s} | {sum(x > 0 for x in deltas)}/{len(deltas)} |")
+                         f"{spread(deltas, '+')} | {sum(x > 0 for x in deltas)}/{len(deltas)} |")
     (HERE / "probing.json").write_text(json.dumps(table, indent=1))
     (HERE / "probing.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -3,14 +3,15 @@
 A ``TokenStore`` is one ``.npy`` file of shape (N, T, D) (float16 by default: the protocol card says which), written
 batch by batch as the encoder runs and read back through a memory map. When N x T x D fits the memory budget
 (``ep.token_budget_mb``, any probing metric's) the tokens are read into memory once; otherwise they are streamed: training visits
-chunks of ``budget / bytes per image`` images in a seeded random order, shuffled within each chunk, so no more than
-one chunk is ever held (an ImageNet train split's 1.28 M x 196 x 768 fp16 tokens are 385 GB). The file is written
+chunks of ``budget / bytes per image`` images in a seeded random order, shuffled within each chunk (the reads stay
+near each other on disk), and each batch is read image by image, so no more than a batch is ever held (an ImageNet train split's 1.28 M x 196 x 768 fp16 tokens are 385 GB). The file is written
 under a temporary name and renamed when complete; a store whose key matches is reused.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -69,12 +70,13 @@ class TokenStore:
         index = np.asarray(index)
         if self.data is not None:
             return self.data[torch.as_tensor(index)].float()
-        low, high = int(index.min()), int(index.max()) + 1  # one read of the span (a batch lies in one chunk)
-        row = int(np.prod(self.shape[1:]))
-        with open(self.path, "rb") as f:  # a plain read, not the memory map: only this span is ever resident
-            f.seek(self._map.offset + low * row * self._map.itemsize)
-            span = np.fromfile(f, dtype=self._map.dtype, count=(high - low) * row).reshape(high - low, *self.shape[1:])
-        return torch.from_numpy(span[index - low]).float()
+        row = int(np.prod(self.shape[1:])) * self._map.itemsize
+        out = np.empty((len(index), *self.shape[1:]), dtype=self._map.dtype)
+        with open(self.path, "rb") as f:  # one read per image, not the memory map: only this batch is ever resident
+            for j, i in enumerate(index.tolist()):
+                out[j] = np.frombuffer(os.pread(f.fileno(), row, self._map.offset + i * row),
+                                       dtype=self._map.dtype).reshape(self.shape[1:])
+        return torch.from_numpy(out).float()
 
     def batches(self, index: np.ndarray, batch_size: int, generator: torch.Generator | None) -> Iterator[np.ndarray]:
         """Batches of the images ``index``: shuffled with ``generator`` (None: in order); streamed, the shuffle
