@@ -38,6 +38,8 @@ COVERED = {
     "diagnostics/train_plain.sh": "test_diagnostics_scripts_dry_run",
     "diagnostics/gpu_width.sh": "test_diagnostics_scripts_dry_run",
     "diagnostics/predict.py": "test_diagnostics_predict_on_a_fake_tree",
+    "probing/evaluate.sh": "test_probing_scripts_on_a_fake_tree",
+    "probing/collect.py": "test_probing_scripts_on_a_fake_tree",
 }
 SCRIPT_ENV = ("ROOT", "RUNS", "QUEUE", "RESDECAY", "PYTHON", "DRY_RUN", "EXTRA", "SEG_SEEDS", "SOLVERS", "SEG_IMAGES",
               "KNN_PROBE", "STEP", "DEST", "LEVELS", "SEEDS", "WIDTH", "EPOCHS", "EVAL")
@@ -299,3 +301,28 @@ def test_diagnostics_predict_on_a_fake_tree(clone, tiny_fmnistm_checkpoint, tmp_
     assert set(out["points"][0]["values"]) == {"direct share", "direct share (variance)", "pixel R2", "high-freq R2",
                                                "raw-pixel kNN (data)"}
     assert "leave-one-level-out" in (clone / "docs" / "results" / "diagnostics" / "predict.md").read_text()
+
+
+def test_probing_scripts_on_a_fake_tree(clone, tmp_path):
+    """evaluate.sh prints one eval per finished run (its newest checkpoint), collect.py tabulates the reports."""
+    runs = tmp_path / "runs"
+    for variant in ("plain-mae", "alpha-0-8", "still-training"):
+        run = runs / "all-e8" / "seed0" / variant
+        (run / "checkpoints").mkdir(parents=True)
+        for step in (1, 2):
+            (run / "checkpoints" / f"step_0000000{step}.pt").write_bytes(b"")
+        if variant != "still-training":
+            (run / "summary.json").write_text("{}")
+    cmds = commands(run_script(clone, "probing/evaluate.sh", "--dry-run", RUNS=str(runs)))
+    assert len(cmds) == 2 and all(c[1].endswith("step_00000002.pt") for c in cmds)
+    for argv in cmds:
+        parses(argv)
+        assert argv[0] == "eval" and "knn,probe,linear_sweep,knn_sweep,ep,attentive" in argv
+    for variant, top1 in (("plain-mae", 0.1), ("alpha-0-8", 0.25)):
+        report = runs / "eval" / "all-e8" / "seed0" / variant / "eval.json"
+        report.parent.mkdir(parents=True)
+        report.write_text(json.dumps({"results": [{"metric": m, "values": {"top1": top1}}
+                                                  for m in ("knn", "probe", "knn_sweep", "linear_sweep", "ep", "attentive")]}))
+    printed = run_script(clone, "probing/collect.py", str(runs), "--out", str(tmp_path / "out"))
+    assert "| all-e8 | kNN k 20 T 0.07 (paper) | 0.100 | 0.250 | +0.150 | 1/1 |" in printed
+    assert (tmp_path / "out" / "probing.md").read_text().strip() == printed.strip()

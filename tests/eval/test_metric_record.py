@@ -72,7 +72,9 @@ def test_builtin_column_keys_titles_and_tables_are_unchanged():
     keys = {m.name: m.display.key for m in registered()}
     assert keys == {"knn": "knn_top1", "probe": "probe_top1", "rank": "rank_cls", "token_norm": "feature_norm",
                     "shortcut_ratio": "shortcut_ratio_", "fid": "proxy_fid", "diffusion_probe": "probe_best_top1",
-                    "segmentation": "segmentation_miou", "diagnostics": "diag_direct_share"}
+                    "segmentation": "segmentation_miou", "diagnostics": "diag_direct_share", "ep": "ep_top1",
+                    "attentive": "attentive_top1", "linear_sweep": "linear_sweep_top1", "knn_sweep": "knn_sweep_top1",
+                    "fewshot": "fewshot_top1"}
     per_feature = {("rank", "patch_mean"): "rank_patch_mean", ("shortcut_ratio", "mlp"): "shortcut_ratio_mlp",
                    ("fid", "inception"): "inception_fid", ("knn", "cls"): "knn_top1", ("token_norm", "tokens"): "feature_norm"}
     for (name, feature), key in per_feature.items():

@@ -47,8 +47,8 @@ def test_builtin_metrics_are_registry_entries():
     assert [m.name for m in registered(FEATURES)][:3] == ["knn", "probe", "rank"]
     assert [m.display.key for m in registered(FEATURES)][:3] == ["knn_top1", "probe_top1", "rank_cls"]
     assert {m.name for m in registered()} >= {"knn", "probe", "rank", "token_norm", "shortcut_ratio", "fid", "diffusion_probe"}
-    assert [m.name for m in registered(where="profile") if m.applies_to != FEATURES] == ["token_norm", "shortcut_ratio",
-                                                                                                "diagnostics"]
+    assert [m.name for m in registered(where="profile") if m.applies_to != FEATURES] == [
+        "token_norm", "shortcut_ratio", "diagnostics", "ep", "attentive", "linear_sweep", "knn_sweep", "fewshot"]
     assert column_title("online_knn_top1") == "kNN top-1 (k=20, T=0.07)"
     assert column_title("online_proxy_fid").endswith("(lower is better)")
     assert column_title("rank_patch_mean") == "effective rank (paper eq. 6, mean-pooled patch tokens)"

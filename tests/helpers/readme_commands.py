@@ -331,6 +331,8 @@ PLANS: dict[str, Plan] = {
     ".venv/bin/python benchmarks/diagnostics_cost.py": Plan(
         covered="tests/e2e/test_diagnostics_benchmark.py::test_smoke_run_times_every_row_against_the_forward",
         needle="diagnostics_cost.py"),
+    ".venv/bin/python benchmarks/probing_cost.py": Plan(needle="probing_cost.py", covered="tests/e2e/test_benchmarks.py::"
+                                                       "test_probing_cost_times_the_grid_ep_and_a_streamed_pass"),
     ".venv/bin/python benchmarks/hook_cost.py": Plan(needle="hook_cost.py", covered="tests/e2e/test_hook_cost_benchmark.py::"
                                                      "test_smoke_run_times_each_model_and_mode_against_the_undecayified_model"),
     ".venv/bin/python benchmarks/diffusion_throughput.py": Plan(

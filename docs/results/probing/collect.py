@@ -1,22 +1,21 @@
 """Issue 50 item 7: plain vs decayed under every protocol, from evaluate.sh's reports.
 
 Reads RUNS/eval/<level>/seed<N>/<variant>/eval.json (every RUNS given; default runs/probing and runs/probing-e32) and
-writes probing.md / probing.json beside this script: per
+writes probing.md / probing.json (beside this script, or in --out DIR): per
 nuisance level and protocol, each variant's top-1 (mean ± sample std over seeds), Δ = decayed − plain of the same
 seed (mean ± std) and the seeds where Δ > 0.
 
-    .venv/bin/python docs/results/probing/collect.py [RUNS ...]
+    .venv/bin/python docs/results/probing/collect.py [RUNS ...] [--out DIR]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RUNS = [Path(a) for a in sys.argv[1:]] or [HERE.parents[2] / "runs" / name for name in ("probing", "probing-e32")]
 PROTOCOLS = [("knn", "kNN k 20 T 0.07 (paper)"), ("probe", "linear probe, IN-100 recipe (paper)"),
              ("knn_sweep", "kNN, k x T chosen on val"), ("linear_sweep", "48 swept linear heads, chosen on val"),
              ("ep", "EP (Q 32), small recipe, chosen on val"), ("attentive", "V-JEPA attentive, small recipe, chosen on val")]
@@ -36,8 +35,13 @@ def spread(xs: list[float], sign: str = "") -> str:
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="*", type=Path, help="run folders (default: runs/probing and runs/probing-e32)")
+    p.add_argument("--out", type=Path, default=HERE, help="where probing.md / probing.json go (default: beside this file)")
+    a = p.parse_args()
+    runs_dirs = a.runs or [HERE.parents[2] / "runs" / name for name in ("probing", "probing-e32")]
     found: dict = {}
-    for file in sorted(f for runs in RUNS for f in (runs / "eval").glob("*/seed*/*/eval.json")):
+    for file in sorted(f for runs in runs_dirs for f in (runs / "eval").glob("*/seed*/*/eval.json")):
         level, seed, variant = file.parts[-4], file.parts[-3], file.parts[-2]
         found.setdefault(level, {}).setdefault(seed, {})[variant] = json.loads(file.read_text())
     table, lines = {}, ["| level | protocol | plain | α_min 0.8 | Δ (decayed − plain) | wins |", "|---|---|---|---|---|---|"]
@@ -50,8 +54,9 @@ def main() -> None:
                                                    "delta": deltas}
             lines.append(f"| {level} | {words} | {spread([p for p, _ in pairs])} | {spread([d for _, d in pairs])} | "
                          f"{spread(deltas, '+')} | {sum(x > 0 for x in deltas)}/{len(deltas)} |")
-    (HERE / "probing.json").write_text(json.dumps(table, indent=1))
-    (HERE / "probing.md").write_text("\n".join(lines) + "\n")
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "probing.json").write_text(json.dumps(table, indent=1))
+    (a.out / "probing.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
