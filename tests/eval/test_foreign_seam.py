@@ -259,6 +259,10 @@ SWEEP = {  # item: (argv, what the line must say); FOLDER/x is folders / x, BAD/
                     ["--model-arg in_chans=1"]),
     "12 transformers folder as checkpoint": (["FOLDER/vit"], ["resdecay eval --model", "--data NAME"]),
     "12 diffusers folder as checkpoint": (["FOLDER/dit"], ["diffusers save_pretrained folder", "--model"]),
+    "9 remote code flag without auto_map": (["--model", "FOLDER/vit", "--trust-remote-code"],
+                                            ["names no transformers model code of its own", "drop the flag"]),
+    "11 torchvision channels": (["--model", "torchvision:resnet18", "--model-arg", "img_size=8"],
+                                ["takes 3", "measure it on images of 3 channel(s)"]),
     "14 weights folder": (["--model", "timm:vit_tiny_patch16_224", "--weights", "FOLDER"], ["is a folder"]),
     "14 weights save_pretrained folder": (["--model", "timm:vit_tiny_patch16_224", "--weights", "FOLDER/vit"],
                                           ["--model", "without --weights"]),
@@ -273,5 +277,7 @@ def test_the_bad_input_sweep_is_one_line_each(case, folders, tmp_path, capsys):
             else str(folders / a[7:]) if a.startswith("FOLDER/") else str(folders) if a == "FOLDER" else a for a in argv]
     code, _, err = run(capsys, "eval", *argv, *SMALL, "--evals", "knn", "--out", tmp_path / "out")
     assert_one_line_error(code, err, *says)
+    if case == "11 torchvision channels":  # its constructors take no in_chans: the fix does not offer one
+        assert "in_chans" not in err
     assert not (tmp_path / "out").exists()  # refused before anything was written
     assert not (tmp_path / "PAYLOAD-RAN").exists()  # the pickle's payload never ran

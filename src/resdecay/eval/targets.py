@@ -101,6 +101,7 @@ class BuiltModel(Protocol):
     weights: str | None
     conditioning: tuple
     inputs: dict  # the img_size / in_chans given as --model-arg
+    settable_inputs: tuple[str, ...]  # those a --model-arg can set for this model
 
 
 @dataclass(eq=False)
@@ -152,15 +153,14 @@ class ForeignTarget:
 
     def _input_fix(self, e: InputMismatch, data: str) -> str:
         """The fix of images the model does not take, in ``eval``'s own options: ``--resize``, or a
-        ``--model-arg`` where the model's constructor takes the value (a folder's config states its own)."""
-        folder = Path(self.name).is_dir()
+        ``--model-arg`` where its format lets one set the value (``ModelFormat.settable_inputs``)."""
+        settable = e.key in self.built.settable_inputs
         if e.key == "img_size":
-            arg = "" if folder else (f", or --model-arg img_size={e.data} if it was built for {e.data}x{e.data} "
-                                     "images (a ViT: with a patch_size that divides it)")
+            arg = "" if not settable else (f", or --model-arg img_size={e.data} if it was built for {e.data}x{e.data} "
+                                           "images (a ViT: with a patch_size that divides it)")
             return (f"{data} images are {e.data}x{e.data} but {self.name} takes "
                     f"{e.model}x{e.model}: pass --resize to read them at {e.model}x{e.model}{arg}")
-        fixed = folder or self.name.startswith("torchvision:")  # torchvision's constructors take no in_chans
-        arg = "" if fixed else f"pass --model-arg in_chans={e.data} if it was built for them, or "
+        arg = f"pass --model-arg in_chans={e.data} if it was built for them, or " if settable else ""
         return (f"{data} images have {e.data} channel(s) but {self.name} takes {e.model}: {arg}measure it on images of "
                 f"{e.model} channel(s) (--data NAME)")
 

@@ -52,7 +52,8 @@ class ForeignModel:
         fresh: builds the same architecture, with the same decay, freshly initialised (the random-init baseline).
         source: the spec as given; weights: the weights file, or None.
         conditioning: the fixed values a diffusion backbone is run with after x.
-        kwargs: the constructor arguments given; inputs: the ``img_size`` / ``in_chans`` among them.
+        kwargs: the constructor arguments given; inputs: the ``img_size`` / ``in_chans`` among them;
+        settable_inputs: those a ``--model-arg`` can set (its format's ``settable_inputs``).
     """
 
     model: nn.Module
@@ -62,6 +63,7 @@ class ForeignModel:
     conditioning: tuple = ()
     kwargs: dict = field(default_factory=dict)
     inputs: dict = field(default_factory=dict)
+    settable_inputs: tuple[str, ...] = INPUTS
 
 
 def _library(name: str):
@@ -216,6 +218,9 @@ class ModelFormat:
         written: how a spec of this format is written, for the refusal of a spec no format takes.
         takes_weights: ``--weights FILE`` applies (a folder holds its own weights).
         matches: ``matches(spec) -> bool``; None: the spec starts with ``name:``.
+        settable_inputs: which of ``img_size`` / ``in_chans`` a ``--model-arg`` sets for a model of this format
+            (timm: both; torchvision: the side only, which its CNNs read at any size; a folder: neither, its config
+            fixes them): what a refusal of images of another size or channel count suggests.
     """
 
     name: str
@@ -223,6 +228,7 @@ class ModelFormat:
     written: str
     takes_weights: bool = False
     matches: Callable[[str], bool] | None = None
+    settable_inputs: tuple[str, ...] = INPUTS
 
     def takes(self, spec: str) -> bool:
         return self.matches(spec) if self.matches is not None else spec.startswith(f"{self.name}:")
@@ -280,8 +286,10 @@ def model_format(spec: str, weights: str | None) -> ModelFormat:
 
 
 register_model_format(ModelFormat("timm", _from_registry, "timm:NAME", takes_weights=True))
-register_model_format(ModelFormat("torchvision", _from_registry, "torchvision:NAME", takes_weights=True))
+register_model_format(ModelFormat("torchvision", _from_registry, "torchvision:NAME", takes_weights=True,
+                                  settable_inputs=("img_size",)))
 register_model_format(ModelFormat("folder", _from_folder, "a save_pretrained folder (transformers or diffusers)",
+                                  settable_inputs=(),
                                   matches=lambda spec: Path(spec).is_dir()))
 
 
@@ -319,7 +327,8 @@ def load_foreign(spec: str, weights: str | None = None, model_args: dict[str, An
                         f"{type(built).__name__}, not (model, fresh): an nn.Module and a function that builds it afresh")
     model, fresh = built
     conditioning = _conditioning(spec, model, cond)
-    return ForeignModel(model.eval(), fresh, spec, weights, conditioning, args, {k: args[k] for k in INPUTS if k in args})
+    return ForeignModel(model.eval(), fresh, spec, weights, conditioning, args, {k: args[k] for k in INPUTS if k in args},
+                        fmt.settable_inputs)
 
 
 def _conditioning(spec: str, model: nn.Module, given: dict) -> tuple:
