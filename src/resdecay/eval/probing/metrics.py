@@ -61,27 +61,30 @@ class SplitOptions:
 
 
 @dataclass(frozen=True)
-class EpOptions(SplitOptions):
-    """``ep.queries`` (Q), ``ep.d_out`` (value width D / d_out), ``ep.recipe``, ``ep.epochs`` (None: the recipe's),
-    ``ep.tokens`` (patches: the patch tokens; all: the cls and other prefix tokens too, efficient-probing's ep_all)."""
+class HeadOptions(SplitOptions):
+    """What both attentive probes take: ``NAME.recipe``, ``NAME.epochs`` (None: the recipe's) and ``NAME.tokens``
+    (patches: the patch tokens; all: the cls and other prefix tokens too, efficient-probing's ep_all)."""
 
-    queries: Annotated[int, AT_LEAST_ONE] = 32
-    d_out: Annotated[int, AT_LEAST_ONE] = 1
     recipe: Literal["small", "efficient-probing"] = "small"
     epochs: Annotated[int, AT_LEAST_ONE] | None = None
     tokens: Literal["patches", "all"] = "patches"
 
 
 @dataclass(frozen=True)
-class AttentiveOptions(SplitOptions):
+class EpOptions(HeadOptions):
+    """``ep.queries`` (Q) and ``ep.d_out`` (value width D / d_out), beside the heads' options."""
+
+    queries: Annotated[int, AT_LEAST_ONE] = 32
+    d_out: Annotated[int, AT_LEAST_ONE] = 1
+
+
+@dataclass(frozen=True)
+class AttentiveOptions(HeadOptions):
     """``attentive.depth`` (1: V-JEPA's; 4: a cross block and 3 self-attention blocks), ``attentive.heads`` (None: the
-    most of 16, 12, 8, 6, 4, 2 that leaves 16 channels a head), ``attentive.recipe``, ``attentive.epochs``."""
+    most of 16, 12, 8, 6, 4, 2 that leaves 16 channels a head), beside the heads' options."""
 
     depth: Annotated[int, AT_LEAST_ONE] = 1
     heads: Annotated[int, AT_LEAST_ONE] | None = None
-    recipe: Literal["small", "efficient-probing"] = "small"
-    epochs: Annotated[int, AT_LEAST_ONE] | None = None
-    tokens: Literal["patches", "all"] = "patches"
 
 
 @dataclass(frozen=True)
