@@ -221,6 +221,8 @@ PLANS: dict[str, Plan] = {
     "resdecay eval --model timm:vit_small_patch16_224 --weights vit.pth --data cifar10 --data-path /data/cifar --evals ep":
         Plan(add=("--model-arg", "img_size=32", "--model-arg", "patch_size=8", "--model-arg", "depth=4", "--model-arg",
                   "embed_dim=192", *EVAL, *PROBES, "--metric-option", "ep.val_fraction=0.5"), expect=("{tmp}/eval/timm-vit_small_patch16_224/eval.json::ep",)),
+    "resdecay eval runs/sit-tiny-fmnist/checkpoints/step_*.pt --noise-level 0.1 --evals knn,linear_sweep,ep": Plan(
+        add=(*EVAL, *PROBES), expect=("{tmp}/eval/*/eval.json::\"level\": 0.1",)),
     "resdecay eval CKPT --evals knn,probe,ep,knn_sweep --export-row row.csv": Plan(
         add=(*EVAL, *PROBES, "--export-row", "{tmp}/row.csv"), expect=("{tmp}/row.csv::knn_k",)),
     # segmentation (docs/segmentation.md): label maps of Fashion-MNIST-M and a COCO-Stuff-27 folder, in these tests

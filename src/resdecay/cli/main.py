@@ -131,6 +131,9 @@ def add_measurement_commands(sub) -> None:
                    help="read fixed-size images (digits, Fashion-MNIST, CIFAR) resized to the model's input side "
                         "instead of refusing a size that differs (recorded in the protocol card)")
     e.add_argument("--layer", default="-1", help="encoder block index (-1 = last) or 'all' for the per-layer profile")
+    e.add_argument("--noise-level", type=float, default=None, metavar="L",
+                   help="a diffusion checkpoint (uvit, sit): its blocks' tokens at this fraction of the diffusion time "
+                        "(0 clean, 1 pure noise; null label, EMA weights), measured by every metric as an encoder's")
     e.add_argument("--feature", default="mean", help="pooling: mean (all tokens incl. cls; default) | cls | patch_mean")
     e.add_argument("--evals", default=None, help=f"comma list of {', '.join(metric_names(FEATURES))} (default: all; "
                                                   "the registered metrics, a --plugin's included)")

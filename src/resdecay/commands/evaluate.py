@@ -287,7 +287,7 @@ def eval_settings(args) -> EvalSettings:
                         max_test=args.max_test, batch_size=args.batch_size, num_workers=args.num_workers,
                         device=args.device, cache_dir=args.cache_dir, progress=not args.no_progress,
                         baselines=not args.no_baselines, data_path=None if args.data else args.data_path,
-                        resize=args.resize,
+                        resize=args.resize, noise_level=args.noise_level,
                         metric_options={n: {**flags.get(n, {}), **given.get(n, {})} for n in [*flags, *given]})
 
 

@@ -134,16 +134,23 @@ def warn(message: str) -> None:
     print(f"resdecay: warning: {message}", file=sys.stderr)
 
 
-def check_encoder_family(checkpoint, family: str) -> None:
-    """``resdecay eval`` measures encoders; a diffusion checkpoint is pointed to ``eval-diffusion``.
+def check_encoder_family(checkpoint, family: str, noise_level: float | None = None) -> None:
+    """``resdecay eval`` measures encoders, and a diffusion checkpoint's blocks at one noise level
+    (``--noise-level``, a fraction of the diffusion time: diffusion checkpoints only).
 
     Args:
         checkpoint: the checkpoint's path, for the message.
-        family: its ``model.family``.
+        family: its ``model.family``; noise_level: ``--noise-level`` or None.
     """
-    if is_diffusion(family):
-        raise UserError(f"{checkpoint} is a {family} diffusion model, whose features depend on the noise level: "
-                        f"probe it with `resdecay eval-diffusion {checkpoint}` (`resdecay eval` measures encoders)")
+    if is_diffusion(family) and noise_level is None:
+        raise UserError(f"{checkpoint} is a {family} diffusion model, whose features depend on the noise level: pass "
+                        "--noise-level L (0 clean .. 1 pure noise, e.g. 0.1) to measure its blocks at one level, or "
+                        f"probe the grid of blocks x levels with `resdecay eval-diffusion {checkpoint}`")
+    if noise_level is not None and not is_diffusion(family):
+        raise UserError(f"--noise-level applies to diffusion checkpoints (uvit, sit); {checkpoint} is a {family} "
+                        "model: drop --noise-level")
+    if noise_level is not None and not 0.0 <= noise_level <= 1.0:
+        raise UserError(f"--noise-level must lie in [0, 1] (0 = clean, 1 = pure noise), got {noise_level:g}")
 
 
 def eval_split(data: DataConfig, split: str, img_size: int, bad_files: Path | None = None):

@@ -45,6 +45,8 @@ class Evaluation:
         cache_dir: the feature cache's folder when ``--cache-dir`` names none (``<run>/eval/cache``; a
             foreign model's ``<report>/cache``).
         about: what was evaluated, the report's first keys (``suite.described``; empty without a model).
+        inputs_card: how the model reads the images beyond the data (a diffusion checkpoint's noise level): in every
+            split's card, so in every result's protocol card and every feature cache's key.
     """
 
     checkpoint: Path | None
@@ -62,6 +64,7 @@ class Evaluation:
     side: int | None = None
     cache_dir: Path | None = None
     about: dict = field(default_factory=dict)
+    inputs_card: dict = field(default_factory=dict)
 
     @property
     def img_size(self) -> int:

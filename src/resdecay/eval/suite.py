@@ -20,13 +20,14 @@ import torch
 from ..data import DataConfig
 from ..errors import UserError
 from ..io import file_sha256, run_dir_of
-from ..models import MAEConfig
+from ..models import MAEConfig, is_diffusion
 from ..nn.decayify import alphas_of
 from ..nn.shortcut_info import describe_model
 from ..train.checkpoint import load_checkpoint, load_model, loaded_plugins
 from ..train.config import from_dict
 from ..train.distributed import resolve_device
 from ..train.log.tracking import log_to_run
+from .diffusion.encoder import NoisedEncoder, NoisedRun
 from .features.extract import POOLINGS
 from .inputs import check_data_path, check_encoder_family
 from .metrics import FEATURES, Metric, cached_rows, measure_prepared, registered, row_columns
@@ -61,6 +62,7 @@ class EvalSettings:
         resize: read fixed-size images (digits, Fashion-MNIST, CIFAR) at the model's side (``--resize``; the
             checkpoint's data without ``data``; with ``data`` it is ``data.resize``).
         trackers: also log one layer's numbers to the run's trackers (TensorBoard, W&B, MLflow).
+        noise_level: a diffusion checkpoint's blocks read at this fraction of the diffusion time (``--noise-level``).
         metric_options: metric name -> {key: value}, the metrics' own options.
     """
 
@@ -80,6 +82,7 @@ class EvalSettings:
     pixel_cache: str | None = None
     resize: bool = False
     trackers: bool = True
+    noise_level: float | None = None
     metric_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -172,10 +175,11 @@ def checked_checkpoint(checkpoint: str | Path, s: EvalSettings) -> tuple[dict, o
     s.validate()
     state = load_checkpoint(checkpoint)
     cfg = from_dict(state["config"])
-    check_encoder_family(checkpoint, cfg.model.family)
+    check_encoder_family(checkpoint, cfg.model.family, s.noise_level)
     if s.data is not None:
         check_data_path(s.data.name, s.data.path)
-        return state, cfg, s.data
+        # a diffusion model reads images in its own range ([-1, 1]: normalize symmetric), whatever --data's default
+        return state, cfg, replace(s.data, normalize=cfg.data.normalize) if is_diffusion(cfg.model.family) else s.data
     check_data_path(cfg.data.name, s.data_path)
     return state, cfg, replace(cfg.data, augment="none", train_subset=None, path=s.data_path or cfg.data.path,
                                resize=cfg.data.resize or s.resize)
@@ -196,11 +200,17 @@ def open_evaluation(checkpoint: str | Path, s: EvalSettings, report_dir: str | P
     checkpoint = Path(checkpoint)
     state, cfg, data = checked_checkpoint(checkpoint, s)
     device = resolve_device(s.device, "--device")
-    model, cfg = load_model(checkpoint, device, state=state)
+    diffusion = is_diffusion(cfg.model.family)
+    model, cfg = load_model(checkpoint, device, ema=diffusion, state=state)  # the EMA weights, as eval-diffusion
+    inputs_card, label = {}, _label(cfg)
+    if diffusion:  # its blocks' tokens at one noise level, the null label
+        model, cfg = NoisedEncoder(model, s.noise_level), NoisedRun(cfg, s.noise_level)
+        inputs_card = model.card("EMA" if "ema" in state else "raw")
+        label = f"{label}, noise {s.noise_level:g}"
     ev = Evaluation(checkpoint, file_sha256(checkpoint), state, cfg, model, data, s, measured_layers(model, s.layer), device,
                     Path(report_dir) if report_dir else run_dir_of(checkpoint) / "eval",
-                    cache_dir=run_dir_of(checkpoint) / "eval" / "cache")
-    return described(ev, _label(cfg))
+                    cache_dir=run_dir_of(checkpoint) / "eval" / "cache", inputs_card=inputs_card)
+    return described(ev, label)
 
 
 def described(ev: Evaluation, label: str) -> Evaluation:

@@ -125,6 +125,9 @@ class ForeignTarget:
         return report_dir / "cache"
 
     def check(self, s: EvalSettings) -> None:
+        if s.noise_level is not None:
+            raise UserError(f"--noise-level applies to resdecay diffusion checkpoints (uvit, sit); --model {self.name} "
+                            "is read as an encoder (a diffusers backbone at a fixed timestep: --model-arg timestep=N)")
         if s.data is None:
             raise UserError(f"--model {self.name}: name the data set to measure it on with --data NAME (and --data-path DIR)")
         s.validate()

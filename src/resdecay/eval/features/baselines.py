@@ -29,7 +29,6 @@ from torch.utils.data import DataLoader
 from ...data import DataConfig
 from ...data.subsets import balanced_subset, dataset_labels
 from ...models import build_model
-from ..foreign import ForeignRun
 from ..inputs import eval_split, replaced_count, split_card
 from ..metrics import Metric, cached_rows, measure_prepared
 from ..protocol import MetricSettings
@@ -59,8 +58,8 @@ def pixel_features(dataset, limit: int | None = None, batch_size: int = 1024, se
 def random_init_model(cfg):
     """The run's encoder before its first step: seeded exactly as ``train()`` seeds it."""
     torch.manual_seed(cfg.train.seed)
-    if isinstance(cfg, ForeignRun):  # a model trained elsewhere: its own library builds it afresh
-        return cfg.random_init().eval()
+    if hasattr(cfg, "random_init"):  # a model trained elsewhere (its own library builds it), a diffusion model read
+        return cfg.random_init().eval()  # at a noise level: the same architecture, presented as the model was
     return build_model(cfg.model).eval()
 
 

@@ -65,7 +65,7 @@ def _split(ev: Evaluation, split: str):
         dataset = eval_split(ev.data, split, img, bad_files_folder(ev))
         check_first_sample(dataset, ev.cfg.model.in_chans, img, ev.data.name)
         chosen = balanced_subset(dataset, limit, ev.data.subset_seed)  # an ImageFolder's first N are a class or two
-        memo[split] = chosen, split_card(ev.data, split, len(chosen), len(dataset), img)  # the draw is in the key
+        memo[split] = chosen, {**split_card(ev.data, split, len(chosen), len(dataset), img), **ev.inputs_card}  # in the key
     return memo[split]
 
 
