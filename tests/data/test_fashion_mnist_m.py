@@ -61,6 +61,55 @@ def test_each_nuisance_changes_what_it_should_and_nothing_else():
     assert torch.equal(no_colour.permute(1, 0, 2, 3)[:, outside], all_on.permute(1, 0, 2, 3)[:, outside])
 
 
+def test_the_textures_generator_is_another_draw_with_the_same_switches():
+    g = _square_garments()
+    tex = composite(g, "train", 32, composition="textures")
+    assert torch.equal(tex, composite(g, "train", 32, composition="textures"))  # image i depends on i alone
+    assert torch.equal(tex[3:], composite(g[3:], "train", 32, offset=3, composition="textures"))
+    assert not torch.equal(tex, composite(g, "train", 32))  # not the photographs' images
+    # every switch off: the two generators make the same centred white square on black
+    assert torch.equal(composite(g, "train", 32, nuisances=(), composition="textures"), composite(g, "train", 32, nuisances=()))
+    # background only: a textured background (not black) around the unchanged garment
+    bare, bg = composite(g, "train", 32, nuisances=()), composite(g, "train", 32, nuisances=("background",), composition="textures")
+    core, outside = (bare == 255).all(1), bare.sum(1) == 0
+    assert torch.equal(bg.permute(1, 0, 2, 3)[:, core], bare.permute(1, 0, 2, 3)[:, core])
+    assert bg.permute(1, 0, 2, 3)[:, outside].float().std() > 10
+    # milder: pastel garments (every channel >= 128 inside the opaque core), larger ones (>= 5/8 of the canvas)
+    col = composite(g, "train", 32, nuisances=("colour",), composition="textures").permute(1, 0, 2, 3)[:, core]
+    assert int(col.min()) >= 128
+    side = (composite(_garment_frames(), "train", 32, nuisances=("scale",), composition="textures").sum(1) > 0)
+    assert min(int(m.any(0).sum()) for m in side) >= 20 and len({int(m.sum()) for m in side}) > 1
+
+
+def _garment_frames(n=6):
+    """Garments whose opacity covers the whole 28 x 28 frame, so a footprint's side is the pasted size."""
+    return torch.full((n, 1, 28, 28), 255, dtype=torch.uint8)
+
+
+def test_a_checkpoint_measured_on_other_fashion_mnist_m_images_is_not_read_from_the_cache(fake_fmnist, tmp_path, capsys):
+    """The generator's knobs (nuisances, canvas, seed, composition) are in the card and the cache key: a run trained
+    on clean composites, measured on its own images and then on ``--data fashion-mnist-m`` (every nuisance on), is
+    extracted twice -- it once read the clean features back for the second."""
+    from resdecay.train import train
+    from resdecay.train.config import load_config
+
+    cfg = load_config("mae-tiny-fmnistm", [*TINY, "train.epochs=1", "train.batch_size=48", "data.nuisances=[]",
+                                           f"data.path={fake_fmnist}", f"train.out_dir={tmp_path / 'run'}"])
+    ckpt = train(cfg, progress=False)["checkpoint"]
+    common = ["--evals", "knn", "--no-baselines", "--no-progress", "--cache-dir", tmp_path / "cache"]
+    code, _, err = run(capsys, "eval", ckpt, *common, "--out", tmp_path / "own")
+    assert code == 0, err
+    code, out, err = run(capsys, "eval", ckpt, "--data", "fashion-mnist-m", "--data-path", fake_fmnist, *common,
+                         "--out", tmp_path / "all")
+    assert code == 0, err
+    assert "train new, test new" in out
+    cards = [json.loads(next((tmp_path / f).rglob("eval.json")).read_text())["results"][0]["protocol"]["train"]["generator"]
+             for f in ("own", "all")]
+    assert cards == [{"canvas": 32, "nuisances": [], "dataset_seed": 0, "composition": "photos"},
+                     {"canvas": 32, "nuisances": ["background", "colour", "scale", "position"], "dataset_seed": 0,
+                      "composition": "photos"}]
+
+
 @pytest.mark.slow
 def test_splits_come_from_their_own_garments(fake_fmnist):
     """Train images are made from the train IDX file's garments and test images from the test file's."""
@@ -83,6 +132,7 @@ def test_splits_come_from_their_own_garments(fake_fmnist):
     ("data.canvas=8", "data.canvas must be an integer from 16 to 128"),
     ("data.nuisances=[background,rain]", "data.nuisances: 'rain' is unknown"),
     ("data.nuisances=[colour,colour]", "lists a nuisance twice"),
+    ("data.composition=paintings", "data.composition"),
 ])
 def test_bad_knobs_are_one_line(capsys, tmp_path, override, fragment):
     code, _, err = run(capsys, "pretrain", "--preset", "mae-tiny-fmnistm", override, f"train.out_dir={tmp_path}")

@@ -64,6 +64,8 @@ class DataConfig:
     normalize: Normalize = "dataset"  # dataset (per-channel mean/std) | symmetric (pixels to [-1, 1], diffusion)
     canvas: int = 32  # fashion-mnist-m: image side in pixels
     nuisances: list[str] = field(default_factory=lambda: list(NUISANCES))  # fashion-mnist-m: which nuisances are on
+    composition: Literal["photos", "textures"] = "photos"  # fashion-mnist-m: photographs, or the second generator's
+    #                                                        procedural textures and milder draws (fashion_mnist_m.py)
     subset_seed: int = SUBSET_SEED  # seeds every N-image subset: train_subset, train.online_eval_size, eval --max-train
     dataset_seed: int = 0  # fashion-mnist-m: image i of a split is drawn from a generator seeded by (dataset_seed, split, i)
     on_bad_file: Literal["stop", "skip"] = "stop"  # an unreadable image in training: stop the run | skip (replace it deterministically, list it in <run>/bad_files.txt)
@@ -135,11 +137,11 @@ def _load_fashion_mnist(path: str | None, train: bool):
 
 
 @lru_cache(maxsize=4)
-def _fashion_mnist_m_stats(path: str | None, canvas: int, nuisances: tuple, seed: int):
+def _fashion_mnist_m_stats(path: str | None, canvas: int, nuisances: tuple, seed: int, composition: str = "photos"):
     """Per-channel mean/std of the first 2,000 composited training images (train statistics
     normalise both splits)."""
     garments, _ = _load_fashion_mnist(path, True)
-    x = composite(garments[:2000], "train", canvas, nuisances, seed).float().div_(255.0)
+    x = composite(garments[:2000], "train", canvas, nuisances, seed, composition=composition).float().div_(255.0)
     return tuple(x.mean((0, 2, 3)).tolist()), tuple(x.std((0, 2, 3)).tolist())
 
 
@@ -147,8 +149,10 @@ def _load_fashion_mnist_m(cfg: DataConfig, train: bool, limit: int | None):
     garments, labels = _load_fashion_mnist(cfg.path, train)
     chosen = balanced_indices(labels, limit, cfg.subset_seed) if limit else np.arange(len(labels))
     garments, labels = garments[chosen], labels[chosen]  # composite only what is used; image i is the same either way
-    images = composite(garments, "train" if train else "test", cfg.canvas, cfg.nuisances, cfg.dataset_seed, indices=chosen)
-    return images, labels, _fashion_mnist_m_stats(cfg.path, cfg.canvas, tuple(cfg.nuisances), cfg.dataset_seed)
+    images = composite(garments, "train" if train else "test", cfg.canvas, cfg.nuisances, cfg.dataset_seed, indices=chosen,
+                       composition=cfg.composition)
+    return images, labels, _fashion_mnist_m_stats(cfg.path, cfg.canvas, tuple(cfg.nuisances), cfg.dataset_seed,
+                                                  cfg.composition)
 
 
 def _cifar_fields(entry, f: Path, name: str):

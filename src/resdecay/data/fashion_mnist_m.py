@@ -23,6 +23,16 @@ The nuisances, each switchable (``data.nuisances``):
     position    the garment is placed at a random position on the canvas; off: centred
 
 The garment's grey level is used as its opacity, so its texture survives the colouring.
+
+``data.composition=textures`` is a second generator, drawn differently on purpose (a rule read off one generator
+need not transfer): milder nuisances of other kinds, the same four switches.
+
+    background  a procedural texture instead of a photograph: a mid-tone colour, two sinusoidal gratings of random
+                orientation, frequency (1 to 5 cycles per canvas), phase and colour, and smooth blotches (4 x 4
+                noise upsampled); contrast about +-60 grey levels; off: black
+    colour      a pastel colour (each channel 128..255); off: white
+    scale       a side in [canvas·5/8, canvas] (larger garments); off: 3/4·canvas
+    position    a jitter of the centre by at most a quarter of the free margin; off: centred
 """
 
 from __future__ import annotations
@@ -73,8 +83,34 @@ def _draw(rng: np.random.Generator, canvas: int, on: frozenset) -> dict:
     return d
 
 
+def _draw_textured(rng: np.random.Generator, canvas: int, on: frozenset) -> dict:
+    """``_draw`` of ``composition=textures``: the texture's parameters, a pastel colour, larger garments, a jitter."""
+    lo = (canvas * 5) // 8
+    d = {"base": rng.uniform(60, 190, 3), "waves": [(rng.uniform(0, np.pi), rng.uniform(1, 5), rng.uniform(0, 2 * np.pi),
+                                                     rng.uniform(-30, 30, 3)) for _ in range(2)],
+         "blotches": rng.normal(0, 15, (3, 4, 4)), "colour": rng.integers(128, 256, 3),
+         "size": int(rng.integers(lo, canvas + 1)), "pos": 0.5 + rng.uniform(-0.25, 0.25, 2)}
+    if "scale" not in on:
+        d["size"] = (canvas * 3) // 4
+    if "colour" not in on:
+        d["colour"] = np.array([255, 255, 255])
+    if "position" not in on:
+        d["pos"] = np.array([0.5, 0.5])
+    return d
+
+
+def _texture(d: dict, canvas: int) -> torch.Tensor:
+    """The (3, canvas, canvas) float background of one ``_draw_textured`` draw, in grey levels 0..255."""
+    yy, xx = np.mgrid[0:canvas, 0:canvas] / canvas
+    img = np.broadcast_to(d["base"][:, None, None], (3, canvas, canvas)).copy()
+    for theta, freq, phase, colour in d["waves"]:
+        img += colour[:, None, None] * np.sin(2 * np.pi * freq * (xx * np.cos(theta) + yy * np.sin(theta)) + phase)
+    blotches = F.interpolate(torch.from_numpy(d["blotches"])[None], size=(canvas, canvas), mode="bicubic", align_corners=False)
+    return (torch.from_numpy(img) + blotches[0]).clamp_(0, 255).float()
+
+
 def composite(garments: torch.Tensor, split: str, canvas: int = 32, nuisances=NUISANCES, seed: int = 0,
-              offset: int = 0, indices=None, labels: torch.Tensor | None = None):
+              offset: int = 0, indices=None, labels: torch.Tensor | None = None, composition: str = "photos"):
     """Composite garments (N, 1, 28, 28) uint8 into (N, 3, canvas, canvas) uint8 images.
 
     Args:
@@ -89,17 +125,21 @@ def composite(garments: torch.Tensor, split: str, canvas: int = 32, nuisances=NU
         labels: the garments' classes; given, also return (N, canvas, canvas) uint8 label maps:
             0 background, class + 1 where the garment was pasted with opacity >= ``MASK_OPACITY``
             (the segmentation evaluation's ground truth, 11 classes).
+        composition: "photos" (the sample photographs) or "textures" (the second generator, module docstring).
     """
-    on = frozenset(nuisances)
-    pyramid = _photo_pyramid(canvas) if "background" in on else None
+    on, textured = frozenset(nuisances), composition == "textures"
+    pyramid = _photo_pyramid(canvas) if "background" in on and not textured else None
     n = len(garments)
     out = torch.zeros(n, 3, canvas, canvas)
     where = range(offset, offset + n) if indices is None else [int(i) for i in indices]
-    draws = [_draw(np.random.default_rng([seed, SPLIT_IDS[split], i]), canvas, on) for i in where]
+    draw = _draw_textured if textured else _draw
+    draws = [draw(np.random.default_rng([seed, SPLIT_IDS[split], i]), canvas, on) for i in where]
     alpha = garments.float().div(255.0)
     masks = torch.zeros(n, canvas, canvas, dtype=torch.uint8) if labels is not None else None
     for i, d in enumerate(draws):
-        if pyramid is not None:
+        if textured and "background" in on:
+            out[i] = _texture(d, canvas)
+        elif pyramid is not None:
             img = pyramid[d["photo"]][d["level"]]
             y = int(d["u"][0] * (img.shape[-2] - canvas + 1))
             x = int(d["u"][1] * (img.shape[-1] - canvas + 1))

@@ -77,15 +77,15 @@ def _fashion_mnist_m(cfg, side: int, limit: int, seed: int) -> MaskedImages:
     garments, classes = _load_fashion_mnist(cfg.path, False)
     chosen, how = _draw(classes, limit, seed)
     images, masks = composite(garments[chosen], "test", cfg.canvas, cfg.nuisances, cfg.dataset_seed, indices=chosen,
-                              labels=classes[chosen])
+                              labels=classes[chosen], composition=cfg.composition)
     if cfg.canvas != side and not cfg.resize:
         raise DataError(f"fashion-mnist-m images are {cfg.canvas}x{cfg.canvas} but the model reads {side}x{side}; "
                         f"evaluate with data.canvas={side} (--data fashion-mnist-m uses the checkpoint's canvas)")
-    mean, std = _fashion_mnist_m_stats(cfg.path, cfg.canvas, tuple(cfg.nuisances), cfg.dataset_seed)
+    mean, std = _fashion_mnist_m_stats(cfg.path, cfg.canvas, tuple(cfg.nuisances), cfg.dataset_seed, cfg.composition)
     x = (images.float().div(255) - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
     card = {"data": "fashion-mnist-m", "split": "test", "images": len(chosen), "classes": 11,
             "class_names": list(NAMES["fashion-mnist-m"]), "chosen": how, "nuisances": list(cfg.nuisances),
-            "canvas": cfg.canvas, "resize": "none (native canvas)",
+            **({"composition": cfg.composition} if cfg.composition != "photos" else {}), "canvas": cfg.canvas, "resize": "none (native canvas)",
             "labels": "0 background, garment class + 1 where its opacity >= 0.5"}
     return MaskedImages(x, masks.long(), 11, card, mean, std, NAMES["fashion-mnist-m"])
 

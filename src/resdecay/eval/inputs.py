@@ -185,6 +185,9 @@ def split_card(data: DataConfig, split: str, n: int, total: int, img_size: int) 
             "augmentation": "none", "resize": data.resize}
     if n < total:  # only then: keys of whole-split features written before subsets were recorded stay valid
         card["subset"] = describe_subset(n, total, split, data.subset_seed)
+    if data.name == "fashion-mnist-m":  # its knobs make other images of the same name: in the card and cache keys
+        card["generator"] = {"canvas": data.canvas, "nuisances": list(data.nuisances), "dataset_seed": data.dataset_seed,
+                             "composition": data.composition}
     if data.name == "imagefolder":  # "dataset" reads as the folder's statistics, but they are ImageNet's: say which
         card["normalize"] = normalization_card(data, DataInfo("imagefolder", 0, 3, None, *folder_stats(data)))
     return card

@@ -219,10 +219,12 @@ def plot_sample_grids(results: dict, path: Path, title: str) -> Path:
 
 
 def plot_nuisance_samples(garments: torch.Tensor, labels: list[str], configs: dict[str, tuple], path: Path,
-                          canvas: int = 32, seed: int = 0, title: str = "") -> Path:
+                          canvas: int = 32, seed: int = 0, title: str = "", compositions: dict | None = None) -> Path:
     """Fashion-MNIST-M: one row per nuisance setting, the same garments (columns) in every row,
-    so each row shows what one knob adds. ``configs`` maps a row title to the nuisances that are on."""
-    rows = {name: composite(garments, "train", canvas, on, seed) for name, on in configs.items()}
+    so each row shows what one knob adds. ``configs`` maps a row title to the nuisances that are on,
+    ``compositions`` a row title to its generator ("photos" where not named)."""
+    rows = {name: composite(garments, "train", canvas, on, seed, composition=(compositions or {}).get(name, "photos"))
+            for name, on in configs.items()}
     fig, axes = plt.subplots(len(rows), len(garments), figsize=(1.1 * len(garments) + 1.6, 1.15 * len(rows)), squeeze=False)
     for r, (name, imgs) in enumerate(rows.items()):
         for c in range(len(garments)):
