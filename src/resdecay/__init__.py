@@ -7,7 +7,8 @@ from .nn.residual import decayed_add, register_shortcut, residual_add, shortcut_
 from .schedule import alpha_schedule, effective_decay, solve_alpha_min
 
 # The notebook API (api.py) is loaded on first use, so ``import resdecay`` stays light.
-_API = ("create_model", "load_model", "extract_features", "knn_accuracy", "linear_probe", "effective_rank", "diagnose")
+_API = ("create_model", "load_model", "extract_features", "knn_accuracy", "linear_probe", "effective_rank", "diagnose",
+        "attentive_probe", "linear_sweep", "knn_sweep")
 _INTEROP = ("save_decayified", "load_decayified", "save_pretrained", "from_pretrained", "push_to_hub")
 
 

@@ -7,6 +7,9 @@
     resdecay.knn_accuracy(train_feats, train_labels, test_feats, test_labels)
     resdecay.linear_probe(train_feats, train_labels, test_feats, test_labels)["top1"]
     resdecay.effective_rank(feats[11])
+    resdecay.attentive_probe(train_tokens, train_labels, test_tokens, test_labels, head="ep")["top1"]  # (N, T, D)
+    resdecay.linear_sweep({"cls": tr_cls, "mean": tr_mean}, train_labels, {"cls": te_cls, "mean": te_mean}, test_labels)
+    resdecay.knn_sweep(train_feats, train_labels, test_feats, test_labels)["chosen"]    # k, T chosen on validation
     resdecay.diagnose(model, test_images, train_images=train_images)   # what the identity path carries, per layer
     model.save_pretrained("mae-digits", run_dir="runs/x")                # config.json, model.safetensors, README.md card
     model = resdecay.from_pretrained("mae-digits")                       # a folder, or a hub id user/name
@@ -24,6 +27,7 @@ torch tensors or numpy arrays (converted with ``torch.from_numpy``: same dtype, 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -38,15 +42,32 @@ from .eval.features.knn import knn_accuracy as _knn_accuracy
 from .eval.features.probe import IN100_RECIPE, ProbeRecipe
 from .eval.features.probe import linear_probe as _linear_probe
 from .eval.features.rank import effective_rank as _effective_rank
+from .eval.metrics import get_metric
 from .eval.options import check_option
-from .eval.protocol import KNN_K, KNN_TEMPERATURE
+from .eval.probing.source import ProbingSet, carve_validation
+from .eval.probing.sweep import Head
+from .eval.probing.sweep import knn_sweep as _knn_sweep
+from .eval.probing.sweep import linear_sweep as _linear_sweep
+from .eval.probing.tokens import TokenStore
+from .eval.probing.train import Split
+from .eval.protocol import (
+    KNN_K,
+    KNN_SWEEP_K,
+    KNN_SWEEP_T,
+    KNN_TEMPERATURE,
+    SWEEP_LRS,
+    SWEEP_WEIGHT_DECAYS,
+    VAL_FRACTION,
+    MetricSettings,
+)
 from .interop.pretrained import attach_hub_methods
 from .models import build_model
 from .models.common import BlockIndexError, resolve_blocks
 from .train.checkpoint import load_model as _load_model
 from .train.config import RunConfig, load_config
 
-__all__ = ["create_model", "load_model", "extract_features", "knn_accuracy", "linear_probe", "effective_rank", "diagnose"]
+__all__ = ["create_model", "load_model", "extract_features", "knn_accuracy", "linear_probe", "effective_rank", "diagnose",
+           "attentive_probe", "linear_sweep", "knn_sweep"]
 
 
 def create_model(preset: str | RunConfig = "mae-tiny-digits", **overrides: Any) -> torch.nn.Module:
@@ -191,3 +212,88 @@ def effective_rank(feats: Array, exp: bool = False) -> float:
         exp: return exp(rho) (Roy & Vetterli, between 1 and D) instead of the entropy rho (between 0 and log D).
     """
     return _effective_rank(_tensor(feats, "feats", "effective_rank"), exp=exp)
+
+
+def _carved(fn: str, train_labels: torch.Tensor, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, str]:
+    fraction = check_option("linear_sweep", "val_fraction", val_fraction, f"{fn}(val_fraction={val_fraction!r})")
+    return carve_validation(train_labels, fraction, seed, f"{fn}(val_fraction=...)")
+
+
+def attentive_probe(train_tokens: Array, train_labels: Array, test_tokens: Array, test_labels: Array, head: str = "ep",
+                    prefix_tokens: int = 0, val_fraction: float = VAL_FRACTION, seed: int = 0, device: str | torch.device = "cpu",
+                    progress: bool = False, **options: Any) -> dict:
+    """An attentive probe on frozen tokens, as ``resdecay eval --evals ep`` / ``attentive`` trains it: one head per
+    base rate of the recipe, trained together; the best epoch and rate chosen on a validation split carved from the
+    training tokens (class-balanced, seeded), then scored on test once. Returns top1, top5, val_top1 and ``card``
+    (the head, recipe, validation split and chosen cell).
+
+    Args:
+        train_tokens, test_tokens: (N, T, D) tokens of one block (tensor or numpy array); train_labels, test_labels.
+        head: "ep" (efficient-probing's EP head) or "attentive" (V-JEPA's attentive pooler).
+        prefix_tokens: tokens before the patch tokens (a cls token: 1), left out unless ``tokens="all"``.
+        val_fraction, seed: the validation split carved from the training tokens.
+        **options: the metric's own options, as ``--metric-option``: ``queries``, ``d_out`` (ep), ``depth``,
+            ``heads`` (attentive), ``recipe`` ("small" | "efficient-probing"), ``epochs``, ``tokens``.
+    """
+    if head not in ("ep", "attentive"):
+        raise UserError(f"attentive_probe(head={head!r}): choose 'ep' or 'attentive'")
+    x_tr, y_tr, x_te, y_te = _pairs("attentive_probe", train_tokens, train_labels, test_tokens, test_labels)
+    if x_tr.ndim != 3 or x_te.ndim != 3:
+        raise UserError(f"attentive_probe reads tokens (N, T, D), got {tuple(x_tr.shape)} and {tuple(x_te.shape)}: "
+                        "pooled vectors go to linear_probe / linear_sweep")
+    settings = MetricSettings(device=device, progress=progress, options={head: options})  # typed and in range, or one line
+    rest, val, how = _carved("attentive_probe", y_tr, val_fraction, seed)
+    stores = [TokenStore(None, 0, x.detach().float().cpu().contiguous()) for x in (x_tr, x_te)]
+    splits = {"train": Split(stores[0], rest, y_tr[rest], prefix_tokens), "val": Split(stores[0], val, y_tr[val], prefix_tokens),
+              "test": Split(stores[1], np.arange(len(y_te)), y_te, prefix_tokens)}
+    probing = ProbingSet(-1, {}, {"bank": y_tr, "test": y_te}, splits, "tokens",
+                         {"validation": how, "prefix_tokens": prefix_tokens, "tokens": {"dtype": "float32", "access": "in memory",
+                                                                                        "shape": list(x_tr.shape)}})
+    (result,) = get_metric(head).compute(probing, settings)
+    return {**result.values, "card": result.card}
+
+
+def linear_sweep(train_feats: Array | dict[str, Array], train_labels: Array, test_feats: Array | dict[str, Array],
+                 test_labels: Array, lrs: tuple[float, ...] = SWEEP_LRS, weight_decays: tuple[float, ...] = SWEEP_WEIGHT_DECAYS,
+                 epochs: int = 100, val_fraction: float = VAL_FRACTION, seed: int = 0, device: str | torch.device = "cpu",
+                 progress: bool = False) -> dict:
+    """DINOv2's swept linear heads, as ``resdecay eval --evals linear_sweep``: one head per feature x lr x weight decay,
+    all trained in one pass, the best chosen on a validation split carved from the training features, scored on test.
+    Returns top1, top5, val_top1, ``chosen`` and ``sweep`` (every cell's validation top-1).
+
+    Args:
+        train_feats, test_feats: (N, D) features, or {name: (N, D)} for several features to choose among (e.g. cls,
+            mean of patches); train_labels, test_labels: class indices.
+        lrs, weight_decays: the grid (AdamW, the IN-100 schedule at batch 256); epochs: its length.
+        val_fraction, seed: the validation split carved from the training features.
+    """
+    named = lambda f: f if isinstance(f, dict) else {"features": f}  # noqa: E731
+    tr = {k: _tensor(v, f"train_feats[{k!r}]", "linear_sweep").float() for k, v in named(train_feats).items()}
+    te = {k: _tensor(v, f"test_feats[{k!r}]", "linear_sweep").float() for k, v in named(test_feats).items()}
+    if set(tr) != set(te):
+        raise UserError(f"linear_sweep: train_feats has {sorted(tr)} but test_feats has {sorted(te)}; give both the same features")
+    y_tr, y_te = _tensor(train_labels, "train_labels", "linear_sweep"), _tensor(test_labels, "test_labels", "linear_sweep")
+    rest, val, how = _carved("linear_sweep", y_tr, val_fraction, seed)
+    grid = [Head(f, lr, wd) for f in tr for lr in lrs for wd in weight_decays]
+    if not grid:
+        raise UserError("linear_sweep: the grid has no cell; give at least one lr and one weight decay")
+    recipe = replace(IN100_RECIPE, name="sweep", epochs=check_option("linear_sweep", "epochs", epochs, "linear_sweep(epochs=...)"),
+                     batch_size=256)
+    rows = torch.as_tensor(rest), torch.as_tensor(val)
+    out = _linear_sweep({k: v[rows[0]] for k, v in tr.items()}, y_tr[rows[0]], {k: v[rows[1]] for k, v in tr.items()},
+                        y_tr[rows[1]], te, y_te, grid, recipe, device, progress)
+    return {**out, "validation": how}
+
+
+def knn_sweep(train_feats: Array, train_labels: Array, test_feats: Array, test_labels: Array,
+              ks: tuple[int, ...] = KNN_SWEEP_K, temperatures: tuple[float, ...] = KNN_SWEEP_T,
+              val_fraction: float = VAL_FRACTION, seed: int = 0) -> dict:
+    """kNN with k and T chosen on a validation split carved from the bank, then scored on test with the whole bank,
+    as ``resdecay eval --evals knn_sweep``. Returns top1, top5, val_top1, ``chosen`` and ``sweep``."""
+    x_tr, y_tr, x_te, y_te = _pairs("knn_sweep", train_feats, train_labels, test_feats, test_labels)
+    rest, val, how = _carved("knn_sweep", y_tr, val_fraction, seed)
+    if not ks or not temperatures:
+        raise UserError("knn_sweep: the grid has no cell; give at least one k and one temperature")
+    rest, val = torch.as_tensor(rest), torch.as_tensor(val)
+    return {**_knn_sweep(x_tr[rest], y_tr[rest], x_tr[val], y_tr[val], x_te, y_te, tuple(ks), tuple(temperatures)),
+            "validation": how}

@@ -181,3 +181,31 @@ def test_bad_probing_input_is_one_line(tiny_checkpoints, extra, says, tmp_path, 
                        "--cache-dir", str(tmp_path / "cache"), "--metric-option", "ep.epochs=1")
     assert_one_line_error(code, err, says)
     assert not (tmp_path / "out").exists() and not any((tmp_path / "cache").rglob("*.npy"))
+
+
+def test_compare_takes_two_models_probed_alike_and_refuses_two_recipes(tiny_checkpoints, tmp_path, capsys):
+    """The chosen cell and the sweep's scores are what a probe found on each model (outcomes, never a reason to
+    refuse); the recipe is the protocol (a reason to refuse)."""
+    common = ["--evals", "ep", "--no-baselines", "--no-progress", "--max-train", "200", "--max-test", "60",
+              "--metric-option", "ep.epochs=2", "--cache-dir", str(tmp_path / "cache")]
+    for name, extra in (("plain", []), ("decayed", []), ("decayed", ["--metric-option", "ep.recipe=efficient-probing"])):
+        out = tmp_path / f"{name}{len(extra)}"
+        code, _, err = run(capsys, "eval", tiny_checkpoints[name], *common, *extra, "--out", str(out))
+        assert code == 0, err
+    reports = {f.parent.parent.name: f for f in tmp_path.glob("*/*/eval.json")}
+    code, text, err = run(capsys, "compare", reports["plain0"], reports["decayed0"], "--out", str(tmp_path / "cmp"))
+    assert code == 0, err
+    assert "ep top1 (layer" in text
+    code, _, err = run(capsys, "compare", reports["decayed0"], reports["decayed2"], "--out", str(tmp_path / "cmp2"))
+    assert_one_line_error(code, err, "refusing to compare numbers measured differently", "recipe.name")
+
+
+def test_a_block_that_gives_a_pooled_vector_is_refused_by_the_token_probes(tiny_checkpoints, tmp_path, capsys, monkeypatch):
+    from resdecay.models.encoder import ViTEncoder
+
+    tokens = ViTEncoder.forward_intermediates
+    monkeypatch.setattr(ViTEncoder, "forward_intermediates", lambda self, x, idx=None: [t.mean(1) for t in tokens(self, x, idx)])
+    code, _, err = run(capsys, "eval", tiny_checkpoints["decayed"], "--evals", "ep", "--no-baselines", "--max-train", "200",
+                       "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"))
+    assert_one_line_error(code, err, "gives a pooled vector", "knn / probe")
+    assert not (tmp_path / "out").exists() and not any((tmp_path / "cache").rglob("*.npy"))

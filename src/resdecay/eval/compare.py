@@ -46,11 +46,15 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 # What was measured, not how: these fields are expected to differ between the runs compared.
 SUBJECT_FIELDS = {"checkpoint_sha256", "pretrained", "pretrained_sha256", "pretrained_step"}
+# What a selection on validation found (the probes' chosen cell, every cell's validation score) and the shape of the
+# tokens it read: outcomes of the same protocol on two models, never a reason to refuse (the grid itself is compared).
+OUTCOME_FIELDS = {"chosen", "sweep", "shape"}
 
 
 def protocol_differences(cards: list[dict]) -> list[str]:
     """Fields whose values differ between protocol cards, as 'field (a vs b)'."""
-    flat = [{k: v for k, v in _flatten(c).items() if k.split(".")[-1] not in SUBJECT_FIELDS} for c in cards]
+    flat = [{k: v for k, v in _flatten(c).items() if k.split(".")[-1] not in SUBJECT_FIELDS
+             and not OUTCOME_FIELDS & set(k.split("."))} for c in cards]
     keys = sorted(set().union(*flat))
     diffs = []
     for k in keys:

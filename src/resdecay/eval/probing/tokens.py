@@ -33,11 +33,14 @@ class TokenStore:
         path: the .npy file; budget_bytes: the most token bytes held in memory at once.
     """
 
-    path: Path
+    path: Path | None
     budget_bytes: int
     data: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
+        if self.path is None:  # tokens handed over in memory (the Python API's ``attentive_probe``): no file
+            self._map = self.data.numpy()
+            return
         self._map = np.load(self.path, mmap_mode="r")
         if self.data is None and self.nbytes <= self.budget_bytes:
             self.data = torch.from_numpy(np.array(self._map))  # a copy: the map is read-only
