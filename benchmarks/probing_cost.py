@@ -13,10 +13,15 @@ What is measured (seeded random features and tokens, made before any timing; one
     stream   a TokenStore of --stream-images x --tokens x --dim float16 tokens written to disk, then one shuffled pass
              over it with a --budget-mb budget: the growth of the process's peak resident set during the pass
              (VmHWM reset through /proc/self/clear_refs) against the budget and against the file's size
+    imagenet ImageNet-1K's token count, 1,281,167 x 196 x 768 float16 (359 GiB: no RAM holds it), as a sparse .npy
+             (the size is real, the contents zeros: nothing is written but the header), read by the TokenStore under
+             the probes' default 2 GB budget: --imagenet-batches shuffled batches of 256, their peak resident growth
+    end to end: the grid and one head each after the one feature pass every head shares (the frozen encoder over
+             the images, ep's extract_s): what a user of the swept heads pays against one probe
 
     python benchmarks/probing_cost.py                                   # 10k x 64 tokens x 192 wide (issue 50's size)
     python benchmarks/probing_cost.py --images 200 --tokens 4 --dim 16 --epochs 1 --ep-epochs 1 --depth 1 \\
-        --stream-images 300 --budget-mb 0.01                            # smoke run (tests/e2e/test_benchmarks.py)
+        --stream-images 300 --budget-mb 0.01 --imagenet-batches 2       # smoke run (tests/e2e/test_benchmarks.py)
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import torch
 from _measure import mem_peak, mem_start
 from resdecay.eval.probing.heads import ep_probe
 from resdecay.eval.probing.sweep import Head, train_linear_heads
-from resdecay.eval.probing.tokens import TokenWriter
+from resdecay.eval.probing.tokens import TokenStore, TokenWriter
 from resdecay.eval.probing.train import Split, train_heads
 from resdecay.eval.protocol import IN100_RECIPE, SMALL_ATTENTIVE_RECIPE, SWEEP_LRS, SWEEP_WEIGHT_DECAYS
 
@@ -106,6 +111,24 @@ def stream_rows(a) -> dict:
                 "access": store.access, "peak_growth_mb": peak, "pass_s": seconds, "images_read": seen}
 
 
+IMAGENET = (1_281_167, 196, 768)  # ImageNet-1K's training images x ViT-B/16's 14 x 14 patches x its width
+
+
+def imagenet_rows(a) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "imagenet.npy"
+        np.lib.format.open_memmap(path, mode="w+", dtype=np.float16, shape=IMAGENET).flush()  # sparse: a header only
+        store = TokenStore(path, int(a.imagenet_budget_mb * 2**20))
+        batches = store.batches(np.arange(len(store)), 256, torch.Generator().manual_seed(0))
+        method, base = mem_start(torch.device("cpu"))
+        start = time.perf_counter()
+        seen = sum(len(store.rows(next(batches))) for _ in range(a.imagenet_batches))
+        seconds = time.perf_counter() - start
+        peak = mem_peak(torch.device("cpu"), method, base)
+        return {"shape": list(IMAGENET), "file_gib": store.nbytes / 2**30, "budget_mb": a.imagenet_budget_mb,
+                "access": store.access, "images_read": seen, "read_s": seconds, "peak_growth_mb": peak}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--images", type=int, default=10_000)
@@ -116,25 +139,32 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=12, help="the frozen encoder's blocks (EP without a cache)")
     p.add_argument("--stream-images", type=int, default=40_000)
     p.add_argument("--budget-mb", type=float, default=64.0)
+    p.add_argument("--imagenet-batches", type=int, default=40, help="batches of 256 read from the ImageNet-size store")
+    p.add_argument("--imagenet-budget-mb", type=float, default=2048.0, help="its budget (the probes' default)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", default=None)
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     result = {"setting": vars(a), "threads": torch.get_num_threads(), "linear": linear_rows(a), "ep": ep_rows(a),
-              "stream": stream_rows(a)}
-    lin, ep, st = result["linear"], result["ep"], result["stream"]
+              "stream": stream_rows(a), "imagenet": imagenet_rows(a)}
+    lin, ep, st, big = result["linear"], result["ep"], result["stream"], result["imagenet"]
+    lin["end_to_end_grid_over_one"] = (ep["extract_s"] + lin["grid_one_pass_s"]) / (ep["extract_s"] + lin["one_head_s"])
     print(f"probing cost on {a.images} images x {a.tokens} tokens x {a.dim} wide, {result['threads']} threads")
     print(f"{'row':<44} {'seconds':>9}")
     print(f"{'linear: one head':<44} {lin['one_head_s']:>9.2f}")
     print(f"{'linear: ' + str(lin['heads']) + ' heads in one pass':<44} {lin['grid_one_pass_s']:>9.2f}  "
           f"({lin['grid_over_one']:.2f}x one head, {lin['grid_over_one_by_one']:.3f}x one by one)")
     print(f"{'linear: the same heads one after another':<44} {lin['grid_one_by_one_s']:>9.2f}")
+    print(f"{'linear: end to end, after the one feature pass':<44} {'':>9}  ({lin['end_to_end_grid_over_one']:.3f}x one head)")
     print(f"{'EP: extract the tokens once':<44} {ep['extract_s']:>9.2f}")
     print(f"{'EP: ' + str(a.ep_epochs) + ' epochs on cached tokens':<44} {ep['ep_on_cached_tokens_s']:>9.2f}")
     print(f"{'EP: re-running the encoder every epoch':<44} {ep['ep_rerunning_encoder_s']:>9.2f}")
     print(f"stream: {st['file_mb']:.1f} MB of float16 tokens, budget {st['budget_mb']:g} MB ({st['access']}): "
           f"one shuffled pass {st['pass_s']:.2f} s, peak resident growth {st['peak_growth_mb']:.1f} MB")
+    print(f"imagenet: {' x '.join(map(str, big['shape']))} float16 ({big['file_gib']:.0f} GiB, sparse), budget "
+          f"{big['budget_mb']:g} MB ({big['access']}): {big['images_read']} images in {big['read_s']:.2f} s, peak "
+          f"resident growth {big['peak_growth_mb']:.1f} MB")
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))
 

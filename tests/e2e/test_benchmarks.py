@@ -230,7 +230,11 @@ def test_gpu_rows_refuses_an_unknown_row_before_doing_anything(tmp_path):
 def test_probing_cost_times_the_grid_ep_and_a_streamed_pass(tmp_path, capfd, monkeypatch):
     out, result = run_benchmark("probing_cost.py", "--images", "200", "--tokens", "4", "--dim", "16", "--epochs", "1",
                                 "--ep-epochs", "1", "--depth", "1", "--stream-images", "300", "--budget-mb", "0.01",
-                                tmp_path=tmp_path, capfd=capfd, monkeypatch=monkeypatch)
+                                "--imagenet-batches", "2", tmp_path=tmp_path, capfd=capfd, monkeypatch=monkeypatch)
     assert result["linear"]["heads"] == 48 and "48 heads in one pass" in out
     assert result["stream"]["images_read"] == 300 and result["stream"]["access"].startswith("streamed")
     assert result["ep"]["ep_rerunning_encoder_s"] >= result["ep"]["ep_on_cached_tokens_s"]
+    big = result["imagenet"]  # ImageNet's token count, streamed: the budget holds a chunk, never the 359 GiB
+    assert big["shape"] == [1_281_167, 196, 768] and big["images_read"] == 512 and big["access"].startswith("streamed")
+    lin, extract = result["linear"], result["ep"]["extract_s"]  # the grid and one head after the one shared feature pass
+    assert lin["end_to_end_grid_over_one"] == (extract + lin["grid_one_pass_s"]) / (extract + lin["one_head_s"])
