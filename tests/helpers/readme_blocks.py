@@ -40,6 +40,8 @@ PYTHON_BLOCKS: dict[str, dict[str, str] | tuple[str, str]] = {
         EXT + "test_a_metric_over_two_blocks_in_one_file_runs_through_eval", "cka.py"),
     "docs/EXTENDING.md: (e) A new input kind: the MAE's pixel reconstructions": (
         EXT + "test_a_new_input_kind_in_one_file_runs_through_eval", "reconstruction.py"),
+    "docs/probing.md: # Probing frozen features as the field does now": (
+        "tests/eval/test_probing_api.py::test_the_sweeps_from_python_are_evals_numbers", "resdecay.linear_sweep("),
     "docs/EXTENDING.md: (f) A model format: your lab's architectures by name": (
         EXT + "test_a_model_format_in_one_file_runs_through_eval", "model_format.py"),
 }
