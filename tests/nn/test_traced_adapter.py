@@ -393,7 +393,7 @@ def test_a_refused_block_beside_decayed_ones_is_named_in_the_warning():
 @pytest.mark.parametrize("cls, why", [(DataDependent, "data-dependent control flow"),
                                       (AugmentedAdd, r"an in-place add \(\+=\)")])
 def test_a_model_with_nothing_reachable_is_one_type_error(cls, why):
-    with pytest.raises(TypeError, match=f"no supported residual block in Sequential .*the traced adapter refused it: "
-                                        f"{cls.__name__}: {why}") as info:
+    with pytest.raises(TypeError, match=f"no supported residual block in Sequential: {cls.__name__} "
+                                        f"\\(traced adapter: {why}") as info:
         decayify(nn.Sequential(cls(), cls()), alpha_min=0.5)
     assert "\n" not in str(info.value)

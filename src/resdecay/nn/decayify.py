@@ -128,7 +128,7 @@ def _say_what_was_left(model: nn.Module, found: list, skipped: list[tuple[str, s
     warnings.warn(f"decayify decayed {len(found)} block(s) of {type(model).__name__} ({found[0][0]} .. {found[-1][0]}) "
                   f"but left {len(skipped)} residual block(s) of a kind it does not support at alpha 1, first "
                   f"{skipped[0][0]} ({', '.join(kinds)}){traced}; the alpha schedule spans the decayed blocks only "
-                  f"(alphas_of(model) lists them); supported: {', '.join(supported())}", PartialDecayWarning, stacklevel=3)
+                  f"(alphas_of(model) lists them); {COVERAGE}", PartialDecayWarning, stacklevel=3)
 
 
 def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_init: bool = False,
@@ -203,21 +203,33 @@ def _left_blocks(model: nn.Module, found: list, refused: list) -> tuple[list[tup
     return sorted(skipped, key=lambda entry: depth[entry[0]]), {name: why for name, _, why in refused}
 
 
+COVERAGE = "supported kinds: docs/plug-and-play.md; add yours with register_adapter"
+
+
+def _short(reason: str, most: int) -> str:
+    """``reason`` in at most ``most`` characters: its middle (a quoted source line) elided at word boundaries, the
+    start (what is wrong) given more room than the end."""
+    if len(reason) <= most:
+        return reason
+    head, tail = reason[: int(0.6 * (most - 5))], reason[len(reason) - int(0.4 * (most - 5)):]
+    head, tail = head.rpartition(" ")[0] or head, tail.partition(" ")[2] or tail
+    return f"{head} ... {tail}"
+
+
 def _refusal(model: nn.Module, skipped: list[tuple[str, str]], why: dict) -> str:
-    """The one line for a model with no supported block: the block class met and the nearest supported kind
-    of its library (a stack's repeated layer counts as a block: CLIP's ``CLIPEncoderLayer``), and why the traced
-    adapter refused it."""
+    """The one line (at most 300 characters) for a model with no supported block: the block class met (a stack's
+    repeated layer counts as a block: CLIP's ``CLIPEncoderLayer``), why the traced adapter refused it, the
+    nearest supported kind of its library, and where the supported kinds are listed."""
     own = [] if type(model).__module__.startswith("torch.") else [("", f"{type(model).__module__}.{type(model).__name__}")]
     met = skipped or _stack_members(model) or own  # a torch.nn layer given alone is no block of anyone's library
-    also = ""
+    head, tail, reason = f"decayify found no supported residual block in {type(model).__name__}", f"; {COVERAGE}", ""
     if met:
         library, cls = met[0][1].partition(".")[0], met[0][1].rpartition(".")[2]
-        traced = f"; the traced adapter refused it: {why[met[0][0]]}" if met[0][0] in why else ""
-        also = (f" (its {met[0][1]} blocks are not supported; the nearest supported kind is "
-                f"{nearest_supported(cls, library)}{traced})")
-    return (f"decayify found no supported residual block in {type(model).__name__}{also}; "
-            f"supported: {', '.join(supported())}; a block kind of your own is one register_adapter "
-            "call (docs/EXTENDING.md)")
+        head += f": {cls}"
+        tail = f"; nearest supported: {nearest_supported(cls, library, short=True)}{tail}"
+        reason = why.get(met[0][0], "").removeprefix(f"{cls}: ")
+    room = 300 - len(head) - len(tail) - len(" (traced adapter: )")
+    return f"{head} (traced adapter: {_short(reason, max(room, 40))}){tail}" if reason else head + tail
 
 
 def _stack_members(model: nn.Module) -> list[tuple[str, str]]:

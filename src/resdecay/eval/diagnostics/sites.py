@@ -26,7 +26,7 @@ from ...nn.adapters import adapter_for
 from ...nn.adapters import hooks as adapter_hooks
 from ...nn.blocks import Block
 from ...nn.conditioning import AdaLNBlock
-from ...nn.decayify import block_factors, residual_blocks, supported
+from ...nn.decayify import COVERAGE, block_factors, residual_blocks
 
 Gates = Callable[[object], tuple]  # the output of a block's modulation module -> one (B, D) gate per sub-block
 
@@ -163,9 +163,7 @@ def stream_blocks(model: nn.Module, container: str | None = None) -> list[tuple[
     """
     blocks = _candidates(model)
     if not blocks:
-        raise UserError(f"found no residual block in {type(model).__name__} that resdecay's adapters reach "
-                        f"(supported: {', '.join(supported())}); register one with register_adapter "
-                        "(docs/EXTENDING.md)")
+        raise UserError(f"found no residual block in {type(model).__name__} that resdecay's adapters reach; {COVERAGE}")
     parents = [n.rpartition(".")[0] for n, _ in blocks]
     chosen = parents[0] if container is None else container
     if chosen not in parents:

@@ -100,11 +100,11 @@ def basic_block_forward(self, hidden_states, attention_mask=None, encoder_hidden
 
 # UVit2D's SkipFFTransformerBlock: attn1(norm1(x)) + x, then attn2(norm2(x)) + x (self- and cross-attention)
 register_adapter(subblock_adapter(
-    "diffusers SkipFFTransformerBlock (UVit2D)", ("diffusers.:SkipFFTransformerBlock",),
+    "diffusers SkipFFTransformerBlock (UVit2D)", ("diffusers.models.attention:SkipFFTransformerBlock",),
     pairs=lambda b: [(b.norm1, b.attn1), (b.norm2, b.attn2)], zero=lambda b: (b.attn1.to_out[0], b.attn2.to_out[0])))
 
 register_adapter(forward_adapter(
-    "diffusers BasicTransformerBlock (DiT / PixArt / UVit2D)", ("diffusers.:BasicTransformerBlock",), basic_block_forward,
+    "diffusers BasicTransformerBlock (DiT / PixArt / UVit2D)", ("diffusers.models.attention:BasicTransformerBlock",), basic_block_forward,
     adds=2, zero=lambda b: (b.attn1.to_out[0], last_linear(b.ff)),
     accepts=lambda b: getattr(b, "norm_type", None) in NORM_TYPES,
     mixed_adds=True))  # UNet2DConditionModel: 2-add blocks between 1-add ResnetBlock2Ds on one schedule

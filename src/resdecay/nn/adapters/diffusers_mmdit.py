@@ -150,20 +150,20 @@ def _joint_zero(b):
 
 # SD3 / SD3.5: 2 adds, 3 in a dual-attention block (SD3.5's ``dual_attention_layers``)
 register_adapter(forward_adapter(
-    "diffusers JointTransformerBlock (SD3 MM-DiT)", ("diffusers.:JointTransformerBlock",), joint_block_forward,
+    "diffusers JointTransformerBlock (SD3 MM-DiT)", ("diffusers.models.attention:JointTransformerBlock",), joint_block_forward,
     adds=2, zero=_joint_zero, accepts=lambda b: hasattr(b, "context_pre_only") and not _dual(b), mixed_adds=True,
     options=CONTEXT_STREAM))
 register_adapter(forward_adapter(
-    "diffusers JointTransformerBlock, dual attention (SD3.5 MM-DiT-X)", ("diffusers.:JointTransformerBlock",),
+    "diffusers JointTransformerBlock, dual attention (SD3.5 MM-DiT-X)", ("diffusers.models.attention:JointTransformerBlock",),
     joint_block_forward, adds=3, zero=_joint_zero,
     accepts=lambda b: hasattr(b, "context_pre_only") and _dual(b), mixed_adds=True, options=CONTEXT_STREAM))
 
 register_adapter(forward_adapter(
-    "diffusers FluxTransformerBlock (Flux double-stream)", ("diffusers.:FluxTransformerBlock",), flux_double_forward,
+    "diffusers FluxTransformerBlock (Flux double-stream)", ("diffusers.models.transformers.transformer_flux:FluxTransformerBlock",), flux_double_forward,
     adds=2, zero=_joint_zero, accepts=lambda b: hasattr(b, "norm1_context") and hasattr(b, "ff_context"),
     mixed_adds=True, options=CONTEXT_STREAM))
 register_adapter(forward_adapter(
-    "diffusers FluxSingleTransformerBlock (Flux single-stream)", ("diffusers.:FluxSingleTransformerBlock",),
+    "diffusers FluxSingleTransformerBlock (Flux single-stream)", ("diffusers.models.transformers.transformer_flux:FluxSingleTransformerBlock",),
     flux_single_forward, adds=1, zero=lambda b: (b.proj_out,),
     accepts=lambda b: all(hasattr(b, n) for n in ("norm", "proj_mlp", "proj_out", "attn")),
     mixed_adds=True, options=CONTEXT_STREAM))

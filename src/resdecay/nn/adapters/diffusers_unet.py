@@ -39,7 +39,7 @@ from .registry import forward_adapter, register_adapter, shortcut_adapter
 UNET_OPTIONS = {"unet_depth": ("forward", "encoder")}  # default first: the whole U-Net on one schedule
 
 register_adapter(shortcut_adapter(
-    "diffusers ResnetBlock2D (U-Net)", ("diffusers.:ResnetBlock2D", "diffusers.:ResnetBlockCondNorm2D"),
+    "diffusers ResnetBlock2D (U-Net)", ("diffusers.models.resnet:ResnetBlock2D", "diffusers.models.resnet:ResnetBlockCondNorm2D"),
     shortcut="conv_shortcut", branch_end=lambda b: b.conv2, zero=lambda b: (b.conv2,),
     accepts=lambda b: all(hasattr(b, n) for n in ("conv_shortcut", "conv2", "output_scale_factor")),
     mixed_adds=True))
@@ -60,7 +60,7 @@ def residual_attention_forward(self, hidden_states, encoder_hidden_states=None, 
 
 
 register_adapter(forward_adapter(
-    "diffusers Attention, residual_connection (U-Net attention block)", ("diffusers.:Attention",),
+    "diffusers Attention, residual_connection (U-Net attention block)", ("diffusers.models.attention_processor:Attention",),
     residual_attention_forward, adds=1, zero=lambda b: (b.to_out[0],),
     accepts=lambda b: getattr(b, "residual_connection", False) is True and hasattr(b, "rescale_output_factor"),
     mixed_adds=True))
@@ -104,5 +104,5 @@ def unet_order(model, found, options):
 
 
 register_depth_order(DepthOrder(
-    "diffusers U-Net: down, mid, up", ("diffusers.:UNet2DModel", "diffusers.:UNet2DConditionModel"), unet_order,
+    "diffusers U-Net: down, mid, up", ("diffusers.models.unets:UNet2DModel", "diffusers.models.unets:UNet2DConditionModel"), unet_order,
     options=UNET_OPTIONS))

@@ -12,8 +12,10 @@ pre-norm) and the module whose output the block adds to x::
         pairs=lambda b: [(b.norm1, b.drop1), (b.norm2, b.drop2)],
         zero=lambda b: (b.attn.proj, b.mlp.fc2)))
 
-Classes are matched by name and module prefix (``"timm.models:Block"``), or given as types: the
-library is never imported to look for its blocks.
+Classes are matched by name and module path (``"timm.models.vision_transformer:Block"``: that module or a package
+below it; ``"timm.:Block"``, ending in a dot: anywhere in timm), or given as types: the library is never imported to
+look for its blocks. Name the module: a bare name under a whole library takes every class of that name in it
+(timm has fourteen classes named ``Block``).
 
 The order adapters are tried in is explicit: an adapter's ``priority`` (higher first; resdecay's own
 ``Block`` has 10, the libraries' adapters and a user's the default 0), ties in registration order; the
@@ -85,7 +87,11 @@ def class_matches(module: nn.Module, classes: tuple) -> bool:
                 return True
             continue
         prefix, _, name = c.rpartition(":")
-        if cls.__name__ == name and cls.__module__.startswith(prefix):
+        module = cls.__module__
+        # a module path ("timm.models.vision_transformer") is that module or a package below it, never a sibling
+        # sharing its start (timm.models.vision_transformer_sam's own Block); "timm." is any module of the package
+        if cls.__name__ == name and (module.startswith(prefix) if prefix.endswith(".") else
+                                     module == prefix or module.startswith(prefix + ".")):
             return True
     return False
 
@@ -195,11 +201,14 @@ def library_of_class(c) -> str:
     return module.partition(".")[0]
 
 
-def nearest_supported(class_name: str, library: str | None = None) -> str:
+def nearest_supported(class_name: str, library: str | None = None, short: bool = False) -> str:
     """The supported block class whose name is closest to ``class_name`` (for an error message), among the
-    adapters of ``library`` ("timm", "transformers", ...) when it has any, else among all."""
-    names = {n: a.name for a in _ORDER for c, n in zip(a.classes, a.class_names(), strict=True)
-             if library_of_class(c) == library}
-    names = names or {n: a.name for a in _ORDER for n in a.class_names()}
+    adapters of ``library`` ("timm", "transformers", ...) when it has any, else among all: "Class (adapter name)",
+    or "library Class" when ``short``."""
+    every = [(n, library_of_class(c), a.name) for a in _ORDER for c, n in zip(a.classes, a.class_names(), strict=True)]
+    names = {n: (lib, name) for n, lib, name in every if lib == library} or {n: (lib, name) for n, lib, name in every}
     close = difflib.get_close_matches(class_name, list(names), n=1, cutoff=0.0)
-    return f"{close[0]} ({names[close[0]]})" if close else "none"
+    if not close:
+        return "none"
+    lib, adapter = names[close[0]]
+    return f"{lib} {close[0]}" if short else f"{close[0]} ({adapter})"

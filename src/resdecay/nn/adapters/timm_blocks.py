@@ -17,17 +17,18 @@ def _has_paths(block) -> bool:
 # x + drop_path(ls(attn(norm(x)))): ViT Block (DeiT-3, BEiT-less ViTs, registers), EVA / EVA-02, Swin
 # (norm1 sees the (B, H, W, C) x its first add uses; norm2 the reshaped x of the second).
 register_adapter(subblock_adapter(
-    "timm VisionTransformer Block", ("timm.:Block", "timm.:EvaBlock", "timm.:SwinTransformerBlock"),
+    "timm VisionTransformer Block", ("timm.models.vision_transformer:Block", "timm.models.eva:EvaBlock",
+     "timm.models.swin_transformer:SwinTransformerBlock"),
     pairs=lambda b: [(b.norm1, b.drop_path1), (b.norm2, b.drop_path2)], zero=_both, accepts=_has_paths))
 
 # CaiT's LayerScaleBlock: one drop_path shared by both adds (the shared-post form of the hooks)
 register_adapter(subblock_adapter(
-    "timm CaiT LayerScaleBlock", ("timm.:LayerScaleBlock",),
+    "timm CaiT LayerScaleBlock", ("timm.models.cait:LayerScaleBlock",),
     pairs=lambda b: [(b.norm1, b.drop_path), (b.norm2, b.drop_path)], zero=_both))
 
 # ConvNeXt: drop_path(branch) + shortcut(x), the shortcut an Identity (or a projection) module
 register_adapter(shortcut_adapter(
-    "timm ConvNeXtBlock", ("timm.:ConvNeXtBlock",), shortcut="shortcut", branch_end=lambda b: b.drop_path,
+    "timm ConvNeXtBlock", ("timm.models.convnext:ConvNeXtBlock",), shortcut="shortcut", branch_end=lambda b: b.drop_path,
     zero=lambda b: (b.mlp.fc2,), accepts=lambda b: hasattr(b, "shortcut")))
 
 
@@ -80,7 +81,7 @@ register_adapter(BlockAdapter(
 # (decayify takes one number of adds per block), so it is not registered: the schedule spans the LevitBlocks'
 # adds, and each stage's stream starts from the downsample's projection.
 register_adapter(subblock_adapter(
-    "timm LevitBlock", ("timm.:LevitBlock",),
+    "timm LevitBlock", ("timm.models.levit:LevitBlock",),
     pairs=lambda b: [(b.attn, b.drop_path1), (b.mlp, b.drop_path2)],
     zero=lambda b: (b.attn.proj.ln.bn, b.mlp.ln2.bn),  # the last BatchNorm of each branch, as timm's bn_weight_init=0
     accepts=lambda b: all(hasattr(b, n) for n in ("attn", "drop_path1", "mlp", "drop_path2"))))

@@ -36,14 +36,14 @@ def _vit_layout(b) -> bool:
 
 
 register_adapter(subblock_adapter(
-    "transformers ViTLayer / ViTMAELayer", ("transformers.:ViTLayer", "transformers.:ViTMAELayer",
-                                            "transformers.:DeiTLayer", "transformers.:VideoMAELayer",
-                                            "transformers.:IJepaLayer"),
+    "transformers ViTLayer / ViTMAELayer", ("transformers.models.vit:ViTLayer", "transformers.models.vit_mae:ViTMAELayer",
+                                            "transformers.models.deit:DeiTLayer", "transformers.models.videomae:VideoMAELayer",
+                                            "transformers.models.ijepa:IJepaLayer"),
     pairs=_vit_pairs, zero=_vit_zero, accepts=_vit_layout))
 
 # DINOv2: drop_path(layer_scale(branch)) + residual, one drop_path module for both adds (4.x and 5.x)
 register_adapter(subblock_adapter(
-    "transformers Dinov2Layer", ("transformers.:Dinov2Layer", "transformers.:Dinov2WithRegistersLayer"),
+    "transformers Dinov2Layer", ("transformers.models.dinov2:Dinov2Layer", "transformers.models.dinov2_with_registers:Dinov2WithRegistersLayer"),
     pairs=lambda b: [(b.norm1, b.drop_path), (b.norm2, b.drop_path)],
     zero=lambda b: (last_linear(b.attention), last_linear(b.mlp))))
 
@@ -55,9 +55,9 @@ register_adapter(subblock_adapter(
 # the schedule spans: it keeps alpha 1. A dual model (``CLIPModel``) has both towers' layers in one depth
 # order (text, then vision); decayify the tower you mean (``model.vision_model``).
 register_adapter(subblock_adapter(
-    "transformers CLIPEncoderLayer / SiglipEncoderLayer", ("transformers.:CLIPEncoderLayer",
-                                                          "transformers.:SiglipEncoderLayer",
-                                                          "transformers.:Siglip2EncoderLayer"),
+    "transformers CLIPEncoderLayer / SiglipEncoderLayer", ("transformers.models.clip:CLIPEncoderLayer",
+                                                          "transformers.models.siglip:SiglipEncoderLayer",
+                                                          "transformers.models.siglip2:Siglip2EncoderLayer"),
     pairs=lambda b: [(b.layer_norm1, b.self_attn), (b.layer_norm2, b.mlp)],
     zero=lambda b: (last_linear(b.self_attn), last_linear(b.mlp)),
     accepts=lambda b: all(hasattr(b, n) for n in ("layer_norm1", "self_attn", "layer_norm2", "mlp"))))
@@ -76,6 +76,6 @@ def _beit_zero(b):
 
 
 register_adapter(subblock_adapter(
-    "transformers BeitLayer / Data2VecVisionLayer", ("transformers.:BeitLayer", "transformers.:Data2VecVisionLayer"),
+    "transformers BeitLayer / Data2VecVisionLayer", ("transformers.models.beit:BeitLayer", "transformers.models.data2vec:Data2VecVisionLayer"),
     pairs=lambda b: [(b.layernorm_before, b.drop_path), (b.layernorm_after, b.drop_path)], zero=_beit_zero,
     accepts=lambda b: all(hasattr(b, n) for n in ("layernorm_before", "layernorm_after", "drop_path"))))
