@@ -53,12 +53,13 @@ def format_report(report: dict) -> str:
         for r in report["profile"]:
             lines.append(f"{r['layer']:>5} " + " ".join(f"{r.get(k, math.nan):>19.4f}" for k in keys))
         return "\n".join(lines + _baseline_lines(report))
-    lines.append(f"{'metric':<8} {'layer':>5} {'feature':<10} {'value':<32} protocol")
+    w = max([8, *(len(r["metric"]) for r in report["results"])])  # linear_sweep, knn_sweep: the column widens
+    lines.append(f"{'metric':<{w}} {'layer':>5} {'feature':<10} {'value':<32} protocol")
     grids = [r for r in report["results"] if _shown_as_grid(r)]
     for r in report["results"]:
         if _shown_as_grid(r):
             continue
-        lines.append(f"{r['metric']:<8} {r['layer']:>5} {r['feature']:<10} {values_text(r):<32} {protocol_text(r)}")
+        lines.append(f"{r['metric']:<{w}} {r['layer']:>5} {r['feature']:<10} {values_text(r):<32} {protocol_text(r)}")
         lines += detail_lines(r)
     lines += grid_lines(grids)
     if report.get("plugins"):
