@@ -40,6 +40,7 @@ COVERED = {
     "diagnostics/predict.py": "test_diagnostics_predict_on_a_fake_tree",
     "probing/evaluate.sh": "test_probing_scripts_on_a_fake_tree",
     "probing/collect.py": "test_probing_scripts_on_a_fake_tree",
+    "probing/demo.sh": "test_probing_scripts_on_a_fake_tree",
 }
 SCRIPT_ENV = ("ROOT", "RUNS", "QUEUE", "RESDECAY", "PYTHON", "DRY_RUN", "EXTRA", "SEG_SEEDS", "SOLVERS", "SEG_IMAGES",
               "KNN_PROBE", "STEP", "DEST", "LEVELS", "SEEDS", "WIDTH", "EPOCHS", "EVAL")
@@ -323,6 +324,24 @@ def test_probing_scripts_on_a_fake_tree(clone, tmp_path):
         report.parent.mkdir(parents=True)
         report.write_text(json.dumps({"results": [{"metric": m, "values": {"top1": top1}}
                                                   for m in ("knn", "probe", "knn_sweep", "linear_sweep", "ep", "attentive")]}))
-    printed = run_script(clone, "probing/collect.py", str(runs), "--out", str(tmp_path / "out"))
+    # the second generator's level (its cards say textures) and the demo's plain / decayed, beside the where-map's
+    textures = {"train": {"generator": {"composition": "textures"}}}
+    for level, variant, top1, card in (("all-e8", "plain-mae", 0.1, {}), ("all-e8", "alpha-0-8", 0.25, {}),
+                                       ("all-e8", "plain-mae", 0.3, textures), ("all-e8", "alpha-0-8", 0.2, textures),
+                                       ("demo-digits", "plain", 0.7, {}), ("demo-digits", "decayed", 0.4, {})):
+        root = runs if not card else tmp_path / "textures"
+        report = root / "eval" / level / "seed0" / variant / "eval.json"
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps({"results": [{"metric": m, "values": {"top1": top1}, "protocol": card}
+                                                  for m in ("knn", "probe", "knn_sweep", "linear_sweep", "ep", "attentive")]}))
+    printed = run_script(clone, "probing/collect.py", str(runs), str(tmp_path / "textures"), "--out", str(tmp_path / "out"))
     assert "| all-e8 | kNN k 20 T 0.07 (paper) | 0.100 | 0.250 | +0.150 | 1/1 |" in printed
+    assert "| all-e8-textures | kNN k 20 T 0.07 (paper) | 0.300 | 0.200 | -0.100 | 0/1 |" in printed
+    assert "| demo-digits | EP (Q 32), small recipe, chosen on val | 0.700 | 0.400 | -0.300 | 0/1 |" in printed
     assert (tmp_path / "out" / "probing.md").read_text().strip() == printed.strip()
+    # demo.sh: the demo (not yet run), then every protocol on both of its checkpoints into RUNS/eval/demo-DATA/seed0
+    (demo, evaluation) = commands(run_script(clone, "probing/demo.sh", "--dry-run", RUNS=str(tmp_path / "demo")))
+    parses(demo)
+    parses(evaluation)
+    assert demo[:3] == ["demo", "--data", "digits"] and evaluation[0] == "eval" and "--max-train" not in evaluation
+    assert evaluation[evaluation.index("--out") + 1] == str(tmp_path / "demo" / "eval" / "demo-digits" / "seed0")
