@@ -209,3 +209,22 @@ def test_a_block_that_gives_a_pooled_vector_is_refused_by_the_token_probes(tiny_
                        "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"))
     assert_one_line_error(code, err, "gives a pooled vector", "knn / probe")
     assert not (tmp_path / "out").exists() and not any((tmp_path / "cache").rglob("*.npy"))
+
+
+def test_the_probes_measure_raw_pixels_and_the_random_encoder_beside_the_model(tiny_checkpoints, tmp_path, capsys):
+    """The baselines of the probing metrics: the run's random-init encoder (its blocks' tokens) and the raw pixels as
+    tokens (the model's patches; pooled, the whole image, as the pixel kNN reads it)."""
+    code, text, err = run(capsys, "eval", tiny_checkpoints["decayed"], "--evals", "knn,knn_sweep,linear_sweep,ep,attentive",
+                          "--no-progress", "--max-train", "300", "--max-test", "100", "--out", str(tmp_path / "out"),
+                          "--metric-option", "ep.epochs=1", "--metric-option", "attentive.epochs=1",
+                          "--metric-option", "linear_sweep.epochs=2")
+    assert code == 0, err
+    report = json.loads(next((tmp_path / "out").glob("*/eval.json")).read_text())
+    rows = {(r["source"], r["metric"]): r for r in report["baselines"]}
+    for metric in ("knn_sweep", "linear_sweep", "ep", "attentive"):
+        assert rows[("random-init", metric)]["protocol"]["init_seed"] == 0
+    # the pixels' kNN sweep holds the paper cell on the same vectors as the pixel kNN: the same number
+    assert rows[("pixels", "knn_sweep")]["values"]["paper_cell_top1"] == rows[("pixels", "knn")]["values"]["top1"]
+    assert "2x2 patches" in rows[("pixels", "attentive")]["protocol"]["pixel_tokens"]
+    assert ("pixels", "ep") not in rows  # EP's 32 queries cannot split digits' 4-wide pixel patches: no row, no error
+    assert "random-init  linear_sweep" in text

@@ -105,8 +105,8 @@ def _baseline_lines(report: dict) -> list[str]:
         return []
     lines = ["baselines (same protocol): raw pixels and the randomly initialised encoder (seed "
              f"{next((r['protocol'].get('init_seed') for r in rows if 'init_seed' in r['protocol']), '-')})",
-             f"{'source':<12} {'metric':<6} {'layer':>5} {'feature':<8} value"]
+             f"{'source':<12} {'metric':<{(w := max([6, *(len(r['metric']) for r in rows)]))}} {'layer':>5} {'feature':<8} value"]
     for r in rows:
         layer = "-" if r["layer"] is None else r["layer"]
-        lines.append(f"{r['source']:<12} {r['metric']:<6} {layer:>5} {r['feature']:<8} {values_text(r)}")
+        lines.append(f"{r['source']:<12} {r['metric']:<{w}} {layer:>5} {r['feature']:<8} {values_text(r)}")
     return lines
