@@ -64,3 +64,39 @@ def test_a_video_resnets_basic_block_is_refused_in_one_line_not_accepted_then_br
     assert "\n" not in text and len(text) <= 300
     assert text.startswith("decayify found no supported residual block in VideoResNet: BasicBlock (traced adapter: "
                            "an in-place add (+=)")
+
+
+def test_an_explicit_adapter_whose_roles_are_not_the_blocks_is_not_taken():
+    """An adapter states its roles (which module receives x, which ends the branch); they are checked against the
+    block's traced graph. Here the add's branch is ``2 * post(...)``, not ``post``'s output: the hooks would correct
+    the wrong tensor, so the adapter does not take the block and the traced adapter proves its add instead."""
+    import torch.nn as nn
+
+    from resdecay.nn.adapters import register_adapter, subblock_adapter, unregister_adapter
+
+    class Doubled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.f, self.post = nn.LayerNorm(8), nn.Linear(8, 8), nn.Identity()
+
+        def forward(self, x):
+            return x + 2 * self.post(self.f(self.norm(x)))
+
+    class Plain(Doubled):
+        def forward(self, x):
+            return x + self.post(self.f(self.norm(x)))
+
+    register_adapter(subblock_adapter("test stated roles", (Doubled,), pairs=lambda b: [(b.norm, b.post)],
+                                      zero=lambda b: (b.f,), adds=1))
+    try:
+        assert adapter_for(Plain()).name == "test stated roles"  # roles that hold: taken
+        model = nn.Sequential(Doubled(), Doubled())
+        assert adapter_for(model[0]) is None
+        x = torch.randn(3, 8)
+        decayify(model, alpha_min=0.5)
+        (_, (a0,)), (_, (a1,)) = alphas_of(model)
+        with torch.no_grad():
+            h = a0 * x + 2 * model[0].f(model[0].norm(x))
+            assert torch.allclose(model(x), a1 * h + 2 * model[1].f(model[1].norm(h)), atol=1e-6)
+    finally:
+        unregister_adapter("test stated roles")

@@ -27,6 +27,7 @@ of a library's block), give yours a higher priority. A name that is taken is ref
 from __future__ import annotations
 
 import difflib
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -36,6 +37,7 @@ from ...errors import Registry
 from . import hooks
 
 Pairs = Callable[[nn.Module], list[tuple[nn.Module, nn.Module]]]
+_ROLES_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # block -> its stated roles hold
 Factors = tuple[tuple[float, ...], tuple[float, ...]]
 
 
@@ -57,6 +59,9 @@ class BlockAdapter:
             order. False (the default) keeps one add count per model: the others stay at alpha 1, named in a warning.
         options: keywords of ``decayify`` this adapter takes, ``{name: (choice, ...)}`` with the default first
             (an SD3 block's ``context_stream``); ``install`` receives them as keyword arguments.
+        roles: ``roles(block)`` -> ``(pre, branch end)`` per add, the modules that receive x and whose output the
+            block adds to x, when the adapter states them (``subblock_adapter``); checked against the block's traced
+            graph before the adapter takes a block (``adapter_for``).
     """
 
     name: str
@@ -69,9 +74,21 @@ class BlockAdapter:
     priority: int = 0
     mixed_adds: bool = False
     options: dict = field(default_factory=dict)
+    roles: Pairs | None = None
 
     def matches(self, module: nn.Module) -> bool:
-        return class_matches(module, self.classes) and self.accepts(module)
+        return class_matches(module, self.classes) and self.accepts(module) and self._roles_hold(module)
+
+    def _roles_hold(self, module: nn.Module) -> bool:
+        """The stated roles are the block's (``traced.roles_hold``, once per block object): a block whose adds are
+        elsewhere (SAM's window partition between the branch end and the add) is left to the traced adapter."""
+        if self.roles is None:
+            return True
+        if module not in _ROLES_CHECKED:
+            from .traced import roles_hold  # noqa: PLC0415  (traced builds on this registry)
+
+            _ROLES_CHECKED[module] = roles_hold(module, self.roles(module)) is not False
+        return _ROLES_CHECKED[module]
 
     def class_names(self) -> list[str]:
         return [c.__name__ if isinstance(c, type) else c.rpartition(":")[2] for c in self.classes]
@@ -112,7 +129,8 @@ def subblock_adapter(name: str, classes: tuple, pairs: Pairs, zero: Callable[[nn
         name, tuple(classes), adds,
         install=lambda block, a, b: hooks.correct_subblocks(block, pairs(block), a, b),
         factors=lambda block: hooks.subblock_factors(pairs(block)),
-        zero_init=lambda block: hooks.zero_(*zero(block)), accepts=accepts, priority=priority, mixed_adds=mixed_adds)
+        zero_init=lambda block: hooks.zero_(*zero(block)), accepts=accepts, priority=priority, mixed_adds=mixed_adds,
+        roles=pairs)
 
 
 def shortcut_adapter(name: str, classes: tuple, shortcut: str, branch_end: Callable[[nn.Module], nn.Module],
