@@ -292,4 +292,6 @@ WHY_NOT = {  # the checks a row does not run, and why (the "why not" column of t
     "transformers Siglip2VisionModel (Siglip2EncoderLayer)": "d: SigLIP's adapter and layout, run under dynamo on the "
         "SigLIP row",
     "timm levit_conv_128s (LevitBlock, conv)": "d: LeViT's adapter, run under dynamo on the levit_128s row",
+    "timm samvit (Block, windowed: the traced adapter)": "e: timm's SAM ViT itself gives outputs ~2e-7 apart between "
+        "threads (plain, without decayify), so equality cannot be asked of it",
 }

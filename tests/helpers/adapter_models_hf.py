@@ -150,3 +150,76 @@ BLOCKS_HF = {
     SIGLIP2: ("encoder.layers.1", (2, 16, 32), _clip, _with_no_mask),
     DATA2VEC: ("encoder.layer.1", (2, 17, 32), _beit_4x, _first),
 }
+
+
+# ----------------------------------------------------------------------------- the 2026 families (issue 51)
+# Their layers take RoPE position embeddings beside the stream, made once by the model: the builders keep them here
+# for the block-level checks (the hand forward and the calls of BLOCKS_HF).
+ROPE: dict = {}
+
+
+def hf_dinov3():
+    """DINOv3's ViT: RoPE position embeddings made by the model and passed to every layer, layer scale 1."""
+    import transformers
+    torch.manual_seed(0)
+    config = transformers.DINOv3ViTConfig(image_size=32, patch_size=8, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=2, num_attention_heads=2, num_register_tokens=2,
+                                          layerscale_value=1.0)
+    model, x = transformers.DINOv3ViTModel(config).eval(), _img()
+    with torch.no_grad():
+        ROPE["dinov3"] = model.rope_embeddings(x)
+    return model, lambda m: m(pixel_values=x).last_hidden_state
+
+
+def hf_llama():
+    """A Llama decoder stack: each layer takes the mask, RoPE position embeddings and **kwargs beside the stream."""
+    import transformers
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=2, vocab_size=50)
+    model, ids = transformers.LlamaModel(config).eval(), torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ROPE["llama"] = model.rotary_emb(torch.zeros(2, 7, 32), torch.arange(7)[None].expand(2, 7))
+    return model, lambda m: m(input_ids=ids, use_cache=False).last_hidden_state
+
+
+def _dinov3(b, x, a1, a2):
+    h = a1 * x + b.drop_path(b.layer_scale1(b.attention(b.norm1(x), position_embeddings=ROPE["dinov3"])[0]))
+    return a2 * h + b.drop_path(b.layer_scale2(b.mlp(b.norm2(h))))
+
+
+def _llama(b, x, a1, a2):
+    h = a1 * x + b.self_attn(hidden_states=b.input_layernorm(x), position_embeddings=ROPE["llama"], attention_mask=None)[0]
+    return a2 * h + b.mlp(b.post_attention_layernorm(h))
+
+
+DINOV3 = "transformers DINOv3ViTModel (DINOv3ViTLayer)"
+LLAMA = "transformers LlamaModel (LlamaDecoderLayer)"
+MODELS_HF.update({DINOV3: (hf_dinov3, None, None, None), LLAMA: (hf_llama, None, None, None)})  # their block: BLOCKS_HF
+BLOCKS_HF.update({
+    DINOV3: ("model.layer.1", (2, 19, 32), _dinov3, lambda b, x: b(x, position_embeddings=ROPE["dinov3"])),
+    LLAMA: ("layers.1", (2, 7, 32), _llama, lambda b, x: b(x, position_embeddings=ROPE["llama"], attention_mask=None)),
+})
+
+
+def timm_sam():
+    """timm's SAM ViT: windowed attention (the window partition sits between the branch end and its add), at 64 px."""
+    import timm
+    torch.manual_seed(0)
+    model = timm.create_model("samvit_base_patch16", pretrained=False, img_size=64, patch_size=16, embed_dim=32, depth=2,
+                              num_heads=2, window_size=2, global_attn_indexes=(1,), neck_chans=16).eval()
+    x = _img(s=64)
+    return model, lambda m: m(x)
+
+
+def _sam(b, x, a1, a2):
+    from timm.models.vision_transformer_sam import window_partition, window_unpartition
+
+    B, H, W, C = x.shape
+    parts, pad = window_partition(b.norm1(x), b.window_size)
+    h = (a1 * x + window_unpartition(b.attn(parts), b.window_size, (H, W), pad)).reshape(B, H * W, C)
+    return (a2 * h + b.mlp(b.norm2(h))).reshape(B, H, W, C)
+
+
+SAM = "timm samvit (Block, windowed: the traced adapter)"
+MODELS_HF[SAM] = (timm_sam, "blocks.0", (2, 4, 4, 32), _sam)

@@ -1,5 +1,6 @@
-"""Hugging Face transformers' vision layers: the ViT family (``ViTLayer``, ``ViTMAELayer``, ``IJepaLayer``,
-``Dinov2Layer`` and the layers built like them), the CLIP / SigLIP towers and BEiT / Data2Vec-vision.
+"""Hugging Face transformers' layers: the ViT family (``ViTLayer``, ``ViTMAELayer``, ``IJepaLayer``, ``Dinov2Layer``,
+``DINOv3ViTLayer`` and the layers built like them), the CLIP / SigLIP towers, BEiT / Data2Vec-vision, and the
+Llama-style decoder layers.
 Sub-blocks are found by role, so both major layouts work (the ViT family's below; the others' at their
 adapters):
 
@@ -79,3 +80,23 @@ register_adapter(subblock_adapter(
     "transformers BeitLayer / Data2VecVisionLayer", ("transformers.models.beit:BeitLayer", "transformers.models.data2vec:Data2VecVisionLayer"),
     pairs=lambda b: [(b.layernorm_before, b.drop_path), (b.layernorm_after, b.drop_path)], zero=_beit_zero,
     accepts=lambda b: all(hasattr(b, n) for n in ("layernorm_before", "layernorm_after", "drop_path"))))
+
+
+# DINOv3 (``DINOv3ViTLayer``): drop_path(layer_scale(branch)) + residual as DINOv2, one drop_path for both adds.
+# Its forward also takes attention_mask, position_embeddings (RoPE) and **kwargs: the hooks sit on norm1 / norm2 and
+# drop_path, so those pass through untouched.
+register_adapter(subblock_adapter(
+    "transformers DINOv3ViTLayer", ("transformers.models.dinov3_vit:DINOv3ViTLayer",),
+    pairs=lambda b: [(b.norm1, b.drop_path), (b.norm2, b.drop_path)],
+    zero=lambda b: (last_linear(b.attention), last_linear(b.mlp))))
+
+# Llama-style decoder layers (Llama, Mistral, Qwen2): x + self_attn(input_layernorm(x))[0], then
+# x + mlp(post_attention_layernorm(x)). ``self_attn`` returns (output, weights): the correction goes into the output.
+# attention_mask, position_embeddings, the cache and **kwargs pass through the layer untouched.
+register_adapter(subblock_adapter(
+    "transformers LlamaDecoderLayer (Llama-style)", ("transformers.models.llama:LlamaDecoderLayer",
+                                                     "transformers.models.mistral:MistralDecoderLayer",
+                                                     "transformers.models.qwen2:Qwen2DecoderLayer"),
+    pairs=lambda b: [(b.input_layernorm, b.self_attn), (b.post_attention_layernorm, b.mlp)],
+    zero=lambda b: (last_linear(b.self_attn), last_linear(b.mlp)),
+    accepts=lambda b: all(hasattr(b, n) for n in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp"))))
