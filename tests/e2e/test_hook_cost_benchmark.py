@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from test_benchmarks import run_script_here  # the script as __main__ in this process (no second torch start-up)
+from helpers.benchmarks import run_script_here  # the script as __main__ in this process (no second torch start-up)
 
 
 def test_smoke_run_times_each_model_and_mode_against_the_undecayified_model(tmp_path, capfd, monkeypatch):

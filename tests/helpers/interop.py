@@ -5,7 +5,8 @@ import re
 import timm
 import torch
 
-from helpers import model_overrides
+from helpers import model_overrides, tiny_config
+from resdecay.interop.hf_unet import fill_zero_positions
 from resdecay.io import atomic_save
 from resdecay.models import build_model
 from resdecay.train.checkpoint import FORMAT
@@ -70,3 +71,29 @@ def same_mae_outputs(a, b, imgs=DIGITS):
         torch.manual_seed(7)
         lb, pb, mb = b(imgs)
     return torch.equal(ma, mb) and torch.allclose(pa, pb, atol=1e-6) and torch.allclose(la, lb, atol=1e-6)
+
+
+# the tiny MAE (16x16 RGB, 4 blocks of width 32) with a decoder narrower than its encoder, so that a mixed-up
+# width would fail; hf_model below is built to the same sizes
+TINY_UNET = tiny_config("mae", decoder_embed_dim=24)
+
+
+def hf_model(zero_positions: bool = False, **extra):
+    """The tiny ViTMAE with its sin-cos tables, as from_pretrained gives it (``zero_positions``: as a
+    model built from a config in transformers 5.x has them)."""
+    from transformers import ViTMAEConfig, ViTMAEForPreTraining
+    t = TINY_UNET
+    cfg = ViTMAEConfig(hidden_size=t.embed_dim, num_hidden_layers=t.depth, num_attention_heads=t.num_heads,
+                       intermediate_size=int(t.embed_dim * t.mlp_ratio), image_size=t.img_size, patch_size=t.patch_size,
+                       num_channels=t.in_chans, decoder_hidden_size=t.decoder_embed_dim,
+                       decoder_num_hidden_layers=t.decoder_depth, decoder_num_attention_heads=t.decoder_num_heads,
+                       decoder_intermediate_size=int(t.decoder_embed_dim * t.mlp_ratio), layer_norm_eps=1e-6,
+                       mask_ratio=0.75, norm_pix_loss=True, **extra)
+    torch.manual_seed(0)
+    model = ViTMAEForPreTraining(cfg).eval()
+    with torch.no_grad():
+        model.decoder.decoder_pos_embed.zero_()
+        model.vit.embeddings.position_embeddings.zero_()
+    if not zero_positions:
+        fill_zero_positions(model)
+    return model

@@ -9,14 +9,13 @@ import json
 import pytest
 import torch
 
-from helpers.interop import resdecay_checkpoint
+from helpers.interop import hf_model, resdecay_checkpoint
 from resdecay.errors import CheckpointError, UserError
 from resdecay.interop.hf_unet import restore, unet_skips
 from resdecay.interop.hf_vitmae import export_to_vitmae
 from resdecay.nn.decayify import alphas_of, decayify
 
 transformers = pytest.importorskip("transformers")
-from test_hf_unet import hf_model  # noqa: E402
 from transformers import ViTMAEForPreTraining  # noqa: E402
 
 IMGS, NOISE = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1)), torch.rand(2, 16)

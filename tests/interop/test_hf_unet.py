@@ -11,37 +11,13 @@ import dataclasses
 import pytest
 import torch
 
-from helpers import tiny_config
+from helpers.interop import TINY_UNET as TINY
+from helpers.interop import hf_model
 from resdecay.errors import UserError
-from resdecay.interop.hf_unet import fill_zero_positions, restore, unet_skips
+from resdecay.interop.hf_unet import restore, unet_skips
 from resdecay.models.mae import MaskedAutoencoder
 
 transformers = pytest.importorskip("transformers")
-
-# the tiny MAE (16x16 RGB, 4 blocks of width 32) with a decoder narrower than its encoder, so that a mixed-up
-# width would fail; hf_model below is built to the same sizes
-TINY = tiny_config("mae", decoder_embed_dim=24)
-
-
-def hf_model(zero_positions: bool = False, **extra):
-    """The tiny ViTMAE with its sin-cos tables, as from_pretrained gives it (``zero_positions``: as a
-    model built from a config in transformers 5.x has them)."""
-    from transformers import ViTMAEConfig, ViTMAEForPreTraining
-    t = TINY
-    cfg = ViTMAEConfig(hidden_size=t.embed_dim, num_hidden_layers=t.depth, num_attention_heads=t.num_heads,
-                       intermediate_size=int(t.embed_dim * t.mlp_ratio), image_size=t.img_size, patch_size=t.patch_size,
-                       num_channels=t.in_chans, decoder_hidden_size=t.decoder_embed_dim,
-                       decoder_num_hidden_layers=t.decoder_depth, decoder_num_attention_heads=t.decoder_num_heads,
-                       decoder_intermediate_size=int(t.decoder_embed_dim * t.mlp_ratio), layer_norm_eps=1e-6,
-                       mask_ratio=0.75, norm_pix_loss=True, **extra)
-    torch.manual_seed(0)
-    model = ViTMAEForPreTraining(cfg).eval()
-    with torch.no_grad():
-        model.decoder.decoder_pos_embed.zero_()
-        model.vit.embeddings.position_embeddings.zero_()
-    if not zero_positions:
-        fill_zero_positions(model)
-    return model
 
 
 def _block(prefix_rd: str, prefix_hf: str, sd: dict) -> dict:

@@ -6,30 +6,17 @@ threads do not mix."""
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.adapter_models import MODELS, from_threads
+from helpers.adapter_checks import build, compile_adds_no_graph_break, quiet_decayify, threads_do_not_mix_inputs
+from helpers.adapter_models import MODELS
 from resdecay import alpha_schedule, alphas_of, decayify
 from resdecay.nn.decayify import PartialDecayWarning, block_factors, residual_blocks
 
 NAMES = list(MODELS)
-
-
-def build(name):
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # libraries' own deprecation notes
-        return MODELS[name][0]()
-
-
-def quiet_decayify(model, **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PartialDecayWarning)
-        return decayify(model, **kw)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -117,12 +104,7 @@ def test_vitmae_shared_dropout_is_exact_at_any_rate():
                                   "torchvision swin (SwinTransformerBlock)", "diffusers DiTTransformer2DModel "
                                   "(BasicTransformerBlock, ada_norm_zero)"])
 def test_threads_do_not_mix_inputs(name):
-    model, call = build(name)
-    quiet_decayify(model, alpha_min=0.5)
-    with torch.no_grad():
-        want = call(model)
-        outs, errors = from_threads(lambda: call(model))
-    assert not errors and all(torch.equal(o, want) for o in outs)
+    threads_do_not_mix_inputs(name)
 
 
 @pytest.mark.parametrize("name", ["transformers ViTMAEForPreTraining (ViTMAELayer)", "timm eva02 (EvaBlock)",
@@ -130,13 +112,7 @@ def test_threads_do_not_mix_inputs(name):
                                   "diffusers DiTTransformer2DModel (BasicTransformerBlock, ada_norm_zero)"])
 @pytest.mark.slow  # torch._dynamo.explain of two models: seconds each on 2 cores
 def test_compile_adds_no_graph_break(name):
-    import torch._dynamo as dynamo
-    model, call = build(name)
-    plain = dynamo.explain(call)(model).graph_break_count
-    dynamo.reset()
-    decayed = quiet_decayify(copy.deepcopy(model), alpha_min=0.5)
-    assert dynamo.explain(call)(decayed).graph_break_count <= plain
-    dynamo.reset()
+    compile_adds_no_graph_break(name)
 
 
 def test_zero_init_makes_every_branch_zero():

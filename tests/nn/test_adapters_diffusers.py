@@ -11,11 +11,11 @@ import math
 import warnings
 
 import pytest
-import test_adapters as shared  # tests a-e of tests/nn/test_adapters.py, run here on these models
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from helpers import adapter_checks as shared  # checks d and e of tests/nn/test_adapters.py, run here on these models
 from helpers import adapter_models_diffusers as dm
 from helpers.adapter_models import from_threads
 from resdecay import alpha_schedule, alphas_of, decayify
@@ -363,12 +363,12 @@ def test_zero_init_makes_every_branch_zero():
 @pytest.mark.slow  # torch._dynamo.explain of two models: seconds each on 2 cores
 @pytest.mark.parametrize("name", [SD3, UNET])
 def test_compile_adds_no_graph_break(name):
-    shared.test_compile_adds_no_graph_break(name)
+    shared.compile_adds_no_graph_break(name)
 
 
 @pytest.mark.parametrize("name", [SD3, UNET])
 def test_threads_do_not_mix_inputs(name):
-    shared.test_threads_do_not_mix_inputs(name)
+    shared.threads_do_not_mix_inputs(name)
 
 
 @pytest.mark.slow  # torch._dynamo.explain of two models: seconds each on 2 cores

@@ -10,9 +10,9 @@ import copy
 import warnings
 
 import pytest
-import test_adapters as shared  # tests a-e of tests/nn/test_adapters.py, run here on these models
 import torch
 
+from helpers import adapter_checks as shared  # checks d and e of tests/nn/test_adapters.py, run here on these models
 from helpers import adapter_models_hf as hf
 from resdecay import decayify
 from resdecay.nn.adapters import adapter_for
@@ -56,7 +56,7 @@ def test_compile_adds_no_graph_break(name):
 # timm's SAM ViT gives outputs ~2e-7 apart between threads by itself (plain, no decayify): not the adapter's doing
 @pytest.mark.parametrize("name", [n for n in NAMES if n != hf.SAM])
 def test_threads_do_not_mix_inputs(name):
-    shared.test_threads_do_not_mix_inputs(name)
+    shared.threads_do_not_mix_inputs(name)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_trackers import RUN, needs, offline
 
 from helpers import assert_one_line_error, run
+from helpers.trackers import RUN, needs, offline
 from resdecay.train.distributed import DistEnv
 from resdecay.train.log.remote_trackers import TrackerStartError, wandb_timeout
 from resdecay.train.run import runlock

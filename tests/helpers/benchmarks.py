@@ -1,0 +1,44 @@
+"""Running benchmarks/ scripts from the tests: in a subprocess, or as ``__main__`` in the test's own process (no second
+torch start-up) with what they change on the process (modules, RNG, threads) put back."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_script(script: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+def run_script_here(script: str, *args: str, capfd, monkeypatch) -> tuple[int | str | None, str, str]:
+    """``python benchmarks/SCRIPT ARGS`` run as ``__main__`` in this process: (its exit code, stdout, stderr). The
+    benchmark modules it imports (``_measure``, ...) are dropped afterwards, so no other test sees them."""
+    path = ROOT / "benchmarks" / script
+    monkeypatch.setattr(sys, "argv", [str(path), *args])
+    monkeypatch.syspath_prepend(str(path.parent))  # as `python benchmarks/x.py` puts its folder first
+    before = set(sys.modules)
+    rng, threads = torch.get_rng_state(), torch.get_num_threads()  # what a script's seeds and --threads change
+    capfd.readouterr()
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    finally:
+        for name in set(sys.modules) - before:
+            if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(path.parent)):
+                del sys.modules[name]
+        torch.set_rng_state(rng)
+        torch.set_num_threads(threads)
+    out, err = capfd.readouterr()
+    return code, out, err
