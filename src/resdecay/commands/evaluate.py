@@ -34,7 +34,7 @@ from ..train import distributed as dist_env
 from ..train.checkpoint import load_checkpoint, load_model
 from ..train.config import from_dict
 from ..train.distributed import is_main_process, resolve_device
-from ..viz.diagnostics_figures import plot_diagnostics
+from ..viz.diagnostics_figures import eval_note, plot_diagnostics
 from ..viz.plots import plot_bars, plot_grid, plot_profile
 from .options import data_config, noise_levels
 
@@ -121,7 +121,8 @@ def _evaluate_all(reports: dict[Target, Path], settings: EvalSettings, out: str 
             profiles[report["label"]] = report["profile"]
         if "diagnostics" in report:
             diagnosed[report["label"]] = report["diagnostics"]
-            print(f"diagnostics: {plot_diagnostics({report['label']: report['diagnostics']}, folder / 'diagnostics.png')}")
+            png = plot_diagnostics({report["label"]: report["diagnostics"]}, folder / "diagnostics.png", eval_note(report))
+            print(f"diagnostics: {png}")
         note = _bad_files_note(report)
         if note:
             print(note)
@@ -130,7 +131,8 @@ def _evaluate_all(reports: dict[Target, Path], settings: EvalSettings, out: str 
               f"test {'hit' if hits['test_hit'] else 'new'}, in {hits['dir']}{'' if hits['written'] else ', not written'})\n")
         done[target.name] = report
     if len(diagnosed) > 1:
-        print(f"diagnostics overlay: {plot_diagnostics(diagnosed, Path(out or DEFAULT_OUT) / 'diagnostics_overlay.png')}")
+        png = plot_diagnostics(diagnosed, Path(out or DEFAULT_OUT) / "diagnostics_overlay.png", eval_note(report))
+        print(f"diagnostics overlay: {png}")
     if len(profiles) > 1:
         path = plot_profile(profiles, Path(out or DEFAULT_OUT) / "profile_overlay.png", note=_protocol_note(settings))
         print(f"overlay: {path}")

@@ -4,6 +4,7 @@ shortcut / branch per sub-block, and the knock-out. Reads ``diagnose``'s report 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ..eval.diagnostics.source import DiagnosticsOptions, diagnose_data
@@ -14,30 +15,42 @@ from .plots import save_panels
 FIGURE_OPTIONS = DiagnosticsOptions(images=500, train_images=1000, knockout_images=256, pixel_patches=32)
 
 
-def _panels(report: dict) -> list[tuple[str, list, list, bool]]:
-    """(title, x, y, log axis) of each curve one report can draw; depth 0 is the patch embedding x_0."""
+# what the paper's mechanism predicts the decay does to each curve in the deep layers (its "echo" of pixel detail
+# through the identity path, weakened); no prediction is drawn where the paper makes none
+PREDICTED = {"direct": "decay predicts: lower", "pixels": "decay predicts: lower", "ratio": "decay predicts: lower"}
+
+
+def _panels(report: dict) -> list[tuple]:
+    """(title, x, y, log axis, 95% half-width or None) of each curve one report can draw; depth 0 is the patch
+    embedding x_0. The knock-out kNN's band: the binomial interval of a difference of two accuracies on the same
+    ``knn_queries`` images, taken as independent (wider than the paired one: read a gap inside it as noise)."""
     out = []
     paths, pixels, branches, knock = (report.get(k) for k in ("paths", "pixels", "branches", "knockout"))
     depth = list(range(len(report["blocks"]) + 1))
     if paths is not None:
-        out.append(("direct path's share of the stream", depth, [1.0] + paths["direct_projection"], False))
-        out.append(("direct path's share of the variance\nacross images", depth,
-                    [1.0] + paths["direct_projection_centred"], False))
+        out.append((f"direct path's share of the stream\n({PREDICTED['direct']})", depth,
+                    [1.0] + paths["direct_projection"], False, None))
+        out.append((f"direct path's share of the variance across images\n({PREDICTED['direct']})", depth,
+                    [1.0] + paths["direct_projection_centred"], False, None))
     if pixels is not None:
-        out.append(("pixel R² from the tokens (ridge)", depth, pixels["r2_pixels"], False))
-        out.append(("high-frequency pixel R²", depth, pixels["r2_high_freq"], False))
+        out.append((f"pixel R² from the tokens (ridge)\n({PREDICTED['pixels']})", depth, pixels["r2_pixels"], False, None))
+        out.append((f"high-frequency pixel R²\n({PREDICTED['pixels']})", depth, pixels["r2_high_freq"], False, None))
     if branches is not None:
         x = [i + (j + 1) / (len(a) + 1) for i, a in enumerate(report["alphas"]) for j in range(len(a))]
         pts = [(xi, r) for xi, r in zip(x, branches["ratio"], strict=True) if r is not None]
-        out.append(("||αx|| / ||f(x)|| per sub-block", [p[0] for p in pts], [p[1] for p in pts], True))
-        out.append(("cos(αx, f(x)) per sub-block", x, branches["cosine"], False))
+        out.append((f"||αx|| / ||f(x)|| per sub-block\n({PREDICTED['ratio']})", [p[0] for p in pts],
+                    [p[1] for p in pts], True, None))
+        out.append(("cos(αx, f(x)) per sub-block", x, branches["cosine"], False, None))
     if knock is not None and knock["unit"] == "block":
         blocks = list(range(1, len(report["blocks"]) + 1))
-        out.append(("knock-out: change of the last layer\n(pooled, relative)", blocks,
-                    [max(v, 1e-6) for v in knock["change_pooled"]], True))
+        out.append(("knock-out: change of the last layer (pooled, relative)", blocks,
+                    [max(v, 1e-6) for v in knock["change_pooled"]], True, None))
         if "knn_top1" in knock:
-            out.append((f"knock-out: kNN top-1 lost (k={knock['knn_k']})", blocks,
-                        [knock["knn_top1_intact"] - v for v in knock["knn_top1"]], False))
+            p0, n = knock["knn_top1_intact"], knock.get("knn_queries")
+            band = None if not n else [1.96 * math.sqrt((p0 * (1 - p0) + p * (1 - p)) / n) for p in knock["knn_top1"]]
+            out.append((f"knock-out: kNN top-1 lost (k={knock['knn_k']}; band: 95%, {n} queries)" if n else
+                        f"knock-out: kNN top-1 lost (k={knock['knn_k']})", blocks,
+                        [p0 - v for v in knock["knn_top1"]], False, band))
     return out
 
 
@@ -47,18 +60,30 @@ def plot_diagnostics(reports: dict[str, dict], path: Path, note: str = "") -> Pa
     titles = list(dict.fromkeys(t for panels in drawn.values() for t, *_ in panels))
     cols = min(4, len(titles))
     rows_n = (len(titles) + cols - 1) // cols
-    fig, axes = plt.subplots(rows_n, cols, figsize=(3.8 * cols, 3.1 * rows_n + 0.6), squeeze=False)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(3.8 * cols, 3.3 * rows_n + 0.8), squeeze=False)
     for ax, title in zip(axes.flat, titles, strict=False):
         for label, panels in drawn.items():
-            for t, x, y, log in panels:
+            for t, x, y, log, band in panels:
                 if t == title:
-                    ax.plot(x, y, "o-", ms=3, label=label)
+                    line, = ax.plot(x, y, "o-", ms=3, label=label)
+                    if band is not None:
+                        ax.fill_between(x, [v - b for v, b in zip(y, band, strict=True)],
+                                        [v + b for v, b in zip(y, band, strict=True)], color=line.get_color(), alpha=0.15)
                     if log:
                         ax.set_yscale("log")
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("depth (0 = patch embedding)" if "knock" not in title else "block removed (1 = first)", fontsize=8)
         ax.grid(alpha=0.3)
     return save_panels(fig, axes, len(titles), path, note)
+
+
+def eval_note(report: dict) -> str:
+    """The caption of ``resdecay eval``'s diagnostics.png: the data, image counts, seed and step it was measured at."""
+    d = report["diagnostics"]
+    card = d.get("protocol", {})
+    return (f"{card.get('data', '?')}: {d.get('images', '?')} test images ({d.get('train_images', '?')} train images fit "
+            f"the pixel ridge and form the kNN bank), class-balanced, seed {card.get('subset_seed', '?')}; step "
+            f"{report.get('step', '?')}; docs/diagnostics.md")
 
 
 def summary(report: dict) -> dict:

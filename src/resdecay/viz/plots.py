@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import torch
+from matplotlib.ticker import MaxNLocator
 
 from ..data.fashion_mnist_m import composite
 from ..eval.metrics import column_metric, column_title
@@ -136,13 +138,24 @@ def plot_profile(profiles: dict[str, list[dict]], path: Path, note: str = "") ->
 
 
 def save_panels(fig, axes, used: int, path: Path, note: str = "") -> Path:
-    """A grid of panels finished and saved: the unused axes hidden, the first panel's legend, ``note`` under it."""
+    """A grid of panels finished and saved: the unused axes hidden, block indices as integers, titles wrapped so that
+    neighbours never overlap, one legend under the grid (off the curves), ``note`` under it."""
     for ax in list(axes.flat)[used:]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
+    for ax in list(axes.flat)[:used]:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        lines = [w for part in ax.get_title().split("\n") for w in textwrap.wrap(part, 38, break_long_words=False)]
+        ax.set_title("\n".join(lines), fontsize=9)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    bottom = 0.0
+    if labels:
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=7, frameon=False,
+                   bbox_to_anchor=(0.5, 0.025 if note else 0.0))
+        bottom = 0.05 + 0.025 * ((len(labels) - 1) // 3)
     if note:
         fig.text(0.5, 0.005, note, ha="center", fontsize=7)
-    fig.tight_layout(rect=(0, 0.03 if note else 0, 1, 1))
+        bottom += 0.03
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     return _save(fig, path)
 
 

@@ -82,7 +82,7 @@ class KnockoutStats:
     def summary(self, train_labels: torch.Tensor | None = None, test_labels: torch.Tensor | None = None,
                 k: int = KNN_K) -> dict:
         """Per unit: ``change_tokens``, ``change_pooled`` and, with labels and a train split, ``knn_top1``
-        (``knn_top1_intact`` is the intact model's)."""
+        (``knn_top1_intact`` is the intact model's; ``knn_queries`` the test images it is measured on)."""
         rel = (self.diff / self.base.clamp_min(1e-300)).sqrt()
         out: dict = {"unit": self.unit, "removed": [label for label, _, _ in self.units], "pool": self.pool,
                      "change_tokens": rel[:, 0].tolist(), "change_pooled": rel[:, 1].tolist()}
@@ -92,5 +92,5 @@ class KnockoutStats:
         test = [torch.cat(p) for p in self.feats["test"]]
         k = min(k, len(train[0]))
         top1 = [knn_accuracy(a, train_labels, b, test_labels, k=k) for a, b in zip(train, test, strict=True)]
-        out.update(knn_top1_intact=top1[0], knn_top1=top1[1:], knn_k=k)
+        out.update(knn_top1_intact=top1[0], knn_top1=top1[1:], knn_k=k, knn_queries=len(test[0]))
         return out

@@ -122,6 +122,7 @@ def _prepare(ev: Evaluation, metrics: list):
             "test_images": n_test, "train_images": n_train, "checkpoint_sha256": ev.sha, "diagnostics": asdict(o),
             "pool": ev.settings.feature, "pixel_r2_embedding": report["pixels"]["r2_pixels"][0],
             "high_freq_r2_embedding": report["pixels"]["r2_high_freq"][0]}
+    report["protocol"] = {"data": ev.data.name, "subset_seed": ev.data.subset_seed}  # the figure's caption reads it
     ev.notes["diagnostics"] = report
     for layer, values in enumerate(per_layer(report)):
         yield Prepared(layer, DiagnosticsLayer(values), card)
