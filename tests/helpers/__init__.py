@@ -3,7 +3,7 @@ and its one-line-error check, copies of the session's shared runs and proxy extr
 ``seed_proxy_cache``), the torch threads of a test process (``THREADS``), a free TCP port for torchrun, and the IDX writer behind the fake Fashion-MNIST folders.
 
 Modules beside this one: ``helpers.interop`` (foreign checkpoints in each format), ``helpers.adapter_models``
-(one tiny model per row of docs/plug-and-play.md), ``helpers.doc_pages`` (the commands and python blocks the pages
+(one tiny model per row of docs/coverage.md), ``helpers.doc_pages`` (the commands and python blocks the pages
 show), ``helpers.readme_commands`` and ``helpers.readme_blocks`` (how each command and block is shrunk for the executable-docs test) and ``helpers.readme_workspace``
 (the artifacts standing in for the pages' placeholder paths)."""
 

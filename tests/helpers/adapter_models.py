@@ -1,4 +1,4 @@
-"""The coverage table of docs/plug-and-play.md as code: every library model ``decayify`` takes, at the
+"""The coverage table of docs/coverage.md as code: every library model ``decayify`` takes, at the
 smallest size, with random weights, an input, and a hand-written ``alpha * x + f(x)`` for one block."""
 
 from __future__ import annotations

@@ -294,7 +294,7 @@ def test_hybrid_timm_model_warns_once_naming_what_was_left():
     traced = decayify(timm.models.vision_transformer.ParallelThingsBlock(16, 2), alpha_min=0.6)
     assert [a for _, a in alphas_of(traced)] == [(1.0, 0.6)]
     with pytest.raises(TypeError, match=r"in Bottleneck: Bottleneck \(traced adapter: .*a projection or a scale\)\); "
-                                        r"nearest supported: timm .*supported kinds: docs/plug-and-play.md"):
+                                        r"nearest supported: timm .*supported kinds: docs/coverage.md"):
         decayify(timm.models.regnet.Bottleneck(8, 16, stride=2), alpha_min=0.6)
 
 

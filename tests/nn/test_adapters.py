@@ -1,4 +1,4 @@
-"""decayify on every model of docs/plug-and-play.md's coverage table (tests/helpers/adapter_models.py): alpha_min = 1
+"""decayify on every model of docs/coverage.md's coverage table (tests/helpers/adapter_models.py): alpha_min = 1
 is the library's model bit for bit with its own state_dict keys, one block is alpha * x + f(x) per
 sub-block, the alpha table is the schedule, torch.compile traces it without new graph breaks, and
 threads do not mix."""

@@ -1,4 +1,4 @@
-"""docs/plug-and-play.md's coverage table is generated (tools/adapter_coverage.py) and current: its rows are the models
+"""docs/coverage.md's coverage table is generated (tools/adapter_coverage.py) and current: its rows are the models
 the adapter tests build, and its text is what docs/coverage.json (the last run's checks and versions) gives."""
 
 from __future__ import annotations

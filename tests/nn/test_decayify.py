@@ -90,7 +90,7 @@ def test_branches_and_resdecay_blocks():
 
 
 def test_unsupported_models_get_one_clear_error(resnet):
-    with pytest.raises(TypeError, match="no supported residual block in Linear; supported kinds: docs/plug-and-play.md"):
+    with pytest.raises(TypeError, match="no supported residual block in Linear; supported kinds: docs/coverage.md"):
         decayify(torch.nn.Linear(3, 3), 0.6)
     with pytest.raises(ValueError, match="one residual add"):
         decayify(copy.deepcopy(resnet), 0.6, branches="attn")

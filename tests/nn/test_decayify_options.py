@@ -209,7 +209,7 @@ def test_every_library_refusal_names_the_block_met_the_nearest_kind_of_that_libr
     nearest = text.split("nearest supported: ", 1)[1]
     assert nearest.startswith(f"{library} "), nearest[:120]  # an adapter of the same library
     assert re.search(f"traced adapter: .*{why}", text), text
-    assert text.endswith("supported kinds: docs/plug-and-play.md; add yours with register_adapter")
+    assert text.endswith("supported kinds: docs/coverage.md; add yours with register_adapter")
 
 
 def test_a_model_with_no_stack_names_its_own_class():

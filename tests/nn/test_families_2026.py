@@ -69,7 +69,7 @@ def test_each_family_is_supported_or_refused_in_one_short_line(name):
         decayify(model, alpha_min=0.6)
     text = str(caught.value)
     assert "\n" not in text and len(text) <= 300, (len(text), text)
-    assert refusal in text and text.endswith("supported kinds: docs/plug-and-play.md; add yours with register_adapter")
+    assert refusal in text and text.endswith("supported kinds: docs/coverage.md; add yours with register_adapter")
     with torch.no_grad():
         call(model)  # refused before anything was installed: the model still runs as the library's
 

@@ -8,7 +8,7 @@ block's adds in one of three ways (``adapters.hooks``): a pre-hook keeping the s
 hook returning ``residual_correction`` on the module the block adds; a scaled identity path
 (``downsample`` / ``shortcut``, or a parameter-free ``ShortcutScale`` in its empty place); or, where
 the add is inline with a gate (adaLN-Zero), a replaced forward equal to the library's at alpha = 1.
-docs/plug-and-play.md has the coverage table.
+docs/coverage.md has the coverage table.
 
 The factors come from the shortcut formula registry (``shortcut``, default ``"decay"``) and every
 form of the add is ``resdecay.nn.residual``'s. Formulas that train alpha are refused: a hook holds
@@ -203,7 +203,7 @@ def _left_blocks(model: nn.Module, found: list, refused: list) -> tuple[list[tup
     return sorted(skipped, key=lambda entry: depth[entry[0]]), {name: why for name, _, why in refused}
 
 
-COVERAGE = "supported kinds: docs/plug-and-play.md; add yours with register_adapter"
+COVERAGE = "supported kinds: docs/coverage.md; add yours with register_adapter"
 
 
 def _short(reason: str, most: int) -> str:
