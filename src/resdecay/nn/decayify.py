@@ -1,14 +1,12 @@
 """``decayify``: put decayed identity shortcuts into models people already have, by composition.
 
 Residual blocks are found in ``model.modules()`` order (depth order) through the block-adapter
-registry (``resdecay.nn.adapters``: resdecay's ``Block``; timm's ViT / EVA / Swin / CaiT / ConvNeXt /
-ResNet / ResNetV2 blocks; torchvision's ResNet, ViT, ConvNeXt and Swin blocks; transformers' ViT /
-ViTMAE / DINOv2 layers; diffusers' DiT / PixArt ``BasicTransformerBlock``). Each adapter reaches its
+registry (``resdecay.nn.adapters``; the models each adapter is tested on: docs/coverage.md, generated from the
+tests, the one list). Each adapter reaches its
 block's adds in one of three ways (``adapters.hooks``): a pre-hook keeping the sub-block input x and a
 hook returning ``residual_correction`` on the module the block adds; a scaled identity path
 (``downsample`` / ``shortcut``, or a parameter-free ``ShortcutScale`` in its empty place); or, where
 the add is inline with a gate (adaLN-Zero), a replaced forward equal to the library's at alpha = 1.
-docs/coverage.md has the coverage table.
 
 The factors come from the shortcut formula registry (``shortcut``, default ``"decay"``) and every
 form of the add is ``resdecay.nn.residual``'s. Formulas that train alpha are refused: a hook holds
