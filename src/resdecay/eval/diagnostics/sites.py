@@ -99,6 +99,17 @@ def _own_roles(block: nn.Module) -> tuple[list[tuple[str, nn.Module, nn.Module]]
     return None
 
 
+def _stated_roles(block: nn.Module) -> list[tuple[str, nn.Module, nn.Module]] | None:
+    """(role, pre, post) of a block whose adapter states its roles (``BlockAdapter.roles``: subblock adapters and the
+    traced adapter's hooked blocks); the others are probed (``_probed_roles``)."""
+    adapter = adapter_for(block)
+    if adapter is None or adapter.roles is None:
+        return None
+    pairs = adapter.roles(block)
+    role = ("attn", "mlp") if len(pairs) == 2 else tuple(f"add{j}" for j in range(len(pairs)))
+    return [(role[j], pre, post) for j, (pre, post) in enumerate(pairs)]
+
+
 def _probed_roles(block: nn.Module) -> list[tuple[str, nn.Module, nn.Module]] | None:
     """(role, pre, post) of a block whose adapter hooks its adds: the adapter installs distinct marker
     factors on a copy of the block, and the modules it marked (the pre-norm that keeps x, the module
@@ -128,7 +139,7 @@ def _probed_roles(block: nn.Module) -> list[tuple[str, nn.Module, nn.Module]] | 
 def site_of(name: str, block: nn.Module) -> Site | None:
     """The ``Site`` of one residual block, or None when neither the adapters nor resdecay reach its branches."""
     own = _own_roles(block)
-    roles, gate_module, gates = own if own is not None else (_probed_roles(block), None, None)
+    roles, gate_module, gates = own if own is not None else (_stated_roles(block) or _probed_roles(block), None, None)
     if roles is None:
         return None
     alphas, betas = block_factors(block)

@@ -60,8 +60,9 @@ class BlockAdapter:
         options: keywords of ``decayify`` this adapter takes, ``{name: (choice, ...)}`` with the default first
             (an SD3 block's ``context_stream``); ``install`` receives them as keyword arguments.
         roles: ``roles(block)`` -> ``(pre, branch end)`` per add, the modules that receive x and whose output the
-            block adds to x, when the adapter states them (``subblock_adapter``); checked against the block's traced
-            graph before the adapter takes a block (``adapter_for``).
+            block adds to x, when the adapter states them (``subblock_adapter``, the traced adapter's hooked blocks);
+            checked against the block's traced graph before an explicit adapter takes a block (``adapter_for``), and
+            what the diagnostics read.
     """
 
     name: str

@@ -302,7 +302,8 @@ def traced_adapter(block: nn.Module) -> BlockAdapter:
                 b.register_forward_pre_hook(guard, with_kwargs=True)
 
         return BlockAdapter(f"traced {cls}", (type(block),), adds, install=install,
-                            factors=lambda b: hooks.subblock_factors(pairs(b)), zero_init=zero_init, mixed_adds=True)
+                            factors=lambda b: hooks.subblock_factors(pairs(b)), zero_init=zero_init, mixed_adds=True,
+                            roles=pairs)
 
     forward = _replaced_forward(block, plan)
     del plan  # the generated code is all the forward needs
@@ -377,7 +378,9 @@ def roles_hold(block: nn.Module, pairs: list[tuple[nn.Module, nn.Module]]) -> bo
     graph (eval mode): one residual add per pair, add k's branch operand is a call of pair k's branch end (or its
     output's first element), and the first call of pair k's ``pre`` receives that add's stream (x itself). None when
     the trace cannot tell (fx cannot trace the forward, an add it cannot classify, a role inside a module it keeps
-    whole): the adapter is then trusted."""
+    whole, the block itself as the module receiving x: a scaled-shortcut adapter's): the adapter is then trusted."""
+    if any(pre is block for pre, _ in pairs):
+        return None
     try:
         graph = trace(block, training=False)
         adds = residual_adds(graph, block)
