@@ -8,7 +8,7 @@ import warnings
 
 import torch
 
-from helpers.adapter_models import MODELS, from_threads
+from helpers.adapter_models import ROWS, from_threads
 from resdecay import decayify
 from resdecay.nn.decayify import PartialDecayWarning
 
@@ -17,7 +17,7 @@ def build(name):
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # libraries' own deprecation notes
-        return MODELS[name][0]()
+        return ROWS[name][0]()  # every row of the coverage table, the models of mixed add counts too
 
 
 def quiet_decayify(model, **kw):

@@ -74,6 +74,11 @@ def _draw(rng: np.random.Generator, canvas: int, on: frozenset) -> dict:
     d = {"photo": int(rng.integers(2)), "level": int(rng.integers(len(_CROP_FRACTIONS))), "u": rng.random(2),
          "flip": bool(rng.integers(2)), "perm": rng.permutation(3), "colour": rng.integers(64, 256, 3),
          "size": int(rng.integers(lo, hi + 1)), "pos": rng.random(2)}
+    return _switched_off(d, canvas, on)
+
+
+def _switched_off(d: dict, canvas: int, on: frozenset) -> dict:
+    """A draw with each nuisance that is off at its fixed value: 3/4 of the canvas, white, centred."""
     if "scale" not in on:
         d["size"] = (canvas * 3) // 4
     if "colour" not in on:
@@ -90,13 +95,7 @@ def _draw_textured(rng: np.random.Generator, canvas: int, on: frozenset) -> dict
                                                      rng.uniform(-30, 30, 3)) for _ in range(2)],
          "blotches": rng.normal(0, 15, (3, 4, 4)), "colour": rng.integers(128, 256, 3),
          "size": int(rng.integers(lo, canvas + 1)), "pos": 0.5 + rng.uniform(-0.25, 0.25, 2)}
-    if "scale" not in on:
-        d["size"] = (canvas * 3) // 4
-    if "colour" not in on:
-        d["colour"] = np.array([255, 255, 255])
-    if "position" not in on:
-        d["pos"] = np.array([0.5, 0.5])
-    return d
+    return _switched_off(d, canvas, on)
 
 
 def _texture(d: dict, canvas: int) -> torch.Tensor:

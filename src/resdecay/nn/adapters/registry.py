@@ -38,6 +38,14 @@ from . import hooks
 
 Pairs = Callable[[nn.Module], list[tuple[nn.Module, nn.Module]]]
 _ROLES_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # block -> its stated roles hold
+_ROLES_CHECK: list = []  # the checker of stated roles against a block's graph (``traced.roles_hold``), once registered
+
+
+def check_roles_with(checker: Callable[[nn.Module, list], bool | None]) -> None:
+    """Register ``checker(block, pairs)`` -> True / False / None (cannot tell): what ``matches`` asks before an adapter
+    whose roles are stated takes a block (traced.py registers its graph check; the registry does not import it)."""
+    _ROLES_CHECK[:] = [checker]
+    _ROLES_CHECKED.clear()
 Factors = tuple[tuple[float, ...], tuple[float, ...]]
 
 
@@ -85,10 +93,10 @@ class BlockAdapter:
         elsewhere (SAM's window partition between the branch end and the add) is left to the traced adapter."""
         if self.roles is None:
             return True
+        if not _ROLES_CHECK:  # no checker registered (traced.py registers one when the package loads)
+            return True
         if module not in _ROLES_CHECKED:
-            from .traced import roles_hold  # noqa: PLC0415  (traced builds on this registry)
-
-            _ROLES_CHECKED[module] = roles_hold(module, self.roles(module)) is not False
+            _ROLES_CHECKED[module] = _ROLES_CHECK[0](module, self.roles(module)) is not False
         return _ROLES_CHECKED[module]
 
     def class_names(self) -> list[str]:

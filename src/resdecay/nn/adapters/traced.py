@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from ..residual import residual_add
 from . import hooks
-from .registry import TRACED, BlockAdapter
+from .registry import TRACED, BlockAdapter, check_roles_with
 from .traced_graph import (
     VIEW_FUNCTIONS,
     VIEW_METHODS,
@@ -404,3 +404,6 @@ def roles_hold(block: nn.Module, pairs: list[tuple[nn.Module, nn.Module]]) -> bo
                 or same_value_root(first.args[0], modules) is not stream:
             return False
     return True
+
+
+check_roles_with(roles_hold)

@@ -42,11 +42,22 @@ register_adapter(subblock_adapter(
                                             "transformers.models.ijepa:IJepaLayer"),
     pairs=_vit_pairs, zero=_vit_zero, accepts=_vit_layout))
 
-# DINOv2: drop_path(layer_scale(branch)) + residual, one drop_path module for both adds (4.x and 5.x)
+# DINOv2 and DINOv3: drop_path(layer_scale(branch)) + residual, one drop_path module for both adds (4.x and 5.x).
+# DINOv3's forward also takes attention_mask, position_embeddings (RoPE) and **kwargs: the hooks sit on norm1 / norm2
+# and drop_path, so those pass through untouched.
 register_adapter(subblock_adapter(
-    "transformers Dinov2Layer", ("transformers.models.dinov2:Dinov2Layer", "transformers.models.dinov2_with_registers:Dinov2WithRegistersLayer"),
+    "transformers Dinov2Layer / DINOv3ViTLayer", ("transformers.models.dinov2:Dinov2Layer",
+                                                  "transformers.models.dinov2_with_registers:Dinov2WithRegistersLayer",
+                                                  "transformers.models.dinov3_vit:DINOv3ViTLayer"),
     pairs=lambda b: [(b.norm1, b.drop_path), (b.norm2, b.drop_path)],
     zero=lambda b: (last_linear(b.attention), last_linear(b.mlp))))
+
+
+def _by_name(pre1: str, post1: str, pre2: str, post2: str) -> dict:
+    """pairs, zero and accepts of a layer adding ``x + post1(pre1(x))[0]`` then ``x + post2(pre2(x))``, by attribute."""
+    return dict(pairs=lambda b: [(getattr(b, pre1), getattr(b, post1)), (getattr(b, pre2), getattr(b, post2))],
+                zero=lambda b: (last_linear(getattr(b, post1)), last_linear(getattr(b, post2))),
+                accepts=lambda b: all(hasattr(b, n) for n in (pre1, post1, pre2, post2)))
 
 # CLIP / SigLIP / SigLIP2 encoder layers (both towers of the dual models use them):
 # x + self_attn(layer_norm1(x))[0], then x + mlp(layer_norm2(x)). The same four roles in 4.x and 5.x; only
@@ -59,9 +70,7 @@ register_adapter(subblock_adapter(
     "transformers CLIPEncoderLayer / SiglipEncoderLayer", ("transformers.models.clip:CLIPEncoderLayer",
                                                           "transformers.models.siglip:SiglipEncoderLayer",
                                                           "transformers.models.siglip2:Siglip2EncoderLayer"),
-    pairs=lambda b: [(b.layer_norm1, b.self_attn), (b.layer_norm2, b.mlp)],
-    zero=lambda b: (last_linear(b.self_attn), last_linear(b.mlp)),
-    accepts=lambda b: all(hasattr(b, n) for n in ("layer_norm1", "self_attn", "layer_norm2", "mlp"))))
+    **_by_name("layer_norm1", "self_attn", "layer_norm2", "mlp")))
 
 
 # BEiT / Data2Vec-vision: drop_path(lambda * branch) + x, with the layer scale lambda_1 / lambda_2 *inside*
@@ -82,14 +91,6 @@ register_adapter(subblock_adapter(
     accepts=lambda b: all(hasattr(b, n) for n in ("layernorm_before", "layernorm_after", "drop_path"))))
 
 
-# DINOv3 (``DINOv3ViTLayer``): drop_path(layer_scale(branch)) + residual as DINOv2, one drop_path for both adds.
-# Its forward also takes attention_mask, position_embeddings (RoPE) and **kwargs: the hooks sit on norm1 / norm2 and
-# drop_path, so those pass through untouched.
-register_adapter(subblock_adapter(
-    "transformers DINOv3ViTLayer", ("transformers.models.dinov3_vit:DINOv3ViTLayer",),
-    pairs=lambda b: [(b.norm1, b.drop_path), (b.norm2, b.drop_path)],
-    zero=lambda b: (last_linear(b.attention), last_linear(b.mlp))))
-
 # Llama-style decoder layers (Llama, Mistral, Qwen2): x + self_attn(input_layernorm(x))[0], then
 # x + mlp(post_attention_layernorm(x)). ``self_attn`` returns (output, weights): the correction goes into the output.
 # attention_mask, position_embeddings, the cache and **kwargs pass through the layer untouched.
@@ -97,6 +98,4 @@ register_adapter(subblock_adapter(
     "transformers LlamaDecoderLayer (Llama-style)", ("transformers.models.llama:LlamaDecoderLayer",
                                                      "transformers.models.mistral:MistralDecoderLayer",
                                                      "transformers.models.qwen2:Qwen2DecoderLayer"),
-    pairs=lambda b: [(b.input_layernorm, b.self_attn), (b.post_attention_layernorm, b.mlp)],
-    zero=lambda b: (last_linear(b.self_attn), last_linear(b.mlp)),
-    accepts=lambda b: all(hasattr(b, n) for n in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp"))))
+    **_by_name("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")))
