@@ -228,3 +228,19 @@ def test_the_probes_measure_raw_pixels_and_the_random_encoder_beside_the_model(t
     assert "2x2 patches" in rows[("pixels", "attentive")]["protocol"]["pixel_tokens"]
     assert ("pixels", "ep") not in rows  # EP's 32 queries cannot split digits' 4-wide pixel patches: no row, no error
     assert "random-init  linear_sweep" in text
+
+
+def test_the_swept_heads_alone_write_their_cache_into_a_fresh_folder(tiny_checkpoints, tmp_path, capsys):
+    """No attentive probe, so no token store creates the cache's folder first: the pooled features' cache file is
+    written all the same (it once failed with a traceback on the missing folder), and read back the second time."""
+    argv = ["eval", tiny_checkpoints["decayed"], "--evals", "linear_sweep,knn_sweep", "--no-baselines", "--no-progress",
+            "--max-train", "200", "--max-test", "60", "--metric-option", "linear_sweep.epochs=2",
+            "--cache-dir", str(tmp_path / "fresh" / "cache"), "--out", str(tmp_path / "out")]
+    code, _, err = run(capsys, *argv)
+    assert code == 0, err
+    cached = list((tmp_path / "fresh" / "cache").rglob("*.pt"))
+    assert len(cached) == 2  # train and test pooled features
+    before = {p: p.stat().st_mtime_ns for p in cached}
+    code, _, err = run(capsys, *argv[:-2], "--out", str(tmp_path / "out2"))
+    assert code == 0, err
+    assert all(p.stat().st_mtime_ns == t for p, t in before.items())  # read back, not written again

@@ -8,6 +8,7 @@ function the caller gives. Only the blocks' hooks read anything: what the call r
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any, Callable, Iterator
 
 import torch
@@ -55,6 +56,13 @@ def _unmasked(encoder: nn.Module) -> Iterator[Callable[[torch.Tensor], dict]]:
         config.mask_ratio = old
 
 
+def _base_model(model: nn.Module) -> nn.Module:
+    """A transformers model's base model (the ViTMAE inside ViTMAEForPreTraining) when its forward takes
+    ``pixel_values``; the model itself where ``base_model`` names a part that does not (DINOv3's encoder stack)."""
+    base = getattr(model, "base_model", model)
+    return base if "pixel_values" in inspect.signature(base.forward).parameters else model
+
+
 @contextlib.contextmanager
 def model_runner(model: nn.Module, conditioning: tuple = (), forward: Forward | None = None
                  ) -> Iterator[Callable[[torch.Tensor], None]]:
@@ -76,7 +84,7 @@ def model_runner(model: nn.Module, conditioning: tuple = (), forward: Forward | 
     elif hasattr(model, "forward_intermediates") and hasattr(model, "cfg"):  # resdecay's model contract
         yield lambda x: model.forward_features(x, *cond(x))
     elif _module_of(model).startswith("transformers."):
-        base = getattr(model, "base_model", model)
+        base = _base_model(model)
         with _unmasked(base) as extra:
             yield lambda x: base(pixel_values=x, **extra(x))
     elif _module_of(model).startswith("diffusers."):

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from ...data.subsets import balanced_indices, dataset_labels
 from ...errors import UserError
-from ...io import atomic_save, progress_bar, safe_load
+from ...io import progress_bar, safe_load
 from ..features import baselines as bl
 from ..features.extract import pool_tokens
 from ..features.source import _cache, _split
@@ -169,8 +169,7 @@ def _block(ev: Evaluation, layer: int, split: str, with_tokens: bool, opts: dict
     n = len(_split(ev, split)[0])
     writer = TokenWriter(token_file, n, opts["token_dtype"], {**key, "dtype": opts["token_dtype"]}, budget) if with_tokens else None
     pooled, labels = _extract(ev, split, layer, writer, prefix, reader)
-    if cache.writable:
-        atomic_save({"key": json.dumps(key, sort_keys=True), "pooled": pooled, "labels": labels}, pooled_file)
+    cache.save({"key": json.dumps(key, sort_keys=True), "pooled": pooled, "labels": labels}, pooled_file)  # mkdir too
     return pooled, labels, writer.close() if writer is not None else None
 
 
