@@ -163,7 +163,7 @@ def test_checkpoint_written_before_the_reorganisation_loads(tmp_path):
     assert all(new[s][k] == v for s in ("model", "data", "train") for k, v in old_config[s].items())
     assert {k: v for k, v in new["data"].items() if k not in old_config["data"]} == {
         "on_bad_file": "stop", "decoder": "tensor", "subset_seed": 0, "val_path": None, "image_column": "image",
-        "label_column": "label"}
+        "label_column": "label", "composition": "photos"}
     assert {k: v for k, v in new["model"].items() if k not in old_config["model"]} == {"grad_checkpointing": False}
     assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
 

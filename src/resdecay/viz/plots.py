@@ -6,7 +6,6 @@ import textwrap
 from pathlib import Path
 
 import torch
-from matplotlib.ticker import MaxNLocator
 
 from ..data.fashion_mnist_m import composite
 from ..eval.metrics import column_metric, column_title
@@ -140,6 +139,8 @@ def plot_profile(profiles: dict[str, list[dict]], path: Path, note: str = "") ->
 def save_panels(fig, axes, used: int, path: Path, note: str = "") -> Path:
     """A grid of panels finished and saved: the unused axes hidden, block indices as integers, titles wrapped so that
     neighbours never overlap, one legend under the grid (off the curves), ``note`` under it."""
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415  (matplotlib loads with the first figure, not the CLI)
+
     for ax in list(axes.flat)[used:]:
         ax.axis("off")
     for ax in list(axes.flat)[:used]:
