@@ -41,6 +41,7 @@ COVERED = {
     "probing/evaluate.sh": "test_probing_scripts_on_a_fake_tree",
     "probing/collect.py": "test_probing_scripts_on_a_fake_tree",
     "probing/demo.sh": "test_probing_scripts_on_a_fake_tree",
+    "probing/textures.py": "test_probing_textures_figure",
 }
 SCRIPT_ENV = ("ROOT", "RUNS", "QUEUE", "RESDECAY", "PYTHON", "DRY_RUN", "EXTRA", "SEG_SEEDS", "SOLVERS", "SEG_IMAGES",
               "KNN_PROBE", "STEP", "DEST", "LEVELS", "SEEDS", "WIDTH", "EPOCHS", "EVAL")
@@ -345,3 +346,9 @@ def test_probing_scripts_on_a_fake_tree(clone, tmp_path):
     parses(evaluation)
     assert demo[:3] == ["demo", "--data", "digits"] and evaluation[0] == "eval" and "--max-train" not in evaluation
     assert evaluation[evaluation.index("--out") + 1] == str(tmp_path / "demo" / "eval" / "demo-digits" / "seed0")
+
+
+def test_probing_textures_figure(clone, tmp_path, fake_fmnist):
+    """textures.py draws both generators' composites of the same garments from any Fashion-MNIST folder."""
+    printed = run_script(clone, "probing/textures.py", "--fmnist", str(fake_fmnist), "--out", str(tmp_path / "t.png"))
+    assert (tmp_path / "t.png").stat().st_size > 0 and printed.strip().endswith("t.png")
