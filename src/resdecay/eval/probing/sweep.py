@@ -100,14 +100,16 @@ def train_linear_heads(train: dict[str, torch.Tensor], train_y: torch.Tensor, sc
     total, step = recipe.epochs * math.ceil(n / bs), 0
     for _ in progress_bar(range(recipe.epochs), desc=f"linear sweep ({len(grid)} heads)", disable=not progress, leave=False):
         orders = [torch.randperm(n, generator=g.g).to(device) for g in groups]
+        # each group's features and labels in its epoch order, gathered once: its batches are then slices (the
+        # same rows as gathering each batch, so the same numbers, without a gather per step)
+        shuffled = [(g.x[order], y[order].repeat_interleave(len(g.heads))) for g, order in zip(groups, orders, strict=True)]
         for i in range(0, n, bs):
             factor = 0.5 * (1 + math.cos(math.pi * step / total))  # per-iteration cosine to 0, as linear_probe
             loss = 0
-            for g, order in zip(groups, orders, strict=True):
-                idx = order[i:i + bs]
-                logits = g.logits(g.x[idx])  # (B, H, C): the sum of each head's mean cross-entropy, as one call
+            for g, (x, labels) in zip(groups, shuffled, strict=True):
+                logits = g.logits(x[i:i + bs])  # (B, H, C): the sum of each head's mean cross-entropy, as one call
                 H = len(g.heads)
-                loss = loss + F.cross_entropy(logits.reshape(-1, g.C), y[idx].repeat_interleave(H)) * H
+                loss = loss + F.cross_entropy(logits.reshape(-1, g.C), labels[i * H:(i + bs) * H]) * H
             loss.backward()
             step += 1
             for g in groups:
