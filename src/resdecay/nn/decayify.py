@@ -41,7 +41,7 @@ from ..errors import check_choice
 from .adapters import adapter_for, adapters, nearest_supported
 from .adapters.depth_order import depth_order_for
 from .adapters.hooks import remove as _remove_hooks
-from .adapters.registry import TRACED
+from .adapters.registry import keep_traced, traced_adapter_of
 from .adapters.traced import trace_blocks, unguard
 from .config_record import recorder
 from .residual import ShortcutScale, check_shortcut, factors_of, shortcut_plan  # noqa: F401  (ShortcutScale: public here before)
@@ -58,7 +58,7 @@ SUPPORTED = tuple(supported())  # the built-in kinds; ``supported()`` also lists
 def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     """(name, block, adapter name) of every residual block ``decayify`` decays, in depth order (a registered
     ``DepthOrder``'s, with the options ``model.resdecay_spec`` recorded; then the blocks it keeps at alpha 1)."""
-    found = _supported_blocks(model)
+    found = _supported_blocks(model, on_blocks=False)  # a read-only query: nothing is kept on the model
     order = depth_order_for(model)
     if order is not None and found:
         spec = getattr(model, "resdecay_spec", None) or {}
@@ -67,11 +67,12 @@ def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     return _one_add_count(found)[0]
 
 
-def _supported_blocks(model: nn.Module, refused: list | None = None) -> list[tuple[str, nn.Module, str]]:
+def _supported_blocks(model: nn.Module, refused: list | None = None, on_blocks: bool = True
+                      ) -> list[tuple[str, nn.Module, str]]:
     """Every block an adapter takes (blocks inside one are its own business and are not listed): the registered
     adapters' first, then the traced adapter's (``adapters.traced``) for the candidates none of them takes, each
-    kept on its block so that ``adapter_for`` finds it; ``refused`` gets the traced adapter's refusals
-    ``(name, class, reason)``."""
+    kept so that ``adapter_for`` finds it (on its block when ``on_blocks``: decayify; beside it otherwise: a read-only
+    query changes nothing on the model); ``refused`` gets the traced adapter's refusals ``(name, class, reason)``."""
     found: list[tuple[str, nn.Module, str]] = []
     for name, m in model.named_modules():
         if found and name.startswith(found[-1][0] + ".") and found[-1][0]:
@@ -79,11 +80,13 @@ def _supported_blocks(model: nn.Module, refused: list | None = None) -> list[tup
         adapter = adapter_for(m)
         if adapter is not None:
             found.append((name, m, adapter.name))
+            if adapter is traced_adapter_of(m):  # traced by an earlier query: kept where this call keeps it
+                keep_traced(m, adapter, on_blocks)
     traced, left = trace_blocks(model, [name for name, _, _ in found])
     if refused is not None:
         refused += left
     for _, block, adapter in traced:
-        block.__dict__[TRACED] = adapter
+        keep_traced(block, adapter, on_blocks)
     depth = {name: i for i, (name, _) in enumerate(model.named_modules())}
     return sorted(found + [(n, b, a.name) for n, b, a in traced], key=lambda entry: depth[entry[0]])
 

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from ..residual import residual_add
 from . import hooks
-from .registry import TRACED, BlockAdapter, check_roles_with
+from .registry import BlockAdapter, check_roles_with, traced_adapter_of
 from .traced_graph import (
     VIEW_FUNCTIONS,
     VIEW_METHODS,
@@ -361,7 +361,7 @@ def trace_blocks(model: nn.Module, taken: list[str]) -> tuple[list, list]:
     for name, m, looks in candidates(model, taken):
         if any(name.startswith(f + ".") for f, _, _ in found):
             continue
-        kept = m.__dict__.get(TRACED)  # traced before (an earlier decayify): the same instance, the same proof
+        kept = traced_adapter_of(m)  # traced before (an earlier decayify or query): the same instance, the same proof
         try:
             found.append((name, m, kept if kept is not None else traced_adapter(m)))
         except TraceRefused as e:
