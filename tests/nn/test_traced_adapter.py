@@ -13,9 +13,9 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from helpers.adapter_models import from_threads
+from helpers.traced_blocks import GatedBlock
 from resdecay import alpha_schedule, alphas_of, decayify
 from resdecay.nn.adapters import hooks
 from resdecay.nn.adapters.traced import _replaced_forward, plan_block, traced_adapter
@@ -36,18 +36,6 @@ def _jitter(module: nn.Module, seed: int = 0) -> nn.Module:
         for p in module.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=g))
     return module.eval()
-
-
-class GatedBlock(nn.Module):
-    """A user's block whose branch is computed inline: x + sigmoid(gate(x)) * dropout(f(norm(x))), the dropout
-    a function reading ``self.training`` (fixed while tracing: one generated forward per mode)."""
-
-    def __init__(self, d: int = 8):
-        super().__init__()
-        self.norm, self.f, self.gate = nn.LayerNorm(d), nn.Linear(d, d), nn.Linear(d, d)
-
-    def forward(self, x):
-        return x + torch.sigmoid(self.gate(x)) * F.dropout(self.f(self.norm(x)), 0.2, self.training)
 
 
 # ----------------------------------------------------------------------------- one block of each kind, by hand
@@ -397,22 +385,3 @@ def test_a_model_with_nothing_reachable_is_one_type_error(cls, why):
                                         f"\\(traced adapter: {why}") as info:
         decayify(nn.Sequential(cls(), cls()), alpha_min=0.5)
     assert "\n" not in str(info.value)
-
-
-def test_read_only_queries_change_nothing_on_the_model(monkeypatch):
-    """``alphas_of`` / ``residual_blocks`` on a model whose blocks only the traced adapter reaches keep what they traced
-    beside the model, not on it (no attribute appears on any module), and trace each block once; ``decayify`` then
-    keeps it on the blocks, so that a copy of the decayified model carries it."""
-    from resdecay.nn.adapters import traced as traced_module
-
-    model = nn.Sequential(GatedBlock(), GatedBlock())
-    before = [dict(m.__dict__) for m in model.modules()]
-    calls = []
-    real = traced_module.traced_adapter
-    monkeypatch.setattr(traced_module, "traced_adapter", lambda m: calls.append(m) or real(m))
-    assert [a for _, a in alphas_of(model)] == [(1.0,), (1.0,)] and len(residual_blocks(model)) == 2
-    assert [set(m.__dict__) for m in model.modules()] == [set(b) for b in before]  # nothing kept on the model
-    assert len(calls) == 2  # each block traced once, the second query read the first's
-    decayify(model, alpha_min=0.5)
-    assert all("_resdecay_adapter" in b.__dict__ for b in model)
-    assert [a for _, a in alphas_of(copy.deepcopy(model))] == [a for _, a in alphas_of(model)]

@@ -14,6 +14,7 @@ from . import (  # noqa: F401
     diffusers_mmdit,
     diffusers_unet,
     resdecay_blocks,
+    roles_check,
     timm_blocks,
     torchvision_blocks,
     transformers_blocks,

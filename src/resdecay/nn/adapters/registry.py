@@ -38,12 +38,12 @@ from . import hooks
 
 Pairs = Callable[[nn.Module], list[tuple[nn.Module, nn.Module]]]
 _ROLES_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # block -> its stated roles hold
-_ROLES_CHECK: list = []  # the checker of stated roles against a block's graph (``traced.roles_hold``), once registered
+_ROLES_CHECK: list = []  # the checker of stated roles against a block's graph (``roles_check.roles_hold``), once registered
 
 
 def check_roles_with(checker: Callable[[nn.Module, list], bool | None]) -> None:
     """Register ``checker(block, pairs)`` -> True / False / None (cannot tell): what ``matches`` asks before an adapter
-    whose roles are stated takes a block (traced.py registers its graph check; the registry does not import it)."""
+    whose roles are stated takes a block (roles_check.py registers its graph check; the registry does not import it)."""
     _ROLES_CHECK[:] = [checker]
     _ROLES_CHECKED.clear()
 Factors = tuple[tuple[float, ...], tuple[float, ...]]
@@ -89,11 +89,11 @@ class BlockAdapter:
         return class_matches(module, self.classes) and self.accepts(module) and self._roles_hold(module)
 
     def _roles_hold(self, module: nn.Module) -> bool:
-        """The stated roles are the block's (``traced.roles_hold``, once per block object): a block whose adds are
+        """The stated roles are the block's (``roles_check.roles_hold``, once per block object): a block whose adds are
         elsewhere (SAM's window partition between the branch end and the add) is left to the traced adapter."""
         if self.roles is None:
             return True
-        if not _ROLES_CHECK:  # no checker registered (traced.py registers one when the package loads)
+        if not _ROLES_CHECK:  # no checker registered (roles_check.py registers one when the package loads)
             return True
         if module not in _ROLES_CHECKED:
             _ROLES_CHECKED[module] = _ROLES_CHECK[0](module, self.roles(module)) is not False
