@@ -49,8 +49,12 @@ class NoisedEncoder(nn.Module):
     def cfg(self):
         return self.model.cfg
 
+    def noise(self, images: torch.Tensor) -> torch.Tensor:
+        """The noise of this batch: each image's own seeded draw."""
+        return image_noise(images, self.seed)
+
     def forward_intermediates(self, images: torch.Tensor, indices: list[int] | None = None) -> list[torch.Tensor]:
-        x_t, t = self.objective.noised_at_level(images, image_noise(images, self.seed), self.level)
+        x_t, t = self.objective.noised_at_level(images, self.noise(images), self.level)
         return self.model.forward_intermediates(x_t, t, None, indices)
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:

@@ -13,32 +13,27 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ...diffusion.objectives import objective_for
 from ...errors import UserError
 from ..features.extract import extract_block_features
 from ..features.probe import linear_probe
 from ..protocol import FAST_RECIPE, NOISE_LEVELS
+from .encoder import NoisedEncoder
 
 __all__ = ["FAST_RECIPE", "NOISE_LEVELS", "NoisedFeatures", "check_levels", "probe_grid"]
 
 
-class NoisedFeatures(nn.Module):
-    """Presents a diffusion model as an encoder: ``forward_intermediates(images, layers)`` noises the
-    images to one level of the model's own objective and returns the blocks' token outputs."""
+class NoisedFeatures(NoisedEncoder):
+    """The probe grid's view of a diffusion model: ``NoisedEncoder`` with the grid's own noise, one seeded draw per
+    batch in order (its numbers since it was written; ``eval --noise-level`` draws per image instead)."""
 
     def __init__(self, model: nn.Module, level: float, seed: int = 0):
-        super().__init__()
-        self.model, self.level, self.seed = model, level, seed
-        self.objective = objective_for(model.cfg)
+        super().__init__(model, level, seed)
         self.calls = 0
 
-    @torch.no_grad()
-    def forward_intermediates(self, images: torch.Tensor, layers: list[int]) -> list[torch.Tensor]:
+    def noise(self, images: torch.Tensor) -> torch.Tensor:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.calls)  # batch order is fixed: same draw every layer
         self.calls += 1
-        noise = torch.randn(images.shape, generator=g).to(images.device, images.dtype)
-        x_t, t = self.objective.noised_at_level(images, noise, self.level)
-        return self.model.forward_intermediates(x_t, t, None, layers)
+        return torch.randn(images.shape, generator=g).to(images.device, images.dtype)
 
 
 def check_levels(levels: tuple[float, ...]) -> None:
