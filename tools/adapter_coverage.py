@@ -45,15 +45,12 @@ LIBRARIES = ("torch", "torchvision", "timm", "transformers", "diffusers")
 
 def _models() -> dict:
     """Every row: ``ROWS`` of tests/helpers/adapter_models.py (its MODELS and the models of mixed add counts),
-    then the models of tests/nn/test_traced_adapter.py, whose blocks no adapter names (reached by tracing)."""
-    import importlib.util
+    then the models of tests/helpers/traced_blocks.py, whose blocks no adapter names (reached by tracing)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from helpers.adapter_models import ROWS
-    spec = importlib.util.spec_from_file_location("traced_rows", ROOT / "tests" / "nn" / "test_traced_adapter.py")
-    traced = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(traced)
+    from helpers.traced_blocks import MODELS as TRACED
     rows = {**ROWS}
-    for name, (build, _, _) in traced.MODELS.items():
+    for name, (build, _, _) in TRACED.items():
         rows[name] = (lambda b=build: (b(), None),)
     return rows
 

@@ -147,7 +147,7 @@ def test_profile_of_a_foreign_model_has_the_shortcut_columns(foreign_files, tmp_
                         (["--metric-option", "diagnostics.ridge=-1"], "diagnostics.ridge must be a positive"),
                         (["--metric-option", "diagnostics.pixel_patches=-3"], "diagnostics.pixel_patches must be"))],
     (["--model", "torchvision:resnet18", "--model-arg", "img_size=8", "--data", "digits", "--evals", "diagnostics"],
-     ["cannot reach the branches", "BasicBlock"]),
+     ["digits images have 1 channel(s)", "takes 3"]),
 ])
 def test_bad_foreign_input_is_one_line(argv, fragments, tmp_path, capsys):
     code, _, err = run(capsys, "eval", *argv, "--out", tmp_path / "out", "--no-progress")

@@ -26,7 +26,7 @@ from ..errors import UserError, one_line
 from ..io import first_sentence
 from ..nn.decayify import alphas_of, residual_blocks
 from .diagnostics.branches import BranchStats
-from .diagnostics.record import Pass, hooked
+from .diagnostics.record import Pass, hooked, reading
 from .diagnostics.runner import model_runner
 from .diagnostics.sites import find_sites, patch_size_of, stream_blocks
 
@@ -213,7 +213,7 @@ class ForeignEncoder(nn.Module):
         branch of each sub-block, and of the block's output."""
         sites = find_sites(self.model)
         branches, rec = BranchStats(sites), Pass()
-        with hooked(sites, rec, on_pair=branches), model_runner(self.model, self.cfg.conditioning) as run:
+        with reading(sites), hooked(sites, rec, on_pair=branches), model_runner(self.model, self.cfg.conditioning) as run:
             run(images)
         summary, rows, k = branches.summary(), [], 0
         for i, site in enumerate(sites):

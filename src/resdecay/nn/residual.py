@@ -58,6 +58,14 @@ def residual_add(x: torch.Tensor, branch: torch.Tensor, alpha: float | torch.Ten
     A tensor alpha (a learnable formula) takes the autograd path. beta != 1 scales the branch
     first (the Table 3b variants).
     """
+    if ADD_TAPS:  # the residual-stream diagnostics read (and may zero) the add here; empty otherwise
+        return ADD_TAPS[-1](x, branch, alpha, beta, side_add)
+    return side_add(x, branch, alpha, beta)
+
+
+def side_add(x: torch.Tensor, branch: torch.Tensor, alpha: float | torch.Tensor, beta: float = 1.0) -> torch.Tensor:
+    """``residual_add`` for an add outside the stream a model's blocks carry (an MM-DiT's text stream): the same
+    arithmetic, never read by the diagnostics' tap."""
     branch = scale_branch(branch, beta)
     if isinstance(alpha, torch.Tensor):
         return branch + alpha * x
@@ -65,6 +73,10 @@ def residual_add(x: torch.Tensor, branch: torch.Tensor, alpha: float | torch.Ten
         return x + branch
     return torch.add(branch, x, alpha=alpha)
 
+
+# ``tap(x, branch, alpha, beta, add) -> output`` while the diagnostics record a forward (eval/diagnostics/record.py):
+# every ``residual_add`` of resdecay's blocks and of the adapters' replaced forwards is one add of the stream
+ADD_TAPS: list[Callable] = []
 
 decayed_add = residual_add  # the older name (``resdecay.decayed_add``), kept for callers; the same function
 

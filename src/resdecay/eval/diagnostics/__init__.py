@@ -27,8 +27,8 @@ from ..protocol import KNN_K
 from .branches import BranchStats
 from .knockout import UNITS, KnockoutStats
 from .paths import PathStats
-from .pixels import PixelStats, ridge_r2
-from .record import Pass, hooked
+from .pixels import PixelStats, layer_patch, ridge_r2
+from .record import Pass, hooked, reading
 from .runner import Forward, image_batches, model_runner
 from .sites import Site, find_sites, patch_size_of
 
@@ -37,17 +37,38 @@ DIAGNOSTICS = ("paths", "pixels", "branches", "knockout")
 __all__ = ["DIAGNOSTICS", "UNITS", "diagnose", "find_sites", "ridge_r2"]
 
 
-def _check_stream(sites: list[Site], rec: Pass) -> None:
-    """One token stream of one shape through every block (a Swin's merging stages are not one stream)."""
-    shape = rec.inputs[0].shape
+def _check_ran(sites: list[Site], rec: Pass) -> None:
+    """Every block of the stream ran in the forward (and was read)."""
     for i, site in enumerate(sites):
         if rec.inputs.get(i) is None or rec.outputs.get(i) is None:
             raise UserError(f"diagnostics: block {site.name} did not run in the model's forward; pass forward= "
                             "a function that runs the stream's blocks, or container= the blocks that run")
-        for t in (rec.inputs[i], rec.outputs[i]):
-            if t.shape != shape:
-                raise UserError(f"diagnostics need one token stream of one shape, but at {site.name} it is "
-                                f"{tuple(t.shape)}, not {tuple(shape)} (a stage that merges tokens)")
+
+
+def stages(sites: list[Site], rec: Pass) -> list[list[int]]:
+    """The runs of blocks that carry one stream of one shape (the stages of a staged model; a plain ViT: one),
+    each decomposed from its own first input: a block whose identity path is a projection, or whose output has
+    another shape than its input (a ResNet stage's first block, a U-Net's skip fusion), belongs to none."""
+    runs: list[list[int]] = []
+    for i, site in enumerate(sites):
+        shape = rec.inputs[i].shape
+        if any(sub.role.identity is not None for sub in site.subs) or rec.outputs[i].shape != shape:
+            runs.append([])
+            continue
+        if not runs or not runs[-1] or runs[-1][-1] != i - 1 or rec.outputs[i - 1].shape != shape:
+            runs.append([])
+        runs[-1].append(i)
+    return [r for r in runs if r]
+
+
+def _in_run_order(sites: list[Site], run, images: torch.Tensor) -> list[Site]:
+    """``sites`` in the order the forward runs them (a U-Net's attention blocks are registered before the ResNet
+    blocks they follow): what the path decomposition and the knock-out's replay assume."""
+    rec = Pass()
+    with hooked(sites, rec):
+        run(images)
+    ran = rec.order + [i for i in range(len(sites)) if i not in rec.order]
+    return [sites[i] for i in ran]
 
 
 class _Run:
@@ -55,7 +76,7 @@ class _Run:
 
     def __init__(self, model: nn.Module, sites: list[Site], which: tuple, opts: dict):
         self.model, self.sites, self.which, self.opts = model, sites, which, opts
-        self.paths = PathStats(sites) if "paths" in which else None
+        self.paths: list[tuple[list[int], PathStats]] | None = None  # per stage, from the first pass
         self.branches = BranchStats(sites) if "branches" in which else None
         self.knock = KnockoutStats(sites, opts["knockout"], opts["pool"]) if "knockout" in which else None
         self.pixels: PixelStats | None = None
@@ -64,15 +85,18 @@ class _Run:
         self.count = {"train": 0, "test": 0}
         self.knocked = {"train": 0, "test": 0}  # images knocked out so far (knockout_images caps them)
 
-    def _pixels(self) -> PixelStats:
+    def _pixels(self, layers: list[torch.Tensor], rec: Pass, images: torch.Tensor) -> PixelStats:
         if self.pixels is None:
-            patch = self.opts["patch_size"] or patch_size_of(self.model)
-            if patch is None:
+            given = self.opts["patch_size"]
+            patch = given or patch_size_of(self.model)
+            patch = (patch, patch) if isinstance(patch, int) else (tuple(patch) if patch is not None else None)
+            hw = tuple(images.shape[-2:])
+            per_layer = [layer_patch(t.shape, rec.grids.get(k), hw, patch, strict=given is not None and k == 0)
+                         for k, t in enumerate(layers)]
+            if not any(per_layer):
                 raise UserError("diagnostics: the model's patch size is not recorded anywhere it looks; pass "
                                 "patch_size=(h, w)")
-            patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
-            sigma = self.opts["sigma"] if self.opts["sigma"] is not None else min(patch) / 4
-            self.pixels = PixelStats(len(self.sites) + 1, patch, sigma, self.opts["pixel_patches"], self.opts["seed"])
+            self.pixels = PixelStats(per_layer, self.opts["sigma"], self.opts["pixel_patches"], self.opts["seed"])
         return self.pixels
 
     def feed(self, split: str, source, labels: torch.Tensor | None, run, device, dtype) -> None:
@@ -87,7 +111,7 @@ class _Run:
             rec = Pass()
             with hooked(self.sites, rec, on_pair=self.branches if split == "test" else None):
                 run(images)
-            _check_stream(self.sites, rec)
+            _check_ran(self.sites, rec)
             self.shape = tuple(rec.inputs[0].shape[1:])
             self._measure(split, run, images, rec, start)
             start += n
@@ -96,19 +120,42 @@ class _Run:
     def _measure(self, split: str, run, images: torch.Tensor, rec: Pass, start: int) -> None:
         layers = [rec.inputs[0]] + [rec.outputs[i] for i in range(len(self.sites))]
         if "pixels" in self.which:
+            pixels = self._pixels(layers, rec, images)
             if self.opts["split_test"]:  # no train images: even-numbered test images fit, odd ones score
                 even = (torch.arange(start, start + len(images)) % 2 == 0).to(images.device)
                 for part, keep in (("train", even), ("test", ~even)):
                     if bool(keep.any()):
-                        self._pixels().update(part, [t[keep] for t in layers], images[keep])
+                        pixels.update(part, [t[keep] for t in layers], images[keep])
             else:
-                self._pixels().update(split, layers, images)
-        if split == "test" and self.paths is not None:
-            self.paths.update(rec)
+                pixels.update(split, layers, images)
+        if split == "test" and "paths" in self.which:
+            if self.paths is None:
+                self.paths = [(run_, PathStats([self.sites[i] for i in run_])) for run_ in stages(self.sites, rec)]
+            for run_, stats in self.paths:
+                stats.update(rec.restricted(run_))
         cap = self.opts["knockout_images"]
         if self.knock is not None and (split == "test" or self.opts["knn"]) and (cap is None or self.knocked[split] < cap):
             self.knock.update(split, run, images, rec, measure=split == "test")
             self.knocked[split] += len(images)
+
+    def _paths_report(self) -> dict:
+        """One stream: the decomposition as ``PathStats`` gives it. A staged one: each stage's under ``stages``,
+        and per block (depth 1..L) its stage's direct path and reconstruction error (None for a block in none)."""
+        n = len(self.sites)
+        if len(self.paths) == 1 and self.paths[0][0] == list(range(n)):
+            return self.paths[0][1].summary()
+        out: dict = {"depth": list(range(1, n + 1)), "stages": []}
+        keys = ("alpha_product", "reconstruction_error", "direct_energy", "direct_projection", "direct_energy_centred",
+                "direct_projection_centred")
+        for key in keys:
+            out[key] = [None] * n
+        for run_, stats in self.paths:
+            summary = stats.summary()
+            out["stages"].append({"blocks": [self.sites[i].name for i in run_], **summary})
+            for key in keys:
+                for i, value in zip(run_, summary[key], strict=True):
+                    out[key][i] = value
+        return out
 
     def report(self) -> dict:
         sites = self.sites
@@ -119,7 +166,7 @@ class _Run:
                      "images": self.count["test"], "train_images": self.count["train"],
                      "tokens": self.shape[0], "width": self.shape[-1]}
         if self.paths is not None:
-            out["paths"] = self.paths.summary()
+            out["paths"] = self._paths_report()
         if self.pixels is not None:
             out["pixels"] = self.pixels.summary(self.opts["ridge"])
             out["pixels"]["split"] = "even/odd test images" if self.opts["split_test"] else "train/test images"
@@ -186,11 +233,12 @@ def diagnose(model: nn.Module, images, *, train_images=None, labels=None, train_
     opts = dict(batch_size=batch_size, patch_size=patch_size, ridge=ridge, sigma=sigma, pixel_patches=pixel_patches,
                 knockout=knockout, knockout_images=knockout_images, pool=pool, knn_k=knn_k, seed=seed,
                 split_test=train_images is None, knn=knn)
-    state = _Run(model, sites, tuple(which), opts)
     was_training = model.training
     model.eval()
     try:
-        with model_runner(model, conditioning, forward) as run:
+        with reading(sites), model_runner(model, conditioning, forward) as run:
+            first = next(image_batches(images, batch_size))[0].to(device=device, dtype=dtype)
+            state = _Run(model, _in_run_order(sites, run, first), tuple(which), opts)
             if train_images is not None and ("pixels" in which or ("knockout" in which and knn)):
                 state.feed("train", train_images, _tensor(train_labels), run, device, dtype)
             state.feed("test", images, _tensor(labels), run, device, dtype)

@@ -149,43 +149,79 @@ def ridge_r2(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
     return r2_variance_weighted(test, W, b), lam
 
 
+def layer_patch(shape: tuple, grid: tuple[int, int] | None, image: tuple[int, int], patch: tuple[int, int] | None,
+                strict: bool) -> tuple[tuple[int, int], int] | None:
+    """(patch size in pixels, prefix tokens) of one layer's tokens (B, T, D) on ``image`` (H, W) pixels, or None.
+
+    A feature map's grid gives its patch exactly (side / rows); token sequences take the model's ``patch`` (the
+    tokens beyond its patches are a prefix: cls, registers) or, where fewer tokens than its patches remain (a
+    stage that merged them: LeViT), the square patch that tiles the image into exactly T tokens.
+
+    Raises:
+        UserError: ``strict`` (a patch size the caller gave) and fewer tokens than its patches.
+    """
+    (H, W), T = image, shape[1]
+    if grid is not None:
+        return ((H // grid[0], W // grid[1]), 0) if H % grid[0] == 0 and W % grid[1] == 0 else None
+    if patch is not None:
+        N = (H // patch[0]) * (W // patch[1])
+        if T >= N:
+            return patch, T - N
+        if strict:
+            raise UserError(f"diagnostics: {N} patches of {patch[0]}x{patch[1]} pixels but only {T} tokens in the "
+                            "stream; pass the model's patch_size")
+    side = math.isqrt(H * W // T) if T else 0
+    return ((side, side), 0) if side and H % side == 0 and W % side == 0 and (H // side) * (W // side) == T else None
+
+
 class PixelStats:
-    """Per layer (x0, then every block output) and split, the ridge sums of tokens -> (pixels, high_freq),
-    all layers stacked so that one batched product per batch serves them all.
+    """Per layer (x0, then every block output) and split, the ridge sums of tokens -> (pixels, high_freq); the
+    layers of one patch size and width stacked, so that one batched product per batch serves them all.
 
     Args:
-        layers: number of layers recorded (blocks + 1).
-        patch: the model's patch size (height, width).
-        sigma: the low-pass blur's sigma in pixels.
+        patches: per layer, (its patch size in pixels, its prefix tokens) (``layer_patch``), or None for a layer
+            whose tokens map to no patches.
+        sigma: the low-pass blur's sigma in pixels (None: each patch size's side / 4).
         per_image: patches sampled per image (None: all), the same positions for a given seed and batch order.
         seed: the sampling seed.
     """
 
-    def __init__(self, layers: int, patch: tuple[int, int], sigma: float, per_image: int | None = None, seed: int = 0):
-        self.layers, self.patch, self.sigma, self.per_image = layers, patch, sigma, per_image
+    def __init__(self, patches: list, sigma: float | None, per_image: int | None = None, seed: int = 0):
+        self.layers, self.patches, self.per_image = len(patches), patches, per_image
+        self.sigmas = {p: (sigma if sigma is not None else min(p) / 4) for p in {q for q, _ in filter(None, patches)}}
+        self.groups: dict[tuple, list[int]] = {}  # (patch, width) -> its layers, filled by the first batch
         self.gen = torch.Generator().manual_seed(seed)
-        self.sums: dict[str, RidgeStats] = {}  # split -> sums with a leading layer axis on sx, sxx, sxy
-        self.P = 0
+        self.sums: dict[tuple, dict[str, RidgeStats]] = {}  # group -> split -> sums with a leading layer axis
+        self.P: dict[tuple, int] = {}
+        self.used = 0
 
     def update(self, split: str, tokens: list[torch.Tensor], images: torch.Tensor) -> None:
-        """Add one batch: ``tokens`` per layer (B, T, D), the last N of which are the patches in image order."""
-        pix, high = pixel_targets(images, self.patch, self.sigma)
+        """Add one batch: ``tokens`` per layer (B, T, D), the prefix first, then the patches in image order."""
+        if not self.groups:
+            for k, (t, pp) in enumerate(zip(tokens, self.patches, strict=True)):
+                if pp is not None:
+                    self.groups.setdefault((pp[0], t.shape[-1]), []).append(k)
+        for (patch, width), layers in self.groups.items():
+            self._update_group((patch, width), split, [tokens[k] for k in layers], [self.patches[k][1] for k in layers],
+                               images)
+
+    def _update_group(self, key: tuple, split: str, tokens: list[torch.Tensor], prefixes: list[int],
+                      images: torch.Tensor) -> None:
+        patch = key[0]
+        pix, high = pixel_targets(images, patch, self.sigmas[patch])
         y = torch.cat([pix, high], dim=-1)  # (B, N, 2P): one solve serves both targets
         B, N, _ = y.shape
-        self.P, self.used = pix.shape[-1], N if self.per_image is None else min(self.per_image, N)
-        if tokens[0].shape[1] < N:
-            raise UserError(f"diagnostics: {N} patches of {self.patch[0]}x{self.patch[1]} pixels but only "
-                            f"{tokens[0].shape[1]} tokens in the stream; pass the model's patch_size")
-        patches = [t[:, t.shape[1] - N:] for t in tokens]  # (B, N, D) per layer: prefix tokens dropped
+        self.P[key], self.used = pix.shape[-1], N if self.per_image is None else min(self.per_image, N)
+        patches = [t[:, pre:pre + N] for t, pre in zip(tokens, prefixes, strict=True)]  # (B, N, D): prefix dropped
         if self.per_image is not None and self.per_image < N:
             idx = torch.rand(B, N, generator=self.gen).argsort(1)[:, :self.per_image].to(y.device)  # (B, k)
             y = torch.gather(y, 1, idx.unsqueeze(-1).expand(-1, -1, y.shape[-1]))
             patches = [torch.gather(t, 1, idx.unsqueeze(-1).expand(-1, -1, t.shape[-1])) for t in patches]
         x = torch.stack(patches)  # (layers, B, k, D)
         X, Y = x.reshape(len(x), -1, x.shape[-1]).double(), y.reshape(-1, y.shape[-1]).double()  # (layers, n, D), (n, 2P)
-        s = self.sums.get(split)
+        s = self.sums.setdefault(key, {}).get(split)
         if s is None:
-            s = self.sums[split] = RidgeStats(X.shape[-1], Y.shape[-1], layers=len(X))
+            s = self.sums[key][split] = RidgeStats(X.shape[-1], Y.shape[-1], layers=len(X))
         s.n += Y.shape[0]
         s.sx += X.sum(1).cpu()
         s.sy += Y.sum(0).cpu()
@@ -194,19 +230,26 @@ class PixelStats:
         s.syy += Y.pow(2).sum(0).cpu()
 
     def summary(self, ridge: float) -> dict:
-        """Per layer: R^2 of the normalised pixels and of their high-frequency part, and the lambda used."""
-        if not {"train", "test"} <= set(self.sums):
+        """Per layer: R^2 of the normalised pixels and of their high-frequency part, and the lambda used (None for
+        a layer whose tokens map to no patches)."""
+        if not self.sums or any(not {"train", "test"} <= set(by) for by in self.sums.values()):
             raise UserError("diagnostics: the pixel ridge needs train and test images (give train_images, or at "
                             "least two images)")
-        train, test = self.sums["train"], self.sums["test"]
-        out: dict = {"layer": list(range(self.layers)), "r2_pixels": [], "r2_high_freq": [], "lambda": [],
-                     "train_tokens": train.n, "test_tokens": test.n, "patches_per_image": self.used,
-                     "r2": "variance_weighted", "ridge": ridge, "sigma": self.sigma, "patch": list(self.patch)}
-        for layer in range(self.layers):
-            tr, te = train.layer(layer), test.layer(layer)
-            lam = default_lambda(tr, ridge)
-            W, b = ridge_fit(tr, lam)
-            out["r2_pixels"].append(r2_variance_weighted(te, W, b, slice(0, self.P)))
-            out["r2_high_freq"].append(r2_variance_weighted(te, W, b, slice(self.P, None)))
-            out["lambda"].append(lam)
+        first = next(iter(self.sums.values()))
+        out: dict = {"layer": list(range(self.layers)), "r2_pixels": [None] * self.layers,
+                     "r2_high_freq": [None] * self.layers, "lambda": [None] * self.layers,
+                     "train_tokens": first["train"].n, "test_tokens": first["test"].n, "patches_per_image": self.used,
+                     "r2": "variance_weighted", "ridge": ridge}
+        for key, layers in self.groups.items():
+            train, test, P = self.sums[key]["train"], self.sums[key]["test"], self.P[key]
+            for row, layer in enumerate(layers):
+                tr, te = train.layer(row), test.layer(row)
+                lam = default_lambda(tr, ridge)
+                W, b = ridge_fit(tr, lam)
+                out["r2_pixels"][layer] = r2_variance_weighted(te, W, b, slice(0, P))
+                out["r2_high_freq"][layer] = r2_variance_weighted(te, W, b, slice(P, None))
+                out["lambda"][layer] = lam
+        sizes = sorted({p for p, _ in filter(None, self.patches)})
+        out["sigma"] = self.sigmas[sizes[0]] if len(sizes) == 1 else {f"{p[0]}x{p[1]}": self.sigmas[p] for p in sizes}
+        out["patch"] = list(sizes[0]) if len(sizes) == 1 else [list(pp[0]) if pp else None for pp in self.patches]
         return out

@@ -1,8 +1,13 @@
-"""Forward hooks that read the residual stream: the input x of each sub-block, its branch as the
-block adds it (``beta * gate * f(x)``, read before any ``decayify`` correction), and each block's
-output; and the two interventions the knock-out needs: a branch replaced by zeros (``f_l := 0``, so
-the add gives ``alpha_l * x_l``) and blocks before the knocked-out one replayed from a recorded pass
-instead of recomputed. Nothing in the model's code changes; every hook is removed on exit.
+"""Reading the residual stream during a forward: the input x of each add, its branch as the block adds it
+(``beta * f(x)``, read before any ``decayify`` correction), each block's output; and the two interventions the
+knock-out needs: a branch replaced by zeros (``f_l := 0``, so the add gives ``alpha_l * x_l``) and blocks before
+the knocked-out one replayed from a recorded pass instead of recomputed.
+
+An add is read where its ``Role`` says (``sites.py``): by forward hooks on the module that receives x and the one
+whose output is f (and on a projection shortcut's module), or at ``residual_add`` itself through its tap
+(``nn.residual.ADD_TAPS``), which knows which block is running from the blocks' own pre-hooks. Feature maps are
+recorded as tokens (``sites.as_tokens``). Nothing in the model's code changes; every hook, tap and temporarily
+installed forward is removed on exit.
 """
 
 from __future__ import annotations
@@ -14,25 +19,39 @@ from typing import Callable, Iterator
 import torch
 import torch.nn as nn
 
-from .sites import Site
+from ...errors import UserError
+from ...nn.adapters import hooks as adapter_hooks
+from ...nn.residual import ADD_TAPS, scale_branch
+from .sites import Site, as_tokens, grid_of
 
 PairHook = Callable[[int, int, torch.Tensor, torch.Tensor], None]  # (block, sub-block, x, branch)
 
 
 @dataclass
 class Pass:
-    """What one forward of the stream leaves behind, for a batch of B images.
+    """What one forward of the stream leaves behind, for a batch of B images, every tensor as (B, T, D) tokens.
 
-    ``inputs[i]`` is the stream entering block i's first sub-block (B, T, D) (``inputs[0]`` is x_0, the
-    stream after the patch and position embedding); ``branches[(i, j)]`` the branch that sub-block j
-    of block i adds, scaled as the add scales it; ``outputs[i]`` the stream after block i (B, T, D);
-    ``returned[i]`` block i's return value as it was (a tuple for some transformers layers).
+    ``inputs[i]`` is the stream entering block i's first add (``inputs[0]`` is x_0, the stream after the patch
+    and position embedding); ``branches[(i, j)]`` the branch that add j of block i adds, scaled as the add scales
+    it; ``outputs[i]`` the stream after block i; ``returned[i]`` block i's return value as it was (a tuple for
+    some transformers layers); ``grids`` the (rows, columns) of a feature map's positions, per layer (0: x_0,
+    i + 1: block i's output) where the stream is a map; ``order`` the blocks in the order they first ran.
     """
 
     inputs: dict[int, torch.Tensor] = field(default_factory=dict)
     branches: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     outputs: dict[int, torch.Tensor] = field(default_factory=dict)
     returned: dict[int, object] = field(default_factory=dict)
+    grids: dict[int, tuple[int, int]] = field(default_factory=dict)
+    order: list[int] = field(default_factory=list)
+
+    def restricted(self, blocks: list[int]) -> Pass:
+        """The pass of the blocks ``blocks`` alone, renumbered 0, 1, ... (one stage of a staged stream)."""
+        new = {b: k for k, b in enumerate(blocks)}
+        return Pass({new[i]: t for i, t in self.inputs.items() if i in new},
+                    {(new[i], j): t for (i, j), t in self.branches.items() if i in new},
+                    {new[i]: t for i, t in self.outputs.items() if i in new},
+                    {new[i]: t for i, t in self.returned.items() if i in new})
 
 
 def first_tensor(value) -> torch.Tensor:
@@ -47,21 +66,52 @@ def _zeros_like(value):
 
 
 class _State:
-    """Per block: the sub-block now running (a branch module shared by both adds is told apart by the
-    pre-norm that ran last), its input x, and the adaLN gates of this call."""
+    """Per block: the add now running (a branch module shared by both adds is told apart by the pre-norm that
+    ran last), its input x, a projection shortcut's output, the (add, x, branch) pairs waiting for the block's
+    end; the blocks running now (innermost last); feature maps already turned into tokens (by tensor)."""
 
-    def __init__(self, n: int):
+    def __init__(self, sites: list[Site]):
+        n = len(sites)
+        self.sites = sites
         self.current = [0] * n
         self.x: list[torch.Tensor | None] = [None] * n
-        self.gates: list[tuple | None] = [None] * n
+        self.identity: list[torch.Tensor | None] = [None] * n
+        self.pairs: list[list] = [[] for _ in range(n)]
+        self.running: list[int] = []
+        self.memo: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def tokens(self, i: int, t: torch.Tensor) -> torch.Tensor:
+        """``t`` as tokens, the same tensor each time it is asked for (so that ``is`` still tells a block's input
+        from the output of the block before it)."""
+        if t.dim() == 3:
+            return t
+        hit = self.memo.get(id(t))
+        if hit is None or hit[0] is not t:
+            hit = self.memo[id(t)] = (t, as_tokens(t, self.sites[i].channels_first))
+        return hit[1]
+
+    def enter(self, i: int, rec: Pass | None, x: torch.Tensor | None) -> None:
+        self.running.append(i)
+        self.current[i] = -1 if self.sites[i].at_add else 0
+        if rec is not None and i not in rec.order:
+            rec.order.append(i)
+            if i == 0 and x is not None and grid_of(x, self.sites[0].channels_first) is not None:
+                rec.grids[0] = grid_of(x, self.sites[0].channels_first)
+
+
+def _block_pre_hook(state: _State, i: int, rec: Pass | None):
+    def hook(module, args, kwargs):
+        x = args[0] if args else next(iter(kwargs.values()), None)
+        state.enter(i, rec, x if isinstance(x, torch.Tensor) else None)
+    return hook
 
 
 def _pre_hook(state: _State, i: int, j: int, rec: Pass | None):
     def hook(module, args, kwargs):
         x = args[0] if args else next(iter(kwargs.values()))
-        state.current[i], state.x[i] = j, x
+        state.current[i], state.x[i] = j, state.tokens(i, x)
         if rec is not None and j == 0:
-            rec.inputs[i] = x
+            rec.inputs[i] = state.x[i]
     return hook
 
 
@@ -70,65 +120,135 @@ def _branch_hook(site: Site, state: _State, i: int, rec: Pass | None, on_pair: P
         j = state.current[i]
         if rec is None and on_pair is None:  # a knock-out pass: only the zeroing
             return _zeros_like(out) if (i, j) in zero else None
-        sub = site.subs[j]
-        g = first_tensor(out)
-        if sub.beta != 1.0:
-            g = g * sub.beta
-        if state.gates[i] is not None:
-            g = state.gates[i][j].unsqueeze(1) * g  # adaLN-Zero: (B, D) gate on every token
+        # a copy: the block may add x into this very tensor in place (torchvision's ``out += identity``)
+        g = state.tokens(i, scale_branch(first_tensor(out).clone(), site.subs[j].beta))
         if rec is not None:
             rec.branches[(i, j)] = g
         if on_pair is not None:
-            on_pair(i, j, state.x[i], g)
+            state.pairs[i].append((j, state.x[i], g))
         return _zeros_like(out) if (i, j) in zero else None  # None keeps the output as it is
     return hook
 
 
-def _gate_hook(site: Site, state: _State, i: int):
+def _identity_hook(state: _State, i: int):
     def hook(module, args, out):
-        state.gates[i] = site.gates(out)
+        state.identity[i] = state.tokens(i, first_tensor(out).clone())
     return hook
 
 
-def _block_hook(i: int, rec: Pass | None, last: list | None, n: int):
+def _block_hook(site: Site, state: _State, i: int, rec: Pass | None, on_pair: PairHook | None, last: list | None,
+                n: int):
     def hook(module, args, out):
+        state.running.pop()
         if rec is not None:
-            rec.outputs[i], rec.returned[i] = first_tensor(out), out
-        if last is not None and i == n - 1:
-            last.append(first_tensor(out))
+            rec.returned[i] = out
+            if not site.at_add:
+                t = first_tensor(out)
+                rec.outputs[i] = state.tokens(i, t)
+                if grid_of(t, site.channels_first) is not None:
+                    rec.grids[i + 1] = grid_of(t, site.channels_first)
+        for j, x, g in state.pairs[i]:  # a projection shortcut's output stands for x (it ran after the branch)
+            on_pair(i, j, state.identity[i] if state.identity[i] is not None else x, g)
+        state.pairs[i].clear()
+        if last is not None and i == n - 1 and not site.at_add:
+            last.append(state.tokens(i, first_tensor(out)))
     return hook
+
+
+def _tap(state: _State, rec: Pass | None, on_pair: PairHook | None, zero: frozenset, last: list | None):
+    """The ``residual_add`` tap: the add of the innermost running block whose adds are read there."""
+    n = len(state.sites)
+
+    def tap(x, branch, alpha, beta, add):
+        i = state.running[-1] if state.running else None
+        if i is None or not state.sites[i].at_add:
+            return add(x, branch, alpha, beta)
+        site, j = state.sites[i], state.current[i] + 1
+        if j >= len(site.subs):
+            raise UserError(f"diagnostics: {site.name} made more residual adds than the {len(site.subs)} its adapter "
+                            f"({site.kind}) states")
+        state.current[i] = j
+        if rec is not None or on_pair is not None:
+            xt, g = state.tokens(i, x), state.tokens(i, scale_branch(branch, beta))
+            if rec is not None:
+                rec.branches[(i, j)] = g
+                if j == 0:
+                    rec.inputs[i] = xt
+            if on_pair is not None:
+                on_pair(i, j, xt, g)
+        out = add(x, torch.zeros_like(branch) if (i, j) in zero else branch, alpha, beta)
+        if j == len(site.subs) - 1:
+            if rec is not None:
+                rec.outputs[i] = state.tokens(i, out)
+                if grid_of(out, site.channels_first) is not None:
+                    rec.grids[i + 1] = grid_of(out, site.channels_first)
+            if last is not None and i == n - 1:
+                last.append(state.tokens(i, out))
+        return out
+    return tap
+
+
+def _module_hooks(site: Site, state: _State, i: int, rec: Pass | None, on_pair: PairHook | None,
+                  zero: frozenset) -> list:
+    """The hooks reading a block's adds through its modules (pre-norm, branch end, projection shortcut)."""
+    handles, seen = [], set()
+    for j, sub in enumerate(site.subs):
+        role = sub.role
+        handles.append(role.pre.register_forward_pre_hook(_pre_hook(state, i, j, rec), with_kwargs=True))
+        if id(role.branch_end) not in seen:  # one hook on a branch module the two adds share
+            seen.add(id(role.branch_end))
+            # prepend: read f(x) before decayify's correction hook turns it into alpha*x + f - x
+            handles.append(role.branch_end.register_forward_hook(
+                _branch_hook(site, state, i, rec, on_pair, zero), prepend=True))
+        if role.identity is not None:  # prepend: before decayify's hook scales it by alpha
+            handles.append(role.identity.register_forward_hook(_identity_hook(state, i), prepend=True))
+    return handles
 
 
 @contextlib.contextmanager
 def hooked(sites: list[Site], rec: Pass | None = None, on_pair: PairHook | None = None,
            zero: frozenset = frozenset(), last: list | None = None) -> Iterator[None]:
-    """Hooks on every block of ``sites`` for the duration.
+    """Hooks (and the ``residual_add`` tap) on every block of ``sites`` for the duration.
 
     Args:
-        sites: the stream's blocks (``find_sites``).
+        sites: the stream's blocks (``find_sites``), with their forwards installed (``reading``).
         rec: a ``Pass`` that receives the stream of each forward (None: record nothing).
-        on_pair: called with (block, sub-block, x, branch) as each branch is computed (the norm statistics).
-        zero: (block, sub-block) pairs whose branch is replaced by zeros (the knock-out).
+        on_pair: called with (block, add, x, branch) for each add (the norm statistics); x is a projection
+            shortcut's output where the block has one.
+        zero: (block, add) pairs whose branch is replaced by zeros (the knock-out).
         last: a list that receives the last block's output of each forward.
     """
-    state, handles = _State(len(sites)), []
+    state, handles = _State(sites), []
+    tap = _tap(state, rec, on_pair, zero, last)
     try:
         for i, site in enumerate(sites):
-            seen: set[int] = set()
-            for j, sub in enumerate(site.subs):
-                handles.append(sub.pre.register_forward_pre_hook(_pre_hook(state, i, j, rec), with_kwargs=True))
-                if id(sub.branch) not in seen:  # one hook on a branch module the two adds share
-                    seen.add(id(sub.branch))
-                    # prepend: read f(x) before decayify's correction hook turns it into alpha*x + f - x
-                    handles.append(sub.branch.register_forward_hook(
-                        _branch_hook(site, state, i, rec, on_pair, zero), prepend=True))
-            if site.gate_module is not None:
-                handles.append(site.gate_module.register_forward_hook(_gate_hook(site, state, i), prepend=True))
-            handles.append(site.block.register_forward_hook(_block_hook(i, rec, last, len(sites))))
+            handles.append(site.block.register_forward_pre_hook(_block_pre_hook(state, i, rec), with_kwargs=True))
+            if not site.at_add:
+                handles += _module_hooks(site, state, i, rec, on_pair, zero)
+            handles.append(site.block.register_forward_hook(_block_hook(site, state, i, rec, on_pair, last, len(sites))))
+        ADD_TAPS.append(tap)
         yield
     finally:
+        if tap in ADD_TAPS:
+            ADD_TAPS.remove(tap)
         for h in handles:
             h.remove()
+
+
+@contextlib.contextmanager
+def reading(sites: list[Site]) -> Iterator[None]:
+    """The adapters' replaced forwards on the blocks ``decayify`` left at alpha 1 (it installs none there), at the
+    blocks' own factors, for the duration: their adds are ``residual_add`` calls, where the tap reads them."""
+    installed = [s for s in sites if s.forward is not None]
+    try:
+        for s in installed:
+            adapter_hooks.replace_forward(s.block, s.forward, [sub.alpha for sub in s.subs],
+                                          [sub.beta for sub in s.subs])
+        yield
+    finally:
+        for s in installed:
+            s.block.__dict__.pop("forward", None)
+            s.block.__dict__.pop("resdecay_factors", None)
 
 
 _MISSING = object()

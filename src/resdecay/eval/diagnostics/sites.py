@@ -1,153 +1,133 @@
-"""Where a model's residual adds are: the blocks of one residual stream and, for each of their
-sub-blocks (attention, MLP), the module that first receives the sub-block's input x and the module
-whose output is its branch f, so that forward hooks can read x_l and f_l(x_l) of
-``x_{l+1} = alpha_l * x_l + beta_l * f_l(x_l)`` without a change to the model's code.
+"""Where a model's residual adds are: the blocks of its residual stream and, for each of their adds, where
+x_l and f_l(x_l) of ``x_{l+1} = alpha_l * x_l + beta_l * f_l(x_l)`` can be read without a change to the
+model's code (paper eq. 3).
 
-Blocks are found as ``decayify`` finds them (``nn.decayify.residual_blocks``, the adapter registry),
-plus resdecay's adaLN-Zero blocks (SiT, which ``decayify`` never needs). The sub-block roles come from
-the adapters themselves: for a block whose adapter hooks its adds (timm, transformers, torchvision
-and any block kind a user registers with ``subblock_adapter``), the adapter's own ``install`` is run
-on a *copy* of the block and the modules it marked are read back, so there is no second table of
-roles to keep in step. resdecay's blocks and diffusers' DiT block, whose adds the adapters do not
-hook, have their roles written here. Anything else is refused in one line.
+Blocks are found as ``decayify`` finds them (``nn.decayify.residual_blocks``, the adapter registry), plus
+resdecay's adaLN-Zero blocks (SiT, which ``decayify`` never needs). Where each add is read is the adapter's
+own statement (``BlockAdapter.stream_roles``, one ``Role`` per add): a pre-norm that receives x and the module
+whose output is f (the hooked blocks of timm, transformers, torchvision), the block itself and its branch's
+last module (a ResNet / ConvNeXt block, with its projection shortcut where it has one), or the add itself at
+``residual_add`` (resdecay's blocks, every replaced forward: diffusers' DiT, PixArt, SD3, Flux, a traced
+block). There is no second table of roles here. A block whose adapter states nothing is refused in one line.
+
+A stream of feature maps is read as tokens: (B, C, H, W) maps (a conv block) and (B, H, W, C) maps (Swin)
+become (B, H*W, C); which of the two a block takes is read off its first layer (``channels_first``).
 """
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn as nn
 
 from ...errors import UserError
-from ...nn.adapters import adapter_for
-from ...nn.adapters import hooks as adapter_hooks
-from ...nn.blocks import Block
+from ...nn.adapters import AT_RESIDUAL_ADD, Role, adapter_for
 from ...nn.conditioning import AdaLNBlock
 from ...nn.decayify import COVERAGE, block_factors, residual_blocks
-
-Gates = Callable[[object], tuple]  # the output of a block's modulation module -> one (B, D) gate per sub-block
 
 
 @dataclass
 class SubBlock:
-    """One residual add ``x <- alpha * x + beta * gate * raw``.
+    """One residual add ``x <- alpha * identity + beta * f``.
 
     Args:
-        name: ``<block name>.<role>`` ("blocks.3.attn"), or ``.add<j>`` where the role is not known.
-        pre: the module that receives the sub-block's input x as its first argument (a pre-norm).
-        branch: the module whose output (``raw``) the block adds, read *before* any decayify correction.
+        name: ``<block name>.<role>`` ("blocks.3.attn"), or ``.add<j>`` where the block has other than two adds.
+        role: where the add is read (``Role``: modules to hook, or ``AT_RESIDUAL_ADD``).
         alpha: the identity factor the block's add uses.
         beta: the branch factor (Table 3b's variants; 1 for the method).
     """
 
     name: str
-    pre: nn.Module
-    branch: nn.Module
+    role: Role
     alpha: float
     beta: float
 
 
 @dataclass
 class Site:
-    """One residual block of the stream: its sub-blocks in the order its forward runs them.
+    """One residual block of the stream: its adds in the order its forward runs them.
 
     Args:
         name: the block's module name in the model.
         block: the block.
         kind: the adapter's name (or resdecay's class) that located it.
-        subs: the sub-blocks, attention first.
-        gate_module: where an adaLN-Zero gate is computed (its output is read by ``gates``), or None.
-        gates: ``gates(output of gate_module)`` -> one (B, D) gate per sub-block.
+        subs: the adds, attention first.
+        forward: the adapter's replaced forward, to install while the adds are read at ``residual_add`` of a block
+            ``decayify`` left at alpha 1 (it installs nothing there); None when nothing needs installing.
+        channels_first: a feature-map block takes (B, C, H, W) maps (else (B, H, W, C); token blocks: unused).
     """
 
     name: str
     block: nn.Module
     kind: str
     subs: list[SubBlock]
-    gate_module: nn.Module | None = None
-    gates: Gates | None = field(default=None, repr=False)
+    forward: Callable | None = None
+    channels_first: bool = True
+
+    @property
+    def at_add(self) -> bool:
+        """Its adds are read at ``residual_add`` (not by module hooks)."""
+        return self.subs[0].role.pre is None
 
 
-def _adaln_gates(out: torch.Tensor) -> tuple:
-    """resdecay's AdaLNBlock: shift, scale, gate (attention), shift, scale, gate (MLP)."""
-    chunks = out.chunk(6, dim=1)
-    return chunks[2], chunks[5]
+_CHANNELS_FIRST = (nn.Conv1d, nn.Conv2d, nn.BatchNorm2d, nn.GroupNorm)
 
 
-def _dit_gates(out) -> tuple:
-    """diffusers' AdaLayerNormZero returns (h, gate_msa, shift_mlp, scale_mlp, gate_mlp)."""
-    return out[1], out[4]
+def channels_first(block: nn.Module) -> bool:
+    """Whether a block of feature maps takes them as (B, C, H, W): its first layer (in registration order) is a
+    convolution, a BatchNorm2d / GroupNorm or a ``*2d`` norm (timm's LayerNorm2d), not a Linear / LayerNorm."""
+    for m in block.modules():
+        if isinstance(m, _CHANNELS_FIRST) or (isinstance(m, nn.LayerNorm) and type(m).__name__.endswith("2d")):
+            return True
+        if isinstance(m, (nn.Linear, nn.LayerNorm)):
+            return False
+    return True
 
 
-def _own_roles(block: nn.Module) -> tuple[list[tuple[str, nn.Module, nn.Module]], nn.Module | None, Gates | None] | None:
-    """Roles of the blocks whose adds no adapter hooks: resdecay's (their forward is ``residual_add``)
-    and diffusers' BasicTransformerBlock with adaLN-Zero or a plain LayerNorm and no cross-attention
-    (DiT; the adapter replaces its forward whole). None for any other block."""
-    if isinstance(block, (Block, AdaLNBlock)):
-        roles = [("attn", block.norm1, block.attn), ("mlp", block.norm2, block.mlp)]
-        return (roles, block.adaLN_modulation, _adaln_gates) if isinstance(block, AdaLNBlock) else (roles, None, None)
-    cls = type(block)
-    if cls.__name__ == "BasicTransformerBlock" and cls.__module__.startswith("diffusers."):
-        kind = getattr(block, "norm_type", None)
-        if kind not in ("ada_norm_zero", "layer_norm") or getattr(block, "attn2", None) is not None:
-            return None
-        roles = [("attn", block.norm1, block.attn1), ("mlp", block.norm3, block.ff)]
-        return (roles, block.norm1, _dit_gates) if kind == "ada_norm_zero" else (roles, None, None)
-    return None
+def as_tokens(t: torch.Tensor, first: bool) -> torch.Tensor:
+    """(B, T, D) from a stream tensor: token sequences as they are, a feature map's positions as tokens."""
+    if t.dim() == 3:
+        return t
+    if t.dim() == 4:
+        return t.flatten(2).transpose(1, 2) if first else t.flatten(1, 2)
+    raise UserError(f"diagnostics read token sequences (B, T, D) and feature maps (B, C, H, W); a block's stream "
+                    f"has shape {tuple(t.shape)}")
 
 
-def _stated_roles(block: nn.Module) -> list[tuple[str, nn.Module, nn.Module]] | None:
-    """(role, pre, post) of a block whose adapter states its roles (``BlockAdapter.roles``: subblock adapters and the
-    traced adapter's hooked blocks); the others are probed (``_probed_roles``)."""
+def grid_of(t: torch.Tensor, first: bool) -> tuple[int, int] | None:
+    """The (rows, columns) of a feature map's positions; None for a token sequence."""
+    if t.dim() != 4:
+        return None
+    return (t.shape[2], t.shape[3]) if first else (t.shape[1], t.shape[2])
+
+
+def _roles(block: nn.Module) -> tuple[list[Role], str, Callable | None] | None:
+    """(one ``Role`` per add, the kind, the forward to install while reading) of a block, or None."""
+    if isinstance(block, AdaLNBlock):  # resdecay's adaLN-Zero block: its forward is residual_add
+        return [AT_RESIDUAL_ADD] * 2, f"{type(block).__module__}.{type(block).__name__}", None
     adapter = adapter_for(block)
-    if adapter is None or adapter.roles is None:
+    roles = adapter.stream_roles(block) if adapter is not None else None
+    if not roles:
         return None
-    pairs = adapter.roles(block)
-    role = ("attn", "mlp") if len(pairs) == 2 else tuple(f"add{j}" for j in range(len(pairs)))
-    return [(role[j], pre, post) for j, (pre, post) in enumerate(pairs)]
-
-
-def _probed_roles(block: nn.Module) -> list[tuple[str, nn.Module, nn.Module]] | None:
-    """(role, pre, post) of a block whose adapter hooks its adds: the adapter installs distinct marker
-    factors on a copy of the block, and the modules it marked (the pre-norm that keeps x, the module
-    whose output is corrected) are found again in the original by name. None when it marks nothing."""
-    adapter = adapter_for(block)
-    if adapter is None:
-        return None
-    twin = copy.deepcopy(block)
-    adapter_hooks.remove(twin)
-    marks = tuple(0.25 + 0.5 * k / max(adapter.adds - 1, 1) for k in range(adapter.adds))  # distinct, none 1
-    adapter.install(twin, marks, (1.0,) * adapter.adds)
-    pres: dict[int, tuple[str, object]] = {}
-    posts: dict[int, str] = {}
-    for name, m in twin.named_modules():
-        slot, owner = m.__dict__.get(adapter_hooks.SLOT), m.__dict__.get(adapter_hooks.OWNER)
-        if owner is not None:
-            pres[marks.index(owner.__dict__["resdecay_alpha"])] = (name, slot)
-        elif slot is not None:
-            posts[id(slot)] = name
-    if len(pres) != adapter.adds or any(id(slot) not in posts for _, slot in pres.values()):
-        return None
-    role = ("attn", "mlp") if adapter.adds == 2 else tuple(f"add{j}" for j in range(adapter.adds))
-    return [(role[j], block.get_submodule(pres[j][0]), block.get_submodule(posts[id(pres[j][1])]))
-            for j in range(adapter.adds)]
+    installed = "forward" in block.__dict__  # decayify replaced it (alpha != 1): it reads at residual_add already
+    forward = adapter.forward if roles[0].pre is None and not installed else None
+    return roles, adapter.name, forward
 
 
 def site_of(name: str, block: nn.Module) -> Site | None:
-    """The ``Site`` of one residual block, or None when neither the adapters nor resdecay reach its branches."""
-    own = _own_roles(block)
-    roles, gate_module, gates = own if own is not None else (_stated_roles(block) or _probed_roles(block), None, None)
-    if roles is None:
+    """The ``Site`` of one residual block, or None when its adapter does not say where its adds are."""
+    found = _roles(block)
+    if found is None:
         return None
+    roles, kind, forward = found
     alphas, betas = block_factors(block)
-    subs = [SubBlock(f"{name}.{role}", pre, post, float(a), float(b))
-            for (role, pre, post), a, b in zip(roles, alphas, betas, strict=True)]
-    adapter = adapter_for(block)
-    kind = adapter.name if adapter is not None else f"{type(block).__module__}.{type(block).__name__}"
-    return Site(name, block, kind, subs, gate_module, gates)
+    tags = ("attn", "mlp") if len(roles) == 2 else tuple(f"add{j}" for j in range(len(roles)))
+    subs = [SubBlock(f"{name}.{tag}", role, float(a), float(b))
+            for tag, role, a, b in zip(tags, roles, alphas, betas, strict=True)]
+    return Site(name, block, kind, subs, forward, channels_first(block))
 
 
 def _candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -160,14 +140,22 @@ def _candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return sorted(found.values(), key=lambda nm: order[id(nm[1])])
 
 
+def _stage_pattern(container: str) -> str:
+    """A container's name with its numbers as ``#``: the stages of one stream share it (``layers.#.blocks`` for
+    Swin's, ``layer#`` for a ResNet's, ``stages.#.blocks`` for ConvNeXt's), an MAE's decoder does not."""
+    return re.sub(r"\d+", "#", container)
+
+
 def stream_blocks(model: nn.Module, container: str | None = None) -> list[tuple[str, nn.Module]]:
-    """(name, block) of the residual stream's blocks, in depth order: the blocks held by one container
-    (the first one that holds a block, e.g. ``blocks`` or ``vit.layers``; an MAE's decoder blocks are
-    another stream). What the evaluators read from a model trained elsewhere (``eval/foreign.py``).
+    """(name, block) of the residual stream's blocks, in module order: the blocks of every stage of the first
+    container that holds a block (``blocks``, ``vit.layers``, or ``layers.0.blocks`` with ``layers.1.blocks``
+    ...: containers whose names differ only in their numbers are stages of one stream; an MAE's decoder blocks
+    are another stream). What the evaluators read from a model trained elsewhere (``eval/foreign.py``).
 
     Args:
         model: the network.
-        container: the module name of the container to take (``"decoder_blocks"``); default the first.
+        container: the container to take (``"decoder_blocks"``, or a stage pattern ``"down_blocks.#.resnets"``);
+            ``"all"``: every block the adapters reach (a U-Net's down, middle and up blocks); default the first.
 
     Raises:
         UserError: no residual block that the adapters reach, or no container of that name.
@@ -175,28 +163,32 @@ def stream_blocks(model: nn.Module, container: str | None = None) -> list[tuple[
     blocks = _candidates(model)
     if not blocks:
         raise UserError(f"found no residual block in {type(model).__name__} that resdecay's adapters reach; {COVERAGE}")
+    if container == "all":
+        return blocks
     parents = [n.rpartition(".")[0] for n, _ in blocks]
-    chosen = parents[0] if container is None else container
-    if chosen not in parents:
+    patterns = [_stage_pattern(p) for p in parents]
+    chosen = patterns[0] if container is None else _stage_pattern(container)
+    if chosen not in patterns:
         raise UserError(f"no residual blocks in a container named {container!r}; the model's are "
-                        f"{', '.join(sorted(set(p or '(top level)' for p in parents)))}")
-    return [nb for nb, parent in zip(blocks, parents, strict=True) if parent == chosen]
+                        f"{', '.join(sorted(set(p or '(top level)' for p in patterns)))}, or 'all'")
+    exact = container is not None and container in parents  # one stage named exactly: that stage alone
+    return [nb for nb, parent, pattern in zip(blocks, parents, patterns, strict=True)
+            if (parent == container if exact else pattern == chosen)]
 
 
 def find_sites(model: nn.Module, container: str | None = None) -> list[Site]:
-    """The ``Site`` of every block of the residual stream (``stream_blocks``), in depth order.
+    """The ``Site`` of every block of the residual stream (``stream_blocks``), in module order.
 
     Raises:
-        UserError: no residual block that the adapters reach, or one whose branches they cannot.
+        UserError: no residual block that the adapters reach, or one whose adapter does not say where its adds are.
     """
     sites = []
     for name, block in stream_blocks(model, container):
         site = site_of(name, block)
         if site is None:
-            raise UserError(f"diagnostics cannot reach the branches of {name} ({type(block).__module__}."
-                            f"{type(block).__name__}): its adapter replaces the forward or scales a shortcut "
-                            "module; supported for diagnostics: transformer blocks whose adds decayify hooks, "
-                            "resdecay's blocks and diffusers' DiT blocks")
+            raise UserError(f"diagnostics cannot read the adds of {name} ({type(block).__module__}."
+                            f"{type(block).__name__}): its adapter states no roles; give it reads= (Role per add, "
+                            "docs/EXTENDING.md)")
         sites.append(site)
     return sites
 

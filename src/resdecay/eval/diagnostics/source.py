@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ...data.resumable import check_first_sample
 from ...data.subsets import balanced_subset
 from ...errors import UserError
 from ..foreign import ForeignEncoder
@@ -91,7 +92,7 @@ def per_layer(report: dict) -> list[dict]:
 
 
 def diagnose_data(model, data, img_size: int, o: DiagnosticsOptions | None = None, pool: str = "mean",
-                  conditioning: tuple = (), batch_size: int = 64) -> tuple[dict, int, int]:
+                  conditioning: tuple = (), batch_size: int = 64, in_chans: int | None = None) -> tuple[dict, int, int]:
     """``diagnose`` on a data set: ``o.images`` test and ``o.train_images`` train images, class-balanced
     (``data.subset_seed``), no augmentation. Returns (report, test images, train images).
 
@@ -99,11 +100,14 @@ def diagnose_data(model, data, img_size: int, o: DiagnosticsOptions | None = Non
         model: the network (a ``ForeignEncoder``'s library model is passed as itself, with its conditioning).
         data: the ``DataConfig``; img_size: the side the model reads; o: the diagnostics' options;
         pool: the knock-out's pooling; o default: ``DiagnosticsOptions()``; conditioning: a diffusion backbone's fixed inputs; batch_size: per forward.
+        in_chans: the channels the model takes, checked on the first image (None: not checked).
     """
     o = o or DiagnosticsOptions()
     o.validate()
     train = balanced_subset(eval_split(data, "train", img_size), o.train_images, data.subset_seed)
     test = balanced_subset(eval_split(data, "test", img_size), o.images, data.subset_seed)
+    if in_chans is not None:  # one line (the target names the fix), not the model's own error at the first conv
+        check_first_sample(test, in_chans, img_size, data.name)
     report = diagnose(model, test, train_images=train, conditioning=conditioning, batch_size=batch_size, ridge=o.ridge,
                       pixel_patches=o.pixel_patches or None, knockout_images=o.knockout_images, pool=pool)
     return report, len(test), len(train)
@@ -115,9 +119,10 @@ def _check(ev: Evaluation, metrics: list) -> None:
 
 def _prepare(ev: Evaluation, metrics: list):
     o = ev.settings.metric_settings().options_of(DIAGNOSTICS)
-    model, conditioning = (ev.model.model, ev.model.cfg.conditioning) if isinstance(ev.model, ForeignEncoder) else (ev.model, ())
+    foreign = isinstance(ev.model, ForeignEncoder)
+    model, conditioning = (ev.model.model, ev.model.cfg.conditioning) if foreign else (ev.model, ())
     report, n_test, n_train = diagnose_data(model, ev.data, ev.img_size, o, ev.settings.feature, conditioning,
-                                            min(ev.settings.batch_size, 64))
+                                            min(ev.settings.batch_size, 64), ev.model.cfg.in_chans if foreign else None)
     card = {"train": {"data": ev.data.name, "images": n_train}, "test": {"data": ev.data.name, "images": n_test},
             "test_images": n_test, "train_images": n_train, "checkpoint_sha256": ev.sha, "diagnostics": asdict(o),
             "pool": ev.settings.feature, "pixel_r2_embedding": report["pixels"]["r2_pixels"][0],

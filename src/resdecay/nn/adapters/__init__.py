@@ -21,7 +21,9 @@ from . import (  # noqa: F401
 )
 from .depth_order import DepthOrder, depth_order_for, depth_orders, register_depth_order, unregister_depth_order
 from .registry import (
+    AT_RESIDUAL_ADD,
     BlockAdapter,
+    Role,
     adapter_for,
     adapters,
     forward_adapter,
@@ -32,7 +34,7 @@ from .registry import (
     unregister_adapter,
 )
 
-__all__ = ["BlockAdapter", "DepthOrder", "adapter_for", "adapters", "depth_order_for", "forward_adapter",
+__all__ = ["AT_RESIDUAL_ADD", "BlockAdapter", "Role", "DepthOrder", "adapter_for", "adapters", "depth_order_for", "forward_adapter",
            "nearest_supported", "option_choices", "register_adapter", "register_depth_order", "shortcut_adapter",
            "subblock_adapter", "unregister_adapter", "unregister_depth_order"]
 

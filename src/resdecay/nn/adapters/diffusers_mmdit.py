@@ -4,7 +4,8 @@
 Every add is inline with an adaLN-Zero gate (``x + gate * f(x)``), so the forward is replaced by the
 library's (diffusers 0.4x) with ``residual_add`` in each add: at alpha = 1 ``residual_add(x, branch)`` is
 the library's ``x + branch`` in the same float order, so outputs are bit-identical
-(tests/nn/test_adapters_diffusers.py). On the schedule (paper eq. 3, x_{l+1} = alpha_l * x_l + f_l(x_l)):
+(tests/nn/test_adapters_diffusers.py). The text stream's adds are ``side_add`` (the same arithmetic): the image
+stream is the one the diagnostics read at ``residual_add``. On the schedule (paper eq. 3, x_{l+1} = alpha_l * x_l + f_l(x_l)):
 
 * the *image* stream's adds: attention and feed-forward (2 per block; SD3.5's dual-attention blocks have a
   second self-attention add between them: 3);
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ..residual import residual_add
+from ..residual import residual_add, side_add
 from .hooks import last_linear
 from .registry import forward_adapter, register_adapter
 
@@ -63,10 +64,10 @@ def _context_adds(self, c, attn_out, mod, a_attn, a_ff):
             image stream's attention and feed-forward adds.
     """
     c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = mod
-    c = residual_add(c, c_gate_msa.unsqueeze(1) * attn_out, *_context_factors(self, *a_attn))
+    c = side_add(c, c_gate_msa.unsqueeze(1) * attn_out, *_context_factors(self, *a_attn))
     h = self.norm2_context(c) * (1 + c_scale_mlp[:, None]) + c_shift_mlp[:, None]
-    return residual_add(c, c_gate_mlp.unsqueeze(1) * _feed_forward(self, self.ff_context, h),
-                        *_context_factors(self, *a_ff))
+    return side_add(c, c_gate_mlp.unsqueeze(1) * _feed_forward(self, self.ff_context, h),
+                    *_context_factors(self, *a_ff))
 
 
 def joint_block_forward(self, hidden_states, encoder_hidden_states, temb, joint_attention_kwargs=None):
@@ -127,7 +128,7 @@ def flux_single_forward(self, hidden_states, encoder_hidden_states, temb, image_
     attn_output = self.attn(hidden_states=h, image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
     branch = gate.unsqueeze(1) * self.proj_out(torch.cat([attn_output, mlp_hidden_states], dim=2))
     if _context_plain(self):  # the text tokens are the context stream: plain; the image tokens decayed
-        hidden_states = torch.cat([residual_add(residual[:, :text_seq_len], branch[:, :text_seq_len], 1.0),
+        hidden_states = torch.cat([side_add(residual[:, :text_seq_len], branch[:, :text_seq_len], 1.0),
                                    residual_add(residual[:, text_seq_len:], branch[:, text_seq_len:], a, b)], dim=1)
     else:
         hidden_states = residual_add(residual, branch, a, b)

@@ -34,7 +34,7 @@ import math
 
 from ..residual import scale_branch
 from .depth_order import DepthOrder, register_depth_order
-from .registry import forward_adapter, register_adapter, shortcut_adapter
+from .registry import Role, forward_adapter, register_adapter, shortcut_adapter
 
 UNET_OPTIONS = {"unet_depth": ("forward", "encoder")}  # default first: the whole U-Net on one schedule
 
@@ -63,7 +63,7 @@ register_adapter(forward_adapter(
     "diffusers Attention, residual_connection (U-Net attention block)", ("diffusers.models.attention_processor:Attention",),
     residual_attention_forward, adds=1, zero=lambda b: (b.to_out[0],),
     accepts=lambda b: getattr(b, "residual_connection", False) is True and hasattr(b, "rescale_output_factor"),
-    mixed_adds=True))
+    mixed_adds=True, reads=lambda b: [Role(b, b.to_out)]))  # x enters the block, f leaves to_out (the processor adds)
 
 
 def _part_key(rel: str, position: int) -> tuple:

@@ -34,6 +34,7 @@ from typing import Callable
 import torch.nn as nn
 
 from ...errors import Registry
+from ..residual import ShortcutScale
 from . import hooks
 
 Pairs = Callable[[nn.Module], list[tuple[nn.Module, nn.Module]]]
@@ -47,6 +48,27 @@ def check_roles_with(checker: Callable[[nn.Module, list], bool | None]) -> None:
     _ROLES_CHECK[:] = [checker]
     _ROLES_CHECKED.clear()
 Factors = tuple[tuple[float, ...], tuple[float, ...]]
+
+
+@dataclass(frozen=True)
+class Role:
+    """Where one residual add ``alpha * identity + beta * f`` can be read without changing the block (what the
+    residual-stream diagnostics hook; paper eq. 3, identity = x_l).
+
+    Args:
+        pre: the module whose first input is the add's x (a pre-norm, or the block itself for a one-add block);
+            None: the add is read where it is computed, at ``residual_add`` (resdecay's blocks, replaced forwards).
+        branch_end: the module whose output is the branch f as the block adds it (before beta).
+        identity: the module whose output is the identity path where that is not x itself (a projection
+            shortcut: the stream changes width or resolution there, a new stage begins), else None.
+    """
+
+    pre: nn.Module | None = None
+    branch_end: nn.Module | None = None
+    identity: nn.Module | None = None
+
+
+AT_RESIDUAL_ADD = Role()  # an add read at ``residual_add``
 
 
 @dataclass(frozen=True)
@@ -69,8 +91,10 @@ class BlockAdapter:
             (an SD3 block's ``context_stream``); ``install`` receives them as keyword arguments.
         roles: ``roles(block)`` -> ``(pre, branch end)`` per add, the modules that receive x and whose output the
             block adds to x, when the adapter states them (``subblock_adapter``, the traced adapter's hooked blocks);
-            checked against the block's traced graph before an explicit adapter takes a block (``adapter_for``), and
-            what the diagnostics read.
+            checked against the block's traced graph before an explicit adapter takes a block (``adapter_for``).
+        reads: ``reads(block)`` -> one ``Role`` per add, where the diagnostics read it; default: from ``roles``.
+        forward: the replaced forward of a ``forward_adapter`` (it calls ``residual_add``): the diagnostics install
+            it at the block's own factors while they read a block that ``decayify`` left at alpha 1.
     """
 
     name: str
@@ -84,6 +108,16 @@ class BlockAdapter:
     mixed_adds: bool = False
     options: dict = field(default_factory=dict)
     roles: Pairs | None = None
+    reads: Callable[[nn.Module], list[Role]] | None = None
+    forward: Callable | None = None
+
+    def stream_roles(self, block: nn.Module) -> list[Role] | None:
+        """Where each add of ``block`` is read (``Role``), or None when the adapter does not say."""
+        if self.reads is not None:
+            return self.reads(block)
+        if self.roles is not None:
+            return [Role(pre, post) for pre, post in self.roles(block)]
+        return None
 
     def matches(self, module: nn.Module) -> bool:
         return class_matches(module, self.classes) and self.accepts(module) and self._roles_hold(module)
@@ -159,16 +193,23 @@ def shortcut_adapter(name: str, classes: tuple, shortcut: str, branch_end: Calla
     def factors(block):
         return (hooks.shortcut_factor(block, shortcut),), (float(branch_end(block).__dict__.get("resdecay_beta", 1.0)),)
 
+    def reads(block):
+        path = getattr(block, shortcut)
+        plain = path is None or isinstance(path, (ShortcutScale, nn.Identity))  # the identity path is x itself
+        return [Role(block, branch_end(block), None if plain else path)]
+
     return BlockAdapter(name, tuple(classes), 1, install, factors, lambda block: hooks.zero_(*zero(block)), accepts,
-                        priority, mixed_adds)
+                        priority, mixed_adds, reads=reads)
 
 
 def forward_adapter(name: str, classes: tuple, forward: Callable, adds: int, zero: Callable[[nn.Module], tuple],
                     accepts: Callable[[nn.Module], bool] = lambda block: True, priority: int = 0,
-                    mixed_adds: bool = False, options: dict | None = None) -> BlockAdapter:
+                    mixed_adds: bool = False, options: dict | None = None,
+                    reads: Callable[[nn.Module], list[Role]] | None = None) -> BlockAdapter:
     """An adapter that replaces the block's forward (``hooks.replace_forward``); ``forward(block, ...)``
     reads ``block.resdecay_factors`` (set before the first call; absent means alpha = beta = 1) and, when
-    the adapter declares ``options``, ``block.resdecay_options`` (the chosen values);
+    the adapter declares ``options``, ``block.resdecay_options`` (the chosen values); each of its adds is a
+    ``residual_add`` (where the diagnostics read it) unless ``reads`` says where else;
     ``priority``, ``mixed_adds``, ``options``: see ``BlockAdapter``."""
     def factors(block):
         return block.__dict__.get("resdecay_factors", ((1.0,) * adds, (1.0,) * adds))
@@ -179,7 +220,8 @@ def forward_adapter(name: str, classes: tuple, forward: Callable, adds: int, zer
             block.__dict__["resdecay_options"] = dict(chosen)
 
     return BlockAdapter(name, tuple(classes), adds, install, factors, lambda block: hooks.zero_(*zero(block)), accepts,
-                        priority, mixed_adds, dict(options or {}))
+                        priority, mixed_adds, dict(options or {}), reads=reads or (lambda block: [AT_RESIDUAL_ADD] * adds),
+                        forward=forward)
 
 
 _ADAPTERS: dict[str, BlockAdapter] = {}  # by name, in registration order

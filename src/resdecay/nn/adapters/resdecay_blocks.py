@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from ..blocks import Block
 from ..residual import factors_of, set_block_factors
-from .registry import BlockAdapter, register_adapter
+from .registry import AT_RESIDUAL_ADD, BlockAdapter, register_adapter
 
 register_adapter(BlockAdapter(
     "resdecay.nn.blocks.Block", (Block,), 2,
     install=lambda block, a, b: set_block_factors(block, *a, *b), factors=factors_of,
-    zero_init=lambda block: block.zero_init_branches(), priority=10))
+    zero_init=lambda block: block.zero_init_branches(), priority=10,
+    reads=lambda block: [AT_RESIDUAL_ADD] * 2))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import hooks
-from .registry import BlockAdapter, register_adapter, shortcut_adapter, subblock_adapter
+from .registry import BlockAdapter, Role, register_adapter, shortcut_adapter, subblock_adapter
 
 
 def _both(block):
@@ -67,9 +67,15 @@ def _preact_factors(block):
     return (hooks.shortcut_factor(block, "downsample"),), (float(block.drop_path.__dict__.get("resdecay_beta", 1.0)),)
 
 
+def _preact_reads(block):
+    if block.downsample is None:
+        return [Role(block.norm1, block.drop_path)]
+    return [Role(block, block.drop_path, block.downsample)]
+
+
 register_adapter(BlockAdapter(
     "timm ResNetV2 PreActBottleneck", ("timm.models.resnetv2:PreActBottleneck",), 1, _preact_install,
-    _preact_factors, zero_init=lambda b: hooks.zero_(b.conv3)))
+    _preact_factors, zero_init=lambda b: hooks.zero_(b.conv3), reads=_preact_reads))
 
 
 # LeViT's LevitBlock: x + drop_path1(attn(x)), then x + drop_path2(mlp(x)). LeViT has no norm before a branch

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from ..residual import residual_add
 from . import hooks
-from .registry import BlockAdapter, traced_adapter_of
+from .registry import AT_RESIDUAL_ADD, BlockAdapter, traced_adapter_of
 from .traced_graph import (
     VIEW_FUNCTIONS,
     VIEW_METHODS,
@@ -313,7 +313,8 @@ def traced_adapter(block: nn.Module) -> BlockAdapter:
             hooks.replace_forward(b, forward, alphas, betas)
 
     return BlockAdapter(f"traced {cls}", (type(block),), adds, install=install_forward,
-                        factors=lambda b: b.__dict__.get("resdecay_factors", ones), zero_init=zero_init, mixed_adds=True)
+                        factors=lambda b: b.__dict__.get("resdecay_factors", ones), zero_init=zero_init, mixed_adds=True,
+                        reads=lambda b: [AT_RESIDUAL_ADD] * adds, forward=forward)
 
 
 # ----------------------------------------------------------------------------- which modules are candidates
