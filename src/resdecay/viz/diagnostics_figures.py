@@ -28,13 +28,16 @@ def _panels(report: dict) -> list[tuple]:
     paths, pixels, branches, knock = (report.get(k) for k in ("paths", "pixels", "branches", "knockout"))
     depth = list(range(len(report["blocks"]) + 1))
     if paths is not None:
-        out.append((f"direct path's share of the stream\n({PREDICTED['direct']})", depth,
-                    [1.0] + paths["direct_projection"], False, None))
-        out.append((f"direct path's share of the variance across images\n({PREDICTED['direct']})", depth,
-                    [1.0] + paths["direct_projection_centred"], False, None))
+        staged = "; each stage from its own input" if "stages" in paths else ""  # None (a gap): a block in no stage
+        out.append((f"direct path's share of the stream{staged}\n({PREDICTED['direct']})", depth,
+                    [1.0] + _gaps(paths["direct_projection"]), False, None))
+        out.append((f"direct path's share of the variance across images{staged}\n({PREDICTED['direct']})", depth,
+                    [1.0] + _gaps(paths["direct_projection_centred"]), False, None))
     if pixels is not None:
-        out.append((f"pixel R² from the tokens (ridge)\n({PREDICTED['pixels']})", depth, pixels["r2_pixels"], False, None))
-        out.append((f"high-frequency pixel R²\n({PREDICTED['pixels']})", depth, pixels["r2_high_freq"], False, None))
+        out.append((f"pixel R² from the tokens (ridge)\n({PREDICTED['pixels']})", depth, _gaps(pixels["r2_pixels"]),
+                    False, None))
+        out.append((f"high-frequency pixel R²\n({PREDICTED['pixels']})", depth, _gaps(pixels["r2_high_freq"]), False,
+                    None))
     if branches is not None:
         x = [i + (j + 1) / (len(a) + 1) for i, a in enumerate(report["alphas"]) for j in range(len(a))]
         pts = [(xi, r) for xi, r in zip(x, branches["ratio"], strict=True) if r is not None]
@@ -52,6 +55,11 @@ def _panels(report: dict) -> list[tuple]:
                         f"knock-out: kNN top-1 lost (k={knock['knn_k']})", blocks,
                         [p0 - v for v in knock["knn_top1"]], False, band))
     return out
+
+
+def _gaps(values: list) -> list[float]:
+    """A curve with None (a layer the measurement has no value for) drawn as a gap."""
+    return [math.nan if v is None else v for v in values]
 
 
 def plot_diagnostics(reports: dict[str, dict], path: Path, note: str = "") -> Path:

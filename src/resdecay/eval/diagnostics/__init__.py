@@ -1,6 +1,6 @@
 """Residual-stream diagnostics: what the identity path carries, for any model whose blocks
-``decayify``'s adapters reach (resdecay's families, timm ViTs, transformers ViT / ViTMAE / DINOv2,
-diffusers' DiT), decayified or not (alpha = 1).
+``decayify``'s adapters reach (every row of docs/coverage.md: ViTs, staged models stage by stage, DiTs, U-Nets),
+decayified or not (alpha = 1).
 
     from resdecay.eval.diagnostics import diagnose
     report = diagnose(model, test_images, train_images=train_images, labels=y_test, train_labels=y_train)
@@ -43,6 +43,10 @@ def _check_ran(sites: list[Site], rec: Pass) -> None:
         if rec.inputs.get(i) is None or rec.outputs.get(i) is None:
             raise UserError(f"diagnostics: block {site.name} did not run in the model's forward; pass forward= "
                             "a function that runs the stream's blocks, or container= the blocks that run")
+        missing = [sub.name for j, sub in enumerate(site.subs) if (i, j) not in rec.branches]
+        if missing:
+            raise UserError(f"diagnostics: the branch of {', '.join(missing)} was not read where the adapter "
+                            f"({site.kind}) says its adds are: a branch end that does not run in the forward")
 
 
 def stages(sites: list[Site], rec: Pass) -> list[list[int]]:
@@ -200,7 +204,7 @@ def diagnose(model: nn.Module, images, *, train_images=None, labels=None, train_
         conditioning: fixed values a diffusion backbone takes after x, e.g. ``(t, y)`` (``runner``).
         forward: ``forward(model, x)`` running the stream's blocks, for a model ``runner`` does not know.
         which: the diagnostics to run, a subset of ``DIAGNOSTICS``.
-        container: the module holding the stream's blocks (default: the first that holds any).
+        container: the blocks read (``sites.stream_blocks``): default every stage of the first container; "all": every block.
         batch_size: images per forward.
         patch_size: the model's patch size, if it cannot be read from the model.
         ridge: the pixel ridge's relative penalty (``pixels.default_lambda``).

@@ -63,7 +63,7 @@ register_adapter(forward_adapter(
     "diffusers Attention, residual_connection (U-Net attention block)", ("diffusers.models.attention_processor:Attention",),
     residual_attention_forward, adds=1, zero=lambda b: (b.to_out[0],),
     accepts=lambda b: getattr(b, "residual_connection", False) is True and hasattr(b, "rescale_output_factor"),
-    mixed_adds=True, reads=lambda b: [Role(b, b.to_out)]))  # x enters the block, f leaves to_out (the processor adds)
+    mixed_adds=True, reads=lambda b: [Role(b, b.to_out[-1])]))  # x enters the block, f leaves to_out (then the add)
 
 
 def _part_key(rel: str, position: int) -> tuple:
