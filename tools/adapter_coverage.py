@@ -26,7 +26,6 @@ import copy
 import datetime
 import json
 import sys
-import types
 import warnings
 from importlib import metadata
 from pathlib import Path
@@ -55,24 +54,6 @@ def _models() -> dict:
     return rows
 
 
-def how_reached(block) -> dict[str, list[str]]:
-    """What decayify installed on ``block``, read from its modules' hooks: per mechanism, the modules it sits on."""
-    from resdecay.nn.adapters import hooks
-    from resdecay.nn.residual import ShortcutScale
-    if isinstance(block.__dict__.get("forward"), types.MethodType):
-        return {"replaced forward": []}
-    found: dict[str, list[str]] = {}
-    for name, m in block.named_modules():
-        kinds = [("pre-hook on", hooks.OWNER in m.__dict__),
-                 ("correction on", any(fn is hooks._correct_output for fn in m._forward_hooks.values())),
-                 ("scaled:", any(fn is hooks._scale_output for fn in m._forward_hooks.values())),
-                 ("`ShortcutScale` in the empty", isinstance(m, ShortcutScale))]
-        for kind, present in kinds:
-            if present:
-                found.setdefault(kind, []).append(f"`{name}`")
-    return found
-
-
 def _merge(into: dict, more: dict) -> None:
     for kind, names in more.items():
         into.setdefault(kind, []).extend(n for n in names if n not in into.get(kind, []))
@@ -81,6 +62,7 @@ def _merge(into: dict, more: dict) -> None:
 def describe(name: str, build) -> dict:
     """One row: the block classes decayify took in the model ``build`` makes, their adapters and mechanisms."""
     from resdecay import decayify
+    from resdecay.nn.adapters import hooks
     from resdecay.nn.decayify import residual_blocks
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -89,7 +71,7 @@ def describe(name: str, build) -> dict:
     blocks: dict[str, dict] = {}
     for _, block, adapter in residual_blocks(decayed):
         entry = blocks.setdefault(type(block).__name__, {"adapter": adapter, "mechanisms": {}})
-        _merge(entry["mechanisms"], how_reached(block))
+        _merge(entry["mechanisms"], hooks.describe(block))
     for entry in blocks.values():
         entry["how"] = [f"{kind} {', '.join(sorted(names))}".strip() for kind, names in entry.pop("mechanisms").items()]
     library = name.split()[0] if name.split()[0] in LIBRARIES + ("resdecay",) else "yours"

@@ -41,8 +41,9 @@ from ..errors import check_choice
 from .adapters import adapter_for, adapters, nearest_supported
 from .adapters.depth_order import depth_order_for
 from .adapters.hooks import remove as _remove_hooks
+from .adapters.hooks import unguard
 from .adapters.registry import keep_traced, traced_adapter_of
-from .adapters.traced import trace_blocks, unguard
+from .adapters.traced import trace_blocks
 from .config_record import recorder
 from .residual import ShortcutScale, check_shortcut, factors_of, shortcut_plan  # noqa: F401  (ShortcutScale: public here before)
 

@@ -23,6 +23,9 @@ shows in the next forward and in ``alphas_of``. The pending inputs are kept per 
 object (the slot) that the modules of one block share: one model called from several threads never
 mixes two calls' inputs, and a ``copy.deepcopy`` (EMA, torch.compile) gets its own slots.
 
+``call_guard``        (the traced adapter's hooked blocks)
+    A pre-hook refusing a call with another value for an argument the trace fixed; ``unguard`` takes it off.
+``describe``          what is installed on a block, per mechanism (the coverage table reads it, never private state).
 ``thread_state``      (hooks that hand tensors to each other within one forward)
     The same per-thread table for other hook sets: a state dict per key object, e.g. the encoder->decoder
     skips of ``resdecay.interop.hf_unet`` (forward hooks on encoder layers keep their outputs, a pre-hook
@@ -179,6 +182,32 @@ def replace_forward(block: nn.Module, forward: Callable, alphas, betas) -> None:
     block.forward = types.MethodType(forward, block)
 
 
+def call_guard(class_name: str, stream: str, fixed: dict):
+    """A forward pre-hook refusing a call that gives another value to an argument the trace fixed (the traced
+    adapter's hooks were proved for the call with the stream alone)."""
+    names = list(fixed)
+
+    def guard(module, args, kwargs):
+        given = dict(zip(names, args[1:], strict=False))
+        given.update({k: v for k, v in kwargs.items() if k != stream})
+        for name, value in given.items():
+            default = fixed.get(name)
+            if not (value is default or type(value) is type(default) and value == default):
+                raise TypeError(f"{class_name}: decayify traced its residual adds for a call with {stream} alone "
+                                f"({name}={default!r}); this call gives {name}={type(value).__name__}, which was not "
+                                "traced: register an adapter for the block (docs/EXTENDING.md)")
+
+    guard._resdecay_traced_guard = True
+    return guard
+
+
+def unguard(block: nn.Module) -> None:
+    """Take the traced adapter's argument check off ``block`` (``hooks.remove`` takes the rest)."""
+    for key in [k for k, fn in block._forward_pre_hooks.items() if getattr(fn, "_resdecay_traced_guard", False)]:
+        del block._forward_pre_hooks[key]
+        block._forward_pre_hooks_with_kwargs.pop(key, None)
+
+
 def remove(block: nn.Module) -> None:
     """Undo every mechanism above on ``block`` (a second ``decayify`` replaces the settings)."""
     for m in block.modules():
@@ -213,4 +242,21 @@ def last_linear(module: nn.Module) -> nn.Module | None:
     for m in module.modules():
         if isinstance(m, (nn.Linear, nn.Conv2d)):
             found = m
+    return found
+
+
+def describe(block: nn.Module) -> dict[str, list[str]]:
+    """What the mechanisms above installed on ``block``, per mechanism, the modules it sits on (the coverage
+    table's "how the add is reached")."""
+    if isinstance(block.__dict__.get("forward"), types.MethodType):
+        return {"replaced forward": []}
+    found: dict[str, list[str]] = {}
+    for name, m in block.named_modules():
+        kinds = [("pre-hook on", OWNER in m.__dict__),
+                 ("correction on", any(fn is _correct_output for fn in m._forward_hooks.values())),
+                 ("scaled:", any(fn is _scale_output for fn in m._forward_hooks.values())),
+                 ("`ShortcutScale` in the empty", isinstance(m, ShortcutScale))]
+        for kind, present in kinds:
+            if present:
+                found.setdefault(kind, []).append(f"`{name}`")
     return found

@@ -56,7 +56,7 @@ from .traced_graph import (
     trace,
 )
 
-__all__ = ["TraceRefused", "candidates", "trace_blocks", "traced_adapter", "unguard"]
+__all__ = ["TraceRefused", "candidates", "trace_blocks", "traced_adapter"]
 
 # class names that say "residual block" (the same words decayify's PartialDecayWarning looks for)
 LOOKS_RESIDUAL = re.compile(r"(Block|Bottleneck|ResBlock|ResidualBlock)\d*$")
@@ -240,32 +240,6 @@ def _replaced_forward(block: nn.Module, plan: TracedPlan):
     return forward
 
 
-def _call_guard(class_name: str, stream: str, fixed: dict):
-    """A forward pre-hook refusing a call that gives another value to an argument the trace fixed (the hooks
-    were proved for the call with the stream alone)."""
-    names = list(fixed)
-
-    def guard(module, args, kwargs):
-        given = dict(zip(names, args[1:], strict=False))
-        given.update({k: v for k, v in kwargs.items() if k != stream})
-        for name, value in given.items():
-            default = fixed.get(name)
-            if not (value is default or type(value) is type(default) and value == default):
-                raise TypeError(f"{class_name}: decayify traced its residual adds for a call with {stream} alone "
-                                f"({name}={default!r}); this call gives {name}={type(value).__name__}, which was not "
-                                "traced: register an adapter for the block (docs/EXTENDING.md)")
-
-    guard._resdecay_traced_guard = True
-    return guard
-
-
-def unguard(block: nn.Module) -> None:
-    """Take the traced adapter's argument check off ``block`` (``hooks.remove`` takes the rest)."""
-    for key in [k for k, fn in block._forward_pre_hooks.items() if getattr(fn, "_resdecay_traced_guard", False)]:
-        del block._forward_pre_hooks[key]
-        block._forward_pre_hooks_with_kwargs.pop(key, None)
-
-
 def traced_adapter(block: nn.Module) -> BlockAdapter:
     """The adapter of one block instance, from its traced forward; ``TraceRefused`` (one line) if its adds
     cannot be proved. Its name is ``"traced <ClassName>"``, so ``residual_blocks`` and the coverage say the
@@ -293,10 +267,10 @@ def traced_adapter(block: nn.Module) -> BlockAdapter:
         def pairs(b: nn.Module) -> list:
             return [(b.get_submodule(pre), b.get_submodule(post)) for pre, post in paths]
 
-        guard = _call_guard(cls, stream, fixed)
+        guard = hooks.call_guard(cls, stream, fixed)
 
         def install(b: nn.Module, alphas, betas, **options) -> None:
-            unguard(b)
+            hooks.unguard(b)
             hooks.correct_subblocks(b, pairs(b), alphas, betas)
             if fixed and any(v != 1.0 for v in (*alphas, *betas)):
                 b.register_forward_pre_hook(guard, with_kwargs=True)
