@@ -35,10 +35,9 @@ import torch.nn as nn
 
 from ..errors import CheckpointError, UserError
 from ..models.mae import SkipFusion, choose_skip_sources
-from ..nn.adapters import adapter_for
 from ..nn.adapters.hooks import thread_state
 from ..nn.config_record import KEY, parse, read_section, recorder, replaying, write_section
-from ..nn.decayify import decayify, residual_blocks
+from ..nn.decayify import block_adapters, decayify
 from ..nn.spec import unwrap_compiled
 from .files import read_json_object
 
@@ -188,8 +187,8 @@ def unet_skips(model: nn.Module, alpha_min: float | None = None, schedule: str =
 def zero_branches(model: nn.Module) -> None:
     """The paper's init of a ViTMAE: the last layer of every encoder and decoder branch and the pixel head
     at zero (the factors, decayed or not, stay as they are)."""
-    for _, block, _ in residual_blocks(model.vit) + residual_blocks(model.decoder):
-        adapter_for(block).zero_init(block)
+    for _, block, adapter in block_adapters(model.vit) + block_adapters(model.decoder):
+        adapter.zero_init(block)
     nn.init.zeros_(model.decoder.decoder_pred.weight)
     nn.init.zeros_(model.decoder.decoder_pred.bias)
 

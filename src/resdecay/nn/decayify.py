@@ -42,7 +42,7 @@ from .adapters import adapter_for, adapters, nearest_supported
 from .adapters.depth_order import depth_order_for
 from .adapters.hooks import remove as _remove_hooks
 from .adapters.hooks import unguard
-from .adapters.registry import keep_traced, traced_adapter_of
+from .adapters.registry import BlockAdapter, keep_traced, traced_adapter_of
 from .adapters.traced import trace_blocks
 from .config_record import recorder
 from .residual import ShortcutScale, check_shortcut, factors_of, shortcut_plan  # noqa: F401  (ShortcutScale: public here before)
@@ -59,6 +59,11 @@ SUPPORTED = tuple(supported())  # the built-in kinds; ``supported()`` also lists
 def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     """(name, block, adapter name) of every residual block ``decayify`` decays, in depth order (a registered
     ``DepthOrder``'s, with the options ``model.resdecay_spec`` recorded; then the blocks it keeps at alpha 1)."""
+    return [(name, block, adapter.name) for name, block, adapter in block_adapters(model)]
+
+
+def block_adapters(model: nn.Module) -> list[tuple[str, nn.Module, BlockAdapter]]:
+    """``residual_blocks`` with each block's adapter itself (what reads its factors and its adds)."""
     found = _supported_blocks(model, on_blocks=False)  # a read-only query: nothing is kept on the model
     order = depth_order_for(model)
     if order is not None and found:
@@ -69,18 +74,19 @@ def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
 
 
 def _supported_blocks(model: nn.Module, refused: list | None = None, on_blocks: bool = True
-                      ) -> list[tuple[str, nn.Module, str]]:
+                      ) -> list[tuple[str, nn.Module, BlockAdapter]]:
     """Every block an adapter takes (blocks inside one are its own business and are not listed): the registered
     adapters' first, then the traced adapter's (``adapters.traced``) for the candidates none of them takes, each
     kept so that ``adapter_for`` finds it (on its block when ``on_blocks``: decayify; beside it otherwise: a read-only
-    query changes nothing on the model); ``refused`` gets the traced adapter's refusals ``(name, class, reason)``."""
-    found: list[tuple[str, nn.Module, str]] = []
+    query changes nothing on the model); ``refused`` gets the traced adapter's refusals ``(name, class, reason)``.
+    The one block search: every entry carries its adapter, which no later step looks up again."""
+    found: list[tuple[str, nn.Module, BlockAdapter]] = []
     for name, m in model.named_modules():
         if found and name.startswith(found[-1][0] + ".") and found[-1][0]:
             continue
         adapter = adapter_for(m)
         if adapter is not None:
-            found.append((name, m, adapter.name))
+            found.append((name, m, adapter))
             if adapter is traced_adapter_of(m):  # traced by an earlier query: kept where this call keeps it
                 keep_traced(m, adapter, on_blocks)
     traced, left = trace_blocks(model, [name for name, _, _ in found])
@@ -89,7 +95,7 @@ def _supported_blocks(model: nn.Module, refused: list | None = None, on_blocks: 
     for _, block, adapter in traced:
         keep_traced(block, adapter, on_blocks)
     depth = {name: i for i, (name, _) in enumerate(model.named_modules())}
-    return sorted(found + [(n, b, a.name) for n, b, a in traced], key=lambda entry: depth[entry[0]])
+    return sorted(found + traced, key=lambda entry: depth[entry[0]])
 
 
 class PartialDecayWarning(UserWarning):
@@ -176,9 +182,8 @@ def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_
     if skipped and any(v != 1.0 for a, b in factors for v in (*a, *b)):
         _say_what_was_left(model, found, skipped, why)
     planned = list(zip(found, factors, strict=True))
-    planned += [(entry, ((1.0,) * adapter_for(entry[1]).adds,) * 2) for entry in plain]
-    for (_name, block, _), (a, b) in planned:
-        adapter = adapter_for(block)
+    planned += [(entry, ((1.0,) * entry[2].adds,) * 2) for entry in plain]
+    for (_name, block, adapter), (a, b) in planned:
         _remove_hooks(block)
         unguard(block)  # a traced block's argument check, also when an adapter registered since takes it
         adapter.install(block, a, b, **{k: v for k, v in chosen.items() if k in adapter.options})
@@ -254,7 +259,7 @@ def _check_options(model: nn.Module, found: list, order, options: dict) -> dict:
     """The keywords beyond the schedule (``context_stream``, ``unet_depth``, ...), checked against those the
     model's adapters and depth order declare: an unknown one, or a value not among the choices, is one line."""
     declared: dict = {}
-    for owner in [adapter_for(block) for _, block, _ in found] + ([order] if order is not None else []):
+    for owner in [adapter for _, _, adapter in found] + ([order] if order is not None else []):
         declared.update(owner.options)
     unknown = sorted(set(options) - set(declared))
     if unknown:
@@ -270,7 +275,7 @@ def _plan(found: list, alpha_min: float, schedule: str, branches: str, shortcut:
     """(alphas, betas) per block. Blocks of one add count follow ``shortcut_plan`` (a transformer's attn / MLP
     pairs); blocks of mixed counts (a U-Net's one-add ResNet blocks and two-add transformer blocks, whose
     adapters allow it) share one schedule over all their adds in depth order (paper eq. 3: alpha by the add's depth)."""
-    counts = [adapter_for(block).adds for _, block, _ in found]
+    counts = [adapter.adds for _, _, adapter in found]
     keys = ("shortcut", "branches")
     if len(set(counts)) == 1 and counts[0] in (1, 2):
         check_shortcut(shortcut, branches, counts[0], fixed_by="decayify (its hooks)", keys=keys)
@@ -301,12 +306,12 @@ def _one_add_count(found: list) -> tuple[list, list[tuple[str, str]]]:
     """One schedule needs one number of adds per block. A model holding both transformer blocks (two
     adds) and convolutional ones (one: a hybrid ViT's ResNet stem) has its transformer blocks decayed
     and the others left at alpha 1, named in the PartialDecayWarning."""
-    counts = {adapter_for(m).adds for _, m, _ in found}
-    if len(counts) <= 1 or all(adapter_for(m).mixed_adds for _, m, _ in found):
+    counts = {adapter.adds for _, _, adapter in found}
+    if len(counts) <= 1 or all(adapter.mixed_adds for _, _, adapter in found):
         return found, []
     keep = max(counts)
-    left = [(n, f"{type(m).__module__}.{type(m).__name__}") for n, m, _ in found if adapter_for(m).adds != keep]
-    return [f for f in found if adapter_for(f[1]).adds == keep], left
+    left = [(n, f"{type(m).__module__}.{type(m).__name__}") for n, m, adapter in found if adapter.adds != keep]
+    return [f for f in found if f[2].adds == keep], left
 
 
 def block_factors(block: nn.Module) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -323,4 +328,4 @@ def alphas_of(model: nn.Module) -> list[tuple[str, tuple[float, ...]]]:
     """The shortcut factors in use, per residual block: ``[(name, (alpha_attn, alpha_mlp)), ...]``
     for transformer blocks, ``[(name, (alpha,)), ...]`` for ResNet blocks. Learnable factors are
     read as their current values."""
-    return [(name, block_factors(block)[0]) for name, block, _ in residual_blocks(model)]
+    return [(name, adapter.factors(block)[0]) for name, block, adapter in block_adapters(model)]

@@ -2,7 +2,7 @@
 x_l and f_l(x_l) of ``x_{l+1} = alpha_l * x_l + beta_l * f_l(x_l)`` can be read without a change to the
 model's code (paper eq. 3).
 
-Blocks are found as ``decayify`` finds them (``nn.decayify.residual_blocks``, the adapter registry), plus
+Blocks are found as ``decayify`` finds them (``nn.decayify.block_adapters``: each with its adapter), plus
 resdecay's adaLN-Zero blocks (SiT, which ``decayify`` never needs). Where each add is read is the adapter's
 own statement (``BlockAdapter.stream_roles``, one ``Role`` per add): a pre-norm that receives x and the module
 whose output is f (the hooked blocks of timm, transformers, torchvision), the block itself and its branch's
@@ -24,9 +24,10 @@ import torch
 import torch.nn as nn
 
 from ...errors import UserError
-from ...nn.adapters import AT_RESIDUAL_ADD, Role, adapter_for
+from ...nn.adapters import AT_RESIDUAL_ADD, BlockAdapter, Role
 from ...nn.conditioning import AdaLNBlock
-from ...nn.decayify import COVERAGE, block_factors, residual_blocks
+from ...nn.decayify import COVERAGE, block_adapters
+from ...nn.residual import factors_of
 
 
 @dataclass
@@ -104,11 +105,10 @@ def grid_of(t: torch.Tensor, first: bool) -> tuple[int, int] | None:
     return (t.shape[2], t.shape[3]) if first else (t.shape[1], t.shape[2])
 
 
-def _roles(block: nn.Module) -> tuple[list[Role], str, Callable | None] | None:
+def _roles(block: nn.Module, adapter: BlockAdapter | None) -> tuple[list[Role], str, Callable | None] | None:
     """(one ``Role`` per add, the kind, the forward to install while reading) of a block, or None."""
     if isinstance(block, AdaLNBlock):  # resdecay's adaLN-Zero block: its forward is residual_add
         return [AT_RESIDUAL_ADD] * 2, f"{type(block).__module__}.{type(block).__name__}", None
-    adapter = adapter_for(block)
     roles = adapter.stream_roles(block) if adapter is not None else None
     if not roles:
         return None
@@ -117,25 +117,27 @@ def _roles(block: nn.Module) -> tuple[list[Role], str, Callable | None] | None:
     return roles, adapter.name, forward
 
 
-def site_of(name: str, block: nn.Module) -> Site | None:
-    """The ``Site`` of one residual block, or None when its adapter does not say where its adds are."""
-    found = _roles(block)
+def site_of(name: str, block: nn.Module, adapter: BlockAdapter | None) -> Site | None:
+    """The ``Site`` of one residual block (its adapter: the one the block search found), or None when the adapter
+    does not say where its adds are."""
+    found = _roles(block, adapter)
     if found is None:
         return None
     roles, kind, forward = found
-    alphas, betas = block_factors(block)
+    alphas, betas = adapter.factors(block) if adapter is not None else factors_of(block)
     tags = ("attn", "mlp") if len(roles) == 2 else tuple(f"add{j}" for j in range(len(roles)))
     subs = [SubBlock(f"{name}.{tag}", role, float(a), float(b))
             for tag, role, a, b in zip(tags, roles, alphas, betas, strict=True)]
     return Site(name, block, kind, subs, forward, channels_first(block))
 
 
-def _candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Every residual block decayify finds, and resdecay's adaLN-Zero blocks, in module order."""
-    found = {id(m): (n, m) for n, m, _ in residual_blocks(model)}
+def _candidates(model: nn.Module) -> list[tuple[str, nn.Module, BlockAdapter | None]]:
+    """(name, block, adapter) of every residual block decayify finds, and resdecay's adaLN-Zero blocks (no adapter),
+    in module order."""
+    found = {id(m): (n, m, a) for n, m, a in block_adapters(model)}
     for n, m in model.named_modules():
         if isinstance(m, AdaLNBlock):
-            found.setdefault(id(m), (n, m))
+            found.setdefault(id(m), (n, m, None))
     order = {id(m): i for i, (_, m) in enumerate(model.named_modules())}
     return sorted(found.values(), key=lambda nm: order[id(nm[1])])
 
@@ -147,7 +149,12 @@ def _stage_pattern(container: str) -> str:
 
 
 def stream_blocks(model: nn.Module, container: str | None = None) -> list[tuple[str, nn.Module]]:
-    """(name, block) of the residual stream's blocks, in module order: the blocks of every stage of the first
+    """(name, block) of the residual stream's blocks (``stream``)."""
+    return [(name, block) for name, block, _ in stream(model, container)]
+
+
+def stream(model: nn.Module, container: str | None = None) -> list[tuple[str, nn.Module, BlockAdapter | None]]:
+    """(name, block, adapter) of the residual stream's blocks, in module order: the blocks of every stage of the first
     container that holds a block (``blocks``, ``vit.layers``, or ``layers.0.blocks`` with ``layers.1.blocks``
     ...: containers whose names differ only in their numbers are stages of one stream; an MAE's decoder blocks
     are another stream). What the evaluators read from a model trained elsewhere (``eval/foreign.py``).
@@ -165,7 +172,7 @@ def stream_blocks(model: nn.Module, container: str | None = None) -> list[tuple[
         raise UserError(f"found no residual block in {type(model).__name__} that resdecay's adapters reach; {COVERAGE}")
     if container == "all":
         return blocks
-    parents = [n.rpartition(".")[0] for n, _ in blocks]
+    parents = [n.rpartition(".")[0] for n, _, _ in blocks]
     patterns = [_stage_pattern(p) for p in parents]
     chosen = patterns[0] if container is None else _stage_pattern(container)
     if chosen not in patterns:
@@ -183,8 +190,8 @@ def find_sites(model: nn.Module, container: str | None = None) -> list[Site]:
         UserError: no residual block that the adapters reach, or one whose adapter does not say where its adds are.
     """
     sites = []
-    for name, block in stream_blocks(model, container):
-        site = site_of(name, block)
+    for name, block, adapter in stream(model, container):
+        site = site_of(name, block, adapter)
         if site is None:
             raise UserError(f"diagnostics cannot read the adds of {name} ({type(block).__module__}."
                             f"{type(block).__name__}): its adapter states no roles; give it reads= (Role per add, "
