@@ -8,9 +8,9 @@ a fresh run (step 0, a new optimizer and lr schedule) whose model starts from ev
 decoder. A source without a decoder (a timm ViT, a fine-tuned classifier) or whose weights do not fit P's model is
 refused in one line, naming the settings that would fit. Settings that change the model's function but not its
 weights (alpha_min, mask ratio, loss, heads) may differ from the source's, e.g. to decay the official MAE's
-shortcuts while continuing it; one note names them. The source is recorded in ``<run>/pretrained.json`` and in
-summary.json's ``pretrained``; ``--resume`` continues the run's own checkpoints (the source is read, and checked,
-but only a fresh start loads it).
+shortcuts while continuing it; one note names them. The source is recorded in ``<run>/pretrained.json``
+(``train.run.summary``) and in summary.json's ``pretrained``; ``--resume`` continues the run's own checkpoints (the
+source is read, and checked, but only a fresh start loads it).
 """
 
 from __future__ import annotations
@@ -23,14 +23,13 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError, UserError, one_line
-from ..io import atomic_write_text
 from ..models import build_model, model_config_class
 from ..train.checkpoint import field_defaults
 from ..train.config import RunConfig
 from ..train.distributed import is_main_process
+from ..train.run.summary import remove_pretrained_record, write_pretrained_record
 from .finetune import DESCRIBED, Pretrained, detect_format, load_pretrained
 
-RECORD = "pretrained.json"  # in the run folder: where the run's weights came from
 IGNORED = {"family", "zero_init", "grad_checkpointing"}  # initialisation and memory: no effect on loaded weights
 HEADS = {"embed_dim": "num_heads", "decoder_embed_dim": "decoder_num_heads"}
 ACCEPTED = ("a resdecay MAE checkpoint or run folder, facebookresearch/mae's or the U-Net MAE's pretraining .pth, "
@@ -60,7 +59,7 @@ class Source:
         self.weights, self.used = None, True
         if is_main_process():
             record = self.record()
-            atomic_write_text(self.out_dir / RECORD, json.dumps(record, indent=2))
+            write_pretrained_record(self.out_dir, record)
             kind = DESCRIBED.get(record["format"], f"resdecay checkpoint, step {record['step']} of its run")
             print(f"continuing pretraining from {record['path']} ({kind}): encoder and decoder weights loaded; this "
                   "run starts at step 0 with a new optimizer")
@@ -161,20 +160,12 @@ def settings(changed: dict, which: int) -> str:
     return " ".join(f"model.{k}={value_text(pair[which])}" for k, pair in changed.items())
 
 
-def read_record(out_dir: Path) -> dict | None:
-    """The source a run's weights started from (its pretrained.json), or None for a run started from scratch."""
-    try:
-        return json.loads((Path(out_dir) / RECORD).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def forget_stale_record(out_dir: Path):
     """``train(init=...)`` for a run without --from: a fresh start in a folder that kept another start's record
     (an --overwrite, a start killed before its first log row) removes it."""
 
     def init(model: torch.nn.Module) -> None:
         if is_main_process():
-            (Path(out_dir) / RECORD).unlink(missing_ok=True)
+            remove_pretrained_record(out_dir)
 
     return init
