@@ -18,12 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping, get_args
 
 from ..errors import Registry, RegistryError, UserError, defined_at, one_line
 
 Stated = dict[str, tuple[Any, str]]  # model field -> (value, where the file says it)
-UNSTATED_ALPHA = ("plain", "ask", "assume plain")
+UnstatedAlpha = Literal["plain", "ask", "assume plain"]  # what a source that states no alpha_min is (ImportFormat)
+UNSTATED_ALPHA = get_args(UnstatedAlpha)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class ImportFormat:
     detect: Callable[[SourceFile], bool]
     convert: Callable[[SourceFile], ConvertedWeights] | None
     has_decoder: bool = True
-    unstated_alpha: Literal["plain", "ask", "assume plain"] = "assume plain"
+    unstated_alpha: UnstatedAlpha = "assume plain"
     alpha_source: str = "alpha_min"
     model_defaults: Mapping[str, Any] = field(default_factory=dict)
     check: Callable[[Any, dict, str], None] | None = None
