@@ -1,4 +1,5 @@
-"""The package's registries (shortcut formulas, model families, metrics, block adapters, --model formats) follow one
+"""The package's registries (shortcut formulas, model families, metrics, block adapters, --model formats, import
+formats) follow one
 convention (docs/EXTENDING.md, "One convention for every registry"): a taken name is refused in one
 line unless ``replace=True``, which swaps the entry in place; each has an ``unregister_*``; every refusal is
 a ``RegistryError`` (a ``UserError``: the CLI prints one line, exit 2). Adapters are tried by priority."""
@@ -19,6 +20,7 @@ from helpers import assert_one_line_error, run
 from resdecay import alphas_of, decayify
 from resdecay.errors import ConfigError, RegistryError, UserError, one_line
 from resdecay.eval.metrics import Metric, get_metric, register_metric, registered, unregister_metric
+from resdecay.interop import IMPORT_FORMATS, ImportFormat, register_import_format, unregister_import_format
 from resdecay.interop.foreign_model import MODEL_FORMATS, ModelFormat, register_model_format, unregister_model_format
 from resdecay.models import FAMILIES, ModelConfig
 from resdecay.models.registry import register_family, unregister_family
@@ -84,6 +86,11 @@ def _model_format(name: str, replace: bool = False):
                                              f"{name}:NAME"), replace=replace)
 
 
+def _import_format(name: str, replace: bool = False):
+    return register_import_format(ImportFormat(name, "scratch source", lambda source: False, lambda source: None),
+                                  replace=replace)
+
+
 @dataclass(frozen=True)
 class Case:
     builtin: str  # a name the package registers
@@ -109,6 +116,8 @@ CASES = {
                     unregister_adapter),
     "model_format": Case("timm", "scratch_format", _model_format, lambda n, f: register_model_format(f),
                          MODEL_FORMATS.get, lambda: list(MODEL_FORMATS), unregister_model_format),
+    "import_format": Case("mae", "scratch_import", _import_format, lambda n, f: register_import_format(f),
+                          IMPORT_FORMATS.get, lambda: list(IMPORT_FORMATS), unregister_import_format),
 }
 
 
@@ -196,6 +205,10 @@ PLUGINS = {
     "model_format": '''
         from resdecay.interop.foreign_model import ModelFormat, register_model_format
         register_model_format(ModelFormat("timm", lambda spec, weights, args: None, "timm:NAME"))
+    ''',
+    "import_format": '''
+        from resdecay.interop import ImportFormat, register_import_format
+        register_import_format(ImportFormat("mae", "my MAE", lambda source: False, None))
     ''',
 }
 

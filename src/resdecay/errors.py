@@ -3,8 +3,9 @@
 Also the one convention of the package's registries (``Registry``): shortcut formulas
 (``nn.residual.register_shortcut``), model families (``models.register_family``), metrics
 (``eval.metrics.register_metric``), input sources (``eval.sources.register_source``), block adapters and
-depth orders (``nn.adapters.register_adapter`` / ``register_depth_order``) and ``--model`` formats
-(``interop.foreign_model.register_model_format``).
+depth orders (``nn.adapters.register_adapter`` / ``register_depth_order``), ``--model`` formats
+(``interop.foreign_model.register_model_format``) and the sources of pretrained weights
+(``train.import_formats.register_import_format``).
 """
 
 from __future__ import annotations

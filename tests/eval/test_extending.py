@@ -1,7 +1,8 @@
 """docs/EXTENDING.md's worked examples, run as the page shows them (with CI-sized budgets):
 (a) a residual formula through ``ablate``, (b) a model family trained, resumed and evaluated by the
 unchanged CLI, (c) a metric in ``eval.json`` and the report, (d) a metric over two blocks (linear CKA)
-through ``eval`` and its per-layer profile, (e) a new input kind, (f) a ``--model`` format of one's own —
+through ``eval`` and its per-layer profile, (e) a new input kind, (f) a ``--model`` format of one's own,
+(g) a source of pretrained weights through ``import-weights``, ``finetune --from`` and ``pretrain --from`` —
 each one file under docs/examples/extending/.
 The contract test (tests/models/test_contract.py) and tests/eval/test_metrics.py load the same files."""
 
@@ -15,11 +16,16 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import TINY, assert_one_line_error, run
+from helpers import TINY, assert_one_line_error, model_overrides, run
+from helpers.doc_pages import python_blocks
+from helpers.interop import resdecay_checkpoint, same_mae_outputs
 from resdecay.eval.metrics import registered, unregister_metric
 from resdecay.eval.sources import source_kinds, unregister_source
+from resdecay.interop import IMPORT_FORMATS, unregister_import_format
 from resdecay.interop.foreign_model import MODEL_FORMATS, unregister_model_format
+from resdecay.io import file_sha256
 from resdecay.models import FAMILIES
+from resdecay.models.mae import MaskedAutoencoder
 from resdecay.nn import residual
 from resdecay.nn.residual import factors_of
 from resdecay.train import checkpoint as ckpt
@@ -42,9 +48,12 @@ def registries_restored():
     """What a plugin registers (formulas, families, metrics, its module) is gone after the test."""
     formulas, families, modules = dict(residual.SHORTCUT_FORMULAS), dict(FAMILIES), set(sys.modules)
     metrics, kinds, formats = {m.name for m in registered()}, set(source_kinds()), set(MODEL_FORMATS)
+    imports = set(IMPORT_FORMATS)
     yield
     for name in set(MODEL_FORMATS) - formats:
         unregister_model_format(name)
+    for name in set(IMPORT_FORMATS) - imports:
+        unregister_import_format(name)
     residual.SHORTCUT_FORMULAS.clear()
     residual.SHORTCUT_FORMULAS.update(formulas)
     FAMILIES.clear()
@@ -275,3 +284,63 @@ def test_a_model_format_in_one_file_runs_through_eval(capsys, tmp_path, registri
                        *common, "--out", str(tmp_path / "bad"))
     assert_one_line_error(code, err, "zoo:resnet", "digits-vit, digits-vit-deep")
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_source_of_pretrained_weights_in_one_file_runs_through_import_weights_finetune_and_pretrain(
+        capsys, tmp_path, monkeypatch, registries_restored):
+    """(g): a lab's checkpoint layout (DDP's ``module.`` keys under ``net``, its decay under ``decay``) from a plugin
+    file: import-weights converts it to the lab's model, weight for weight; finetune --from detects it and trains the
+    classifier that fine-tuning from the same weights as a resdecay checkpoint trains; pretrain --from continues it
+    (its first loss is the lab model's) and records it. The page shows the whole file this test runs."""
+    (block,) = [code for title, code in python_blocks(GUIDE).items() if title.startswith("(g) ")]
+    assert block == (EXAMPLES / "lab_mae.py").read_text()
+    shown("resdecay --plugin docs/examples/extending/lab_mae.py import-weights lab_run.pt --format lab-mae")
+    shown("resdecay --plugin docs/examples/extending/lab_mae.py finetune --from lab_run.pt --import-preset mae-b16")
+    src, cfg = resdecay_checkpoint(tmp_path / "src.pt", "mae-tiny-digits", ["model.skips=false"])  # alpha_min 0.6
+    lab = tmp_path / "lab_run.pt"
+    torch.save({"net": {f"module.{k}": v for k, v in src.state_dict().items()}, "decay": 0.6, "epoch": 3}, lab)
+    plugin = ["--plugin", str(EXAMPLES / "lab_mae.py")]
+    heads = ["model.num_heads=2", "model.decoder_num_heads=2"]
+    imported = ["import-weights", lab, "--format", "lab-mae", "--preset", "mae-tiny-digits", "--out", tmp_path / "imp.pt"]
+    code, out, err = run(capsys, *plugin, *imported, *heads)
+    assert code == 0, err
+    model, imported_cfg = ckpt.load_model(tmp_path / "imp.pt")
+    assert imported_cfg.model.alpha_min == 0.6 and not imported_cfg.model.skips and same_mae_outputs(src, model)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in src.state_dict().items())
+    record = ckpt.load_checkpoint(tmp_path / "imp.pt")["imported_from"]
+    assert record["format"] == "lab-mae" and record["stated_by_file"]["alpha_min"] == "0.6 (its 'decay')"
+    assert_one_line_error(*run(capsys, *plugin, *imported, *heads, "--alpha-min", "0.9")[::2],
+                          "stores alpha_min 0.6 but --alpha-min is 0.9")
+    # finetune --from: detected, and the same run as from the resdecay checkpoint of the same weights
+    fast = ["train.epochs=1", "train.batch_size=64", "data.train_subset=256", "train.warmup_epochs=0", "train.lr=3e-3",
+            "mixup=0", "cutmix=0", "drop_path=0", "--no-progress"]
+    code, out, err = run(capsys, *plugin, "finetune", "--from", lab, "--import-preset", "mae-tiny-digits",
+                         *(a for h in heads for a in ("--import-override", h)), *fast, "--out", tmp_path / "a")
+    assert code == 0, err
+    assert run(capsys, "finetune", "--from", tmp_path / "src.pt", *fast, "--out", tmp_path / "b")[0] == 0
+    a, b = (json.loads((tmp_path / n / "summary.json").read_text()) for n in "ab")
+    assert a["pretrained"]["format"] == "lab-mae" and a["pretrained"]["sha256"] == file_sha256(lab)
+    assert (a["final_top1"], a["final_top5"]) == (b["final_top1"], b["final_top5"])
+    wa, wb = (ckpt.load_checkpoint(ckpt.list_checkpoints(tmp_path / n / "checkpoints")[-1])["model"] for n in "ab")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    # pretrain --from: the first step's loss is the lab model's on that batch and masking noise
+    seen, forward = {}, MaskedAutoencoder.forward
+
+    def recording(self, imgs, mask_ratio=None):
+        if not seen:
+            seen.update(imgs=imgs.detach().clone(), rng=torch.get_rng_state())
+        return forward(self, imgs, mask_ratio)
+
+    monkeypatch.setattr(MaskedAutoencoder, "forward", recording)
+    short = ["train.epochs=1", "train.warmup_epochs=1", "train.batch_size=32", "data.train_subset=64", "train.log_every=1",
+             "train.loggers=[]", "--no-progress"]
+    code, out, err = run(capsys, *plugin, "pretrain", "--preset", "mae-tiny-digits", "--from", lab, "--out", tmp_path / "c",
+                         *(a for h in heads for a in ("--import-override", h)), *model_overrides("mae"), "model.skips=false",
+                         *short)
+    assert code == 0, err
+    assert "continuing pretraining from" in out and "lab MAE" in out
+    first = json.loads((tmp_path / "c" / "log.jsonl").read_text().splitlines()[0])
+    torch.set_rng_state(seen["rng"])
+    with torch.no_grad():
+        assert first["step"] == 1 and first["loss"] == pytest.approx(src.train()(seen["imgs"])[0].item(), rel=1e-6)
+    assert json.loads((tmp_path / "c" / "pretrained.json").read_text())["format"] == "lab-mae"

@@ -3,7 +3,7 @@ text replacements that shrink it, or left to the test that runs it already. The 
 
 from __future__ import annotations
 
-from .readme_commands import EXT  # the test that runs the EXTENDING.md examples
+from .readme_commands import EXT, SOURCE_TEST  # the tests that run the EXTENDING.md examples
 
 # The pages' ```python blocks, by ``page: heading``: run here with these text replacements (each must still match
 # the page), or (test, text it must contain) for the test that runs them already.
@@ -44,5 +44,7 @@ PYTHON_BLOCKS: dict[str, dict[str, str] | tuple[str, str]] = {
         "tests/eval/test_probing_api.py::test_the_sweeps_from_python_are_evals_numbers", "resdecay.linear_sweep("),
     "docs/EXTENDING.md: (f) A model format: your lab's architectures by name": (
         EXT + "test_a_model_format_in_one_file_runs_through_eval", "model_format.py"),
+    "docs/EXTENDING.md: (g) A new source of pretrained weights: your lab's checkpoint layout": (
+        EXT + SOURCE_TEST, "lab_mae.py"),
 }
 

@@ -102,6 +102,7 @@ GPU = "needs a CUDA GPU"
 BENCH = "tests/e2e/test_benchmarks.py::"
 SETUP = "sets up the environment this test runs in (CI runs it: .ci/run)"
 EXT = "tests/eval/test_extending.py::"
+SOURCE_TEST = "test_a_source_of_pretrained_weights_in_one_file_runs_through_import_weights_finetune_and_pretrain"
 SEG = "tests/eval/test_segmentation.py::"
 
 PLANS: dict[str, Plan] = {
@@ -259,6 +260,10 @@ PLANS: dict[str, Plan] = {
         Plan(covered=EXT + "test_a_new_input_kind_in_one_file_runs_through_eval", needle="reconstruction.py eval RUN/"),
     "resdecay --plugin docs/examples/extending/model_format.py eval --model zoo:digits-vit --weights W.pth --data digits":
         Plan(covered=EXT + "test_a_model_format_in_one_file_runs_through_eval", needle="model_format.py eval --model zoo:"),
+    "resdecay --plugin docs/examples/extending/lab_mae.py import-weights lab_run.pt --format lab-mae --preset mae-b16 --out lab.pt":
+        Plan(covered=EXT + SOURCE_TEST, needle="lab_mae.py import-weights lab_run.pt"),
+    "resdecay --plugin docs/examples/extending/lab_mae.py finetune --from lab_run.pt --import-preset mae-b16 "
+    "data.path=/data/imagenet": Plan(covered=EXT + SOURCE_TEST, needle="lab_mae.py finetune --from lab_run.pt"),
     # interop (the foreign files are tiny fakes in each format: tests/helpers/interop.py)
     "resdecay import-weights mae_pretrain_vit_base.pth --format mae --preset mae-b16-plain --out mae.pt": Plan(
         add=HEADS, expect=("mae.pt",)),

@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 from ..commands.interop import run_export, run_import_weights
+from ..train.import_formats import IMPORT_FORMATS
 
 
 def add_interop_commands(sub) -> None:
     iw = sub.add_parser("import-weights", help="convert an MAE / U-Net MAE / timm ViT / Hugging Face ViTMAE checkpoint into a "
                                                "resdecay checkpoint")
     iw.add_argument("src", help="the foreign checkpoint (read with weights_only=True); hf-vitmae: the transformers folder")
-    iw.add_argument("--format", required=True, help="mae (facebookresearch/mae) | unet-mae (the authors' U-Net MAE) | timm-vit | "
-                                                    "hf-vitmae (transformers ViTMAEForPreTraining folder)")
+    formats = " | ".join(f"{f.name} ({f.description})" for f in IMPORT_FORMATS.values() if not f.native)
+    iw.add_argument("--format", required=True, help=f"{formats} (the registered import formats)".replace("%", "%%"))
     iw.add_argument("--alpha-min", type=float, default=None,
                     help="the source model's alpha_min, for a file that does not store it (a unet-mae file without its "
                          "training 'args'); the file's own value wins and a different one is refused")

@@ -1,14 +1,16 @@
 """Options several subcommands share, declared once as argparse parent parsers; their choices come
-from the registries (datasets, devices) so the CLI cannot drift from the library."""
+from the registries (datasets, devices) so the CLI cannot drift from the library. ``--format`` is checked
+against the import-format registry when the command runs, not frozen as argparse choices, so a format
+registered after the parser is built is taken too (an unknown one: one line, exit 2)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from ..commands.finetune import SOURCE_FORMATS
 from ..data import DATASETS
 from ..errors import UserError
+from ..train.import_formats import import_format_names
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -46,10 +48,11 @@ def run_folder_options(resume_help: str = "auto (newest checkpoint in the run fo
 
 def source_options(source_help: str, import_preset_help: str) -> argparse.ArgumentParser:
     """``--from SOURCE`` and how a foreign source is imported: ``finetune --from`` and ``pretrain --from``
-    (both resolved by ``commands.finetune.load_pretrained``)."""
+    (both resolved by ``interop.import_weights.load_pretrained``)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--from", dest="source", default=None, metavar="SOURCE", help=source_help)
-    p.add_argument("--format", default=None, choices=SOURCE_FORMATS, help="the source's format (default: detected)")
+    formats = ", ".join(import_format_names()).replace("%", "%%")  # argparse formats help with %
+    p.add_argument("--format", default=None, help=f"the source's format, one of {formats} (default: detected)")
     p.add_argument("--import-preset", default=None, help=import_preset_help)
     p.add_argument("--alpha-min", type=float, default=None, help="for an imported unet-mae file without args: its alpha_min")
     p.add_argument("--import-override", action="append", default=[], metavar="key=value",

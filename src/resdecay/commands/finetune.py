@@ -2,10 +2,10 @@
 protocols on a pretrained (decayed) encoder, through the one training loop.
 
 SOURCE is a resdecay MAE checkpoint or run folder, or, imported in memory in the same step with
-``import-weights``' own conversion (``interop.import_weights.convert_weights``), an official
-facebookresearch/mae checkpoint, the authors' U-Net MAE, a timm ViT or a Hugging Face ViTMAE
-folder; the format is detected (or given with ``--format``), and what was imported from where
-(path, format, sha256) goes into summary.json and eval.json.
+``import-weights``' own conversion (``interop.import_weights.load_pretrained``), any source of the
+import-format registry: an official facebookresearch/mae checkpoint, the authors' U-Net MAE, a timm ViT,
+a Hugging Face ViTMAE folder or a plugin's; the format is detected (or given with ``--format``), and what
+was imported from where (path, format, sha256) goes into summary.json and eval.json.
 
 The classifier is rebuilt from the pretrained config (alpha_min and schedule included), its
 encoder weights are loaded on a fresh start, and the run trains, checkpoints and resumes like any
@@ -19,106 +19,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..data import build_dataset
-from ..errors import CheckpointError, ConfigError, UserError, one_line
+from ..errors import CheckpointError, ConfigError
 from ..eval.classifier_eval import BEST, EpochEval, best_in_log, evaluate_classifier
-from ..interop.files import read_json_object
-from ..interop.hf_vitmae import WEIGHT_FILES
-from ..interop.import_weights import FORMATS, convert_weights, imported_state
-from ..interop.weights import read_weights_file
+from ..interop.import_weights import Pretrained, load_pretrained
 from ..io import atomic_write_text, file_sha256, run_dir_of
 from ..train import train
-from ..train.checkpoint import FORMAT, foreign_format, list_checkpoints, load_checkpoint
 from ..train.config import _read_preset, from_dict, parse_overrides
 from ..train.distributed import is_main_process
 from ..train.run.summary import write_summary
-
-SOURCE_FORMATS = ("resdecay", *FORMATS)
-DESCRIBED = {"mae": "facebookresearch/mae", "unet-mae": "U-Net MAE (the authors' layout)", "timm-vit": "timm ViT",
-             "hf-vitmae": "Hugging Face ViTMAE"}
-
-
-@dataclass
-class Pretrained:
-    """The pretrained model a fine-tuning run starts from: a resdecay checkpoint's state (imported
-    in memory for the foreign formats) and where it came from."""
-    path: Path  # the file or folder the user named (for a resdecay run folder: its newest checkpoint)
-    format: str  # one of SOURCE_FORMATS
-    state: dict  # a resdecay checkpoint's contents
-    weights_file: Path  # the file whose sha256 is recorded
-
-    def record(self) -> dict:
-        """What summary.json and eval.json say about it (sha256: one read of the file)."""
-        out = {"path": str(self.path), "format": self.format, "sha256": file_sha256(self.weights_file),
-               "sha256_of": self.weights_file.name}
-        if "imported_from" in self.state:
-            out["stated_by_file"] = self.state["imported_from"].get("stated_by_file", {})
-        return out
-
-
-def detect_format(path: Path) -> str:
-    """The format of ``path`` (a file or folder), or one line saying it cannot be told."""
-    if path.is_dir():
-        if list_checkpoints(path / "checkpoints") or list_checkpoints(path):
-            return "resdecay"
-        if (path / "config.json").is_file():
-            config = read_json_object(path / "config.json", "JSON config", "pass a ViTMAE save_pretrained folder")
-            if config.get("model_type") == "vit_mae":
-                return "hf-vitmae"
-            load_checkpoint(path)  # a resdecay save_pretrained folder: its own one-line advice
-        raise CheckpointError(f"{path} holds no step_*.pt checkpoint and no ViTMAE config.json; pass a resdecay run folder or "
-                              "checkpoint, an MAE / U-Net MAE .pth, or a Hugging Face ViTMAE folder")
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    if path.name in WEIGHT_FILES and (path.parent / "config.json").is_file():
-        return detect_format(path.parent)
-    blob = read_weights_file(path)
-    if isinstance(blob, dict) and blob.get("format") == FORMAT:
-        return "resdecay"
-    found = foreign_format(blob)
-    if found is None:
-        raise CheckpointError(f"cannot tell the format of {path} (not a resdecay checkpoint, no ViT blocks.0.* weights); "
-                              f"give --format, one of {', '.join(SOURCE_FORMATS)}")
-    return found[0]
-
-
-def load_pretrained(source: str | Path, fmt: str | None = None, import_preset: str | None = None,
-                    alpha_min: float | None = None, import_overrides: list[str] | None = None) -> Pretrained:
-    """The pretrained model ``source`` holds, in ``fmt`` (default: detected), imported in memory
-    when it is not a resdecay checkpoint (``import_preset``, ``alpha_min`` and ``import_overrides``
-    as ``resdecay import-weights``' ``--preset``, ``--alpha-min`` and key=value)."""
-    path = Path(source)
-    if fmt is not None and fmt not in SOURCE_FORMATS:
-        raise UserError(f"--format {fmt!r} is unknown; choose one of {', '.join(SOURCE_FORMATS)}")
-    fmt = fmt or detect_format(path)
-    if fmt == "resdecay":
-        given = [f for f, v in (("--import-preset", import_preset), ("--alpha-min", alpha_min),
-                                ("--import-override", import_overrides)) if v]
-        if given:
-            raise UserError(f"{given[0]} applies to imports; {path} is a resdecay checkpoint, whose config says it all")
-        ckpt = path
-        if path.is_dir():
-            ckpt = (list_checkpoints(path / "checkpoints") or list_checkpoints(path))[-1]
-        return Pretrained(ckpt, fmt, load_checkpoint(ckpt), ckpt)
-    if import_preset is None:
-        raise UserError(f"{path} is a {DESCRIBED[fmt]} checkpoint: name the MAE preset for what its weights do not say (heads, data), "
-                        "e.g. --import-preset mae-b16-plain for an ImageNet ViT-B/16")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        cfg, model, imported = convert_weights(path, fmt, import_preset, alpha_min, import_overrides)
-    for w in caught:  # import-weights' warnings, one line each, as that command prints them
-        if is_main_process():
-            print(f"warning: {one_line(w.message)}")
-    weights_file = path
-    if path.is_dir():
-        weights_file = next(path / name for name in WEIGHT_FILES if (path / name).is_file())
-    return Pretrained(path, fmt, imported_state(cfg, model, imported), weights_file)
 
 
 def build_config(checkpoint: str | Path | Pretrained, preset: str, overrides: list[str]):
@@ -205,7 +118,7 @@ def write_report(cfg, preset: str, pretrained: Pretrained, record: dict, summary
     metric = "linprobe" if m.freeze_encoder else "finetune"
     report = {"resdecay_eval": 1, "checkpoint": summary["checkpoint"], "checkpoint_sha256": file_sha256(Path(summary["checkpoint"])),
               "step": summary["steps"], "preset": preset,
-              "label": f"{metric} of {pretrained.path.name if pretrained.format != 'resdecay' else run_dir_of(pretrained.path).name} "
+              "label": f"{metric} of {run_dir_of(pretrained.path).name if pretrained.native else pretrained.path.name} "
                        f"(alpha_min {m.alpha_min:g})",
               "model": dataclasses.asdict(m), "results": [{"metric": metric, "layer": m.depth - 1, "feature": m.pool,
                                                            "values": values, "protocol": card}]}

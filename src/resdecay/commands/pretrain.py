@@ -14,10 +14,10 @@ from ..train import train
 from ..train.checkpoint import list_checkpoints
 from ..train.config import RunConfig, load_config
 from ..train.distributed import is_main_process
-from ..train.run.summary import write_summary
+from ..train.run.summary import read_pretrained_record, remove_pretrained_record, write_summary
 from ..viz.online_figures import online_hooks
 from .check_data import check_data
-from .pretrain_from import RECORD, Source, forget_stale_record, read_record, resolve_source
+from .pretrain_from import Source, forget_stale_record, resolve_source
 
 
 def train_with_online_eval(cfg: RunConfig, **options) -> dict:
@@ -69,7 +69,7 @@ def record_source(summary: dict, start: Source | None) -> dict:
     own = summary.get("resumed_from") or (summary.get("already_finished") and summary.get("checkpoint"))
     if start is not None and not start.used and own:
         print(f"note: --from {start.pretrained.path} was not loaded: the run resumed from its own checkpoint {own}")
-    record = read_record(Path(summary["out_dir"])) if summary.get("out_dir") else None
+    record = read_pretrained_record(Path(summary["out_dir"])) if summary.get("out_dir") else None
     if record is None or summary.get("already_finished"):
         return summary
     summary = {**summary, "pretrained": record}
@@ -83,6 +83,6 @@ def drop_failed_record(out_dir: Path, existed: bool) -> None:
     out = Path(out_dir)
     if (out / "log.jsonl").exists() or list_checkpoints(out / "checkpoints"):
         return
-    (out / RECORD).unlink(missing_ok=True)
+    remove_pretrained_record(out)
     if not existed and out.is_dir() and not any(out.iterdir()):
         out.rmdir()

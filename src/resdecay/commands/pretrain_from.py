@@ -1,16 +1,17 @@
 """``resdecay pretrain --preset P --from SOURCE``: continue MAE pretraining from a pretrained model.
 
-SOURCE is what ``resdecay finetune --from`` takes, resolved by the same code (``finetune.detect_format`` and
-``finetune.load_pretrained``): a resdecay MAE checkpoint or run folder, facebookresearch/mae's or the authors'
-U-Net MAE pretraining ``.pth``, or a Hugging Face ViTMAE folder, the foreign ones imported in memory as
+SOURCE is what ``resdecay finetune --from`` takes, resolved by the same code (``interop.import_weights``'
+``source_format`` and ``load_pretrained``) among the import-format registry's sources whose weights hold an MAE
+decoder: a resdecay MAE checkpoint or run folder, facebookresearch/mae's or the authors' U-Net MAE pretraining
+``.pth``, a Hugging Face ViTMAE folder or a plugin's, the foreign ones imported in memory as
 ``resdecay import-weights`` does (``--import-preset`` defaults to P). The run is preset P with its overrides and
 a fresh run (step 0, a new optimizer and lr schedule) whose model starts from every weight of SOURCE, encoder and
 decoder. A source without a decoder (a timm ViT, a fine-tuned classifier) or whose weights do not fit P's model is
 refused in one line, naming the settings that would fit. Settings that change the model's function but not its
 weights (alpha_min, mask ratio, loss, heads) may differ from the source's, e.g. to decay the official MAE's
-shortcuts while continuing it; one note names them. The source is recorded in ``<run>/pretrained.json`` and in
-summary.json's ``pretrained``; ``--resume`` continues the run's own checkpoints (the source is read, and checked,
-but only a fresh start loads it).
+shortcuts while continuing it; one note names them. The source is recorded in ``<run>/pretrained.json``
+(``train.run.summary``) and in summary.json's ``pretrained``; ``--resume`` continues the run's own checkpoints (the
+source is read, and checked, but only a fresh start loads it).
 """
 
 from __future__ import annotations
@@ -23,18 +24,26 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError, UserError, one_line
-from ..io import atomic_write_text
+from ..interop.import_weights import Pretrained, load_pretrained, source_format
 from ..models import build_model, model_config_class
 from ..train.checkpoint import field_defaults
 from ..train.config import RunConfig
 from ..train.distributed import is_main_process
-from .finetune import DESCRIBED, Pretrained, detect_format, load_pretrained
+from ..train.import_formats import IMPORT_FORMATS, ImportFormat, import_format
+from ..train.run.summary import remove_pretrained_record, write_pretrained_record
 
-RECORD = "pretrained.json"  # in the run folder: where the run's weights came from
 IGNORED = {"family", "zero_init", "grad_checkpointing"}  # initialisation and memory: no effect on loaded weights
 HEADS = {"embed_dim": "num_heads", "decoder_embed_dim": "decoder_num_heads"}
-ACCEPTED = ("a resdecay MAE checkpoint or run folder, facebookresearch/mae's or the U-Net MAE's pretraining .pth, "
-            "or a Hugging Face ViTMAEForPreTraining folder")
+
+
+def accepted_sources() -> str:
+    """What pretrain --from continues, as the registry has it: resdecay's MAE, and every format with a decoder."""
+    own = "a resdecay MAE checkpoint or run folder"
+    foreign = [f.description for f in IMPORT_FORMATS.values() if f.has_decoder and not f.native]
+    if not foreign:
+        return own
+    listed = foreign[0] if len(foreign) == 1 else f"{', '.join(foreign[:-1])} or {foreign[-1]}"
+    return f"{own}, or a {listed} checkpoint"
 
 
 @dataclass
@@ -47,7 +56,7 @@ class Source:
 
     def record(self) -> dict:
         """What pretrained.json and summary.json say: finetune's record, the source run's step and preset."""
-        state, own = self.pretrained.state, self.pretrained.format == "resdecay"
+        state, own = self.pretrained.state, self.pretrained.native
         return {**self.pretrained.record(), "step": state["train_state"]["step"] if own else None,
                 "preset": state["config"].get("preset") if own else None}
 
@@ -60,8 +69,9 @@ class Source:
         self.weights, self.used = None, True
         if is_main_process():
             record = self.record()
-            atomic_write_text(self.out_dir / RECORD, json.dumps(record, indent=2))
-            kind = DESCRIBED.get(record["format"], f"resdecay checkpoint, step {record['step']} of its run")
+            write_pretrained_record(self.out_dir, record)
+            kind = (f"resdecay checkpoint, step {record['step']} of its run" if self.pretrained.native
+                    else import_format(record["format"]).description)
             print(f"continuing pretraining from {record['path']} ({kind}): encoder and decoder weights loaded; this "
                   "run starts at step 0 with a new optimizer")
 
@@ -74,12 +84,12 @@ def resolve_source(source: str, preset: str, cfg: RunConfig, fmt: str | None = N
         raise UserError(f"pretrain --from continues an MAE's pretraining; preset {preset!r} trains a {cfg.model.family!r} "
                         "model (give an MAE preset, e.g. mae-b16)")
     path = Path(source)
-    fmt = fmt or detect_format(path)
-    if fmt != "resdecay" and import_preset is None:  # what the file does not say (heads, data): the run's preset
+    form = import_format(fmt) if fmt is not None else source_format(path)
+    if not form.native and import_preset is None:  # what the file does not say (heads, data): the run's preset
         import_preset = preset
-    pretrained = load_pretrained(path, fmt, import_preset, alpha_min, import_overrides)
+    pretrained = load_pretrained(path, form.name, import_preset, alpha_min, import_overrides)
     state = pretrained.state
-    check_decoder(source, state, fmt)
+    check_decoder(source, state, form)
     check_fits(source, preset, state["model"], state["config"]["model"], cfg.model)
     changed = differences(state["config"]["model"], cfg.model)
     if changed and is_main_process():
@@ -88,17 +98,20 @@ def resolve_source(source: str, preset: str, cfg: RunConfig, fmt: str | None = N
     return Source(pretrained, cfg.out_dir, state["model"])
 
 
-def check_decoder(source: str, state: dict, fmt: str) -> None:
+def check_decoder(source: str, state: dict, form: ImportFormat) -> None:
     """Refuse a source that is not an MAE with its own decoder (one line, naming what is accepted)."""
     family = state["config"]["model"].get("family", "mae")
     if family != "mae":
-        origin = state["config"]["model"].get("pretrained") if fmt == "resdecay" else None  # a finetune run's start
+        origin = state["config"]["model"].get("pretrained") if form.native else None  # a finetune run's start
         also = f"; it was fine-tuned from {origin}: continue that one" if origin else ""
         raise UserError(f"{source} holds a {family!r} model, not an MAE with its decoder; pretrain --from continues "
-                        f"{ACCEPTED}{also}")
-    if (state.get("imported_from") or {}).get("decoder") == "new":
-        raise UserError(f"{source} has no MAE decoder (a {DESCRIBED.get(fmt, fmt)} encoder: import-weights gives it a new "
-                        f"one); pretrain --from needs the source's decoder too: give {ACCEPTED}, or fine-tune this encoder "
+                        f"{accepted_sources()}{also}")
+    imported = state.get("imported_from") or {}
+    if imported.get("decoder") == "new":  # imported now, or by import-weights into the resdecay file given
+        kind = IMPORT_FORMATS.get(imported.get("format"))
+        what = kind.description if kind is not None else imported.get("format", form.name)
+        raise UserError(f"{source} has no MAE decoder (a {what} encoder: import-weights gives it a new one); pretrain "
+                        f"--from needs the source's decoder too: give {accepted_sources()}, or fine-tune this encoder "
                         f"with resdecay finetune --from {source}")
 
 
@@ -161,20 +174,12 @@ def settings(changed: dict, which: int) -> str:
     return " ".join(f"model.{k}={value_text(pair[which])}" for k, pair in changed.items())
 
 
-def read_record(out_dir: Path) -> dict | None:
-    """The source a run's weights started from (its pretrained.json), or None for a run started from scratch."""
-    try:
-        return json.loads((Path(out_dir) / RECORD).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def forget_stale_record(out_dir: Path):
     """``train(init=...)`` for a run without --from: a fresh start in a folder that kept another start's record
     (an --overwrite, a start killed before its first log row) removes it."""
 
     def init(model: torch.nn.Module) -> None:
         if is_main_process():
-            (Path(out_dir) / RECORD).unlink(missing_ok=True)
+            remove_pretrained_record(out_dir)
 
     return init

@@ -33,6 +33,7 @@ from ..errors import CheckpointError, UserError
 from ..io import safe_load
 from ..nn.spec import COMPILED_PREFIX, unwrap_compiled
 from ..train.checkpoint import load_checkpoint, load_model
+from ..train.import_formats import Stated  # noqa: F401  (model field -> (value, where the file says it); the formats import it from here)
 from .files import read_json_object
 from .pretrained_config import (
     architecture_dict,
@@ -42,8 +43,6 @@ from .pretrained_config import (
     check_weights_metadata,
     family_config,
 )
-
-Stated = dict[str, tuple[Any, str]]  # model field -> (value, where the file says it)
 
 TIMM_FORMAT = "resdecay-timm-export-v1"  # the "format" metadata of ``resdecay export --to timm`` files
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")

@@ -37,6 +37,7 @@ from ..io import atomic_save, first_sentence, safe_load
 from ..models import FAMILIES, build_model, model_config_class
 from . import distributed as dist_env
 from .config import RunConfig, from_dict
+from .import_formats import ImportFormat, SourceFile, detect_import_format, register_import_format
 from .run.previous_run import HARMLESS, check_resume_changes, inexact_changes
 
 FORMAT = "resdecay-checkpoint-v1"
@@ -79,6 +80,17 @@ def list_checkpoints(ckpt_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def is_resdecay_source(source: SourceFile) -> bool:
+    """A run folder (or its checkpoints/ folder) holding step_*.pt files, or a file with resdecay's format marker."""
+    if source.contents is None:
+        return bool(list_checkpoints(source.path / "checkpoints") or list_checkpoints(source.path))
+    return isinstance(source.contents, dict) and source.contents.get("format") == FORMAT
+
+
+# the native source of finetune / pretrain --from, first in the registry: read as it is, nothing converted
+register_import_format(ImportFormat("resdecay", "resdecay checkpoint", is_resdecay_source, convert=None))
+
+
 def save_checkpoint(state: dict, ckpt_dir: Path, step: int, keep_last: int) -> Path:
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -102,10 +114,11 @@ def load_checkpoint(path: str | Path) -> dict:
         raise CheckpointError(f"checkpoint {path} does not exist")
     ckpt = safe_load(path, CheckpointError, f"{path} is not a readable resdecay checkpoint ({{reason}})")
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        foreign = foreign_format(ckpt)
-        if foreign:
-            raise CheckpointError(f"{path} looks like a {foreign[1]} checkpoint, not a resdecay one; convert it first: "
-                                  f"resdecay import-weights {path} --format {foreign[0]} --preset PRESET --out imported.pt")
+        foreign = detect_import_format(SourceFile(path, lambda _: ckpt), native=False)
+        if foreign is not None:
+            raise CheckpointError(f"{path} looks like a {foreign.description} checkpoint, not a resdecay one; convert it "
+                                  f"first: resdecay import-weights {path} --format {foreign.name} --preset PRESET --out "
+                                  "imported.pt")
         raise CheckpointError(f"{path} is not a resdecay checkpoint (no '{FORMAT}' marker); "
                               "pass a file from <run>/checkpoints/")
     upgrade_config(ckpt.get("config") or {})
@@ -138,22 +151,6 @@ def exported_folder(path: Path) -> Path | None:
     if path.is_file() and path.name != "model.safetensors":
         return None
     return folder if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file() else None
-
-
-def foreign_format(obj) -> tuple[str, str] | None:
-    """(``import-weights --format``, description) when ``obj`` holds a ViT state_dict in a known
-    foreign key layout: the authors' U-Net MAE, facebookresearch/mae, or timm."""
-    if not isinstance(obj, dict):
-        return None
-    weights = next((obj[k] for k in ("model", "state_dict") if isinstance(obj.get(k), dict)), obj)
-    keys = {k for k in weights if isinstance(k, str)}
-    if not any(k.startswith("blocks.0.") for k in keys):
-        return None
-    if any(k.startswith("skip.") for k in keys):
-        return "unet-mae", "U-Net MAE (the authors' key layout; alpha_min from the file's args.min_decay, or --alpha-min when it has no args)"
-    if any(k.startswith("decoder_") for k in keys):
-        return "mae", "facebookresearch/mae pretraining"
-    return "timm-vit", "timm ViT"
 
 
 def upgrade_config(config: dict) -> None:

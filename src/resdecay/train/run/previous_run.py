@@ -14,8 +14,10 @@ import shutil
 from pathlib import Path
 
 from ...errors import UserError
+from .summary import PRETRAINED_RECORD
 
-RUN_FILES = ("checkpoints", "log.jsonl", "summary.json", "tb", "eval", "bad_files.txt", "summary.csv", "wandb", "mlruns")
+RUN_FILES = ("checkpoints", "log.jsonl", "summary.json", PRETRAINED_RECORD, "tb", "eval", "bad_files.txt", "summary.csv",
+             "wandb", "mlruns")
 # Settings a resumed run may change without being refused: they do not change what it computes, or (epochs)
 # they are how people extend a run; each change is still noted in one line.
 HARMLESS = {"train": {"device", "threads", "log_every", "ckpt_every", "keep_last", "out_dir", "compile",

@@ -1,6 +1,7 @@
 """What a run says about itself: the header printed at the start (model, data, batch and lr
-arithmetic, resume point) and ``<run>/summary.json`` at the end, including the summary of a resumed
-run that had nothing left to train."""
+arithmetic, resume point), ``<run>/summary.json`` at the end, including the summary of a resumed
+run that had nothing left to train, and ``<run>/pretrained.json``, the source a run's weights started
+from (``pretrain --from``), which summary.json repeats whichever launch of the run wrote it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from ...schedule import effective_decay
 from .. import distributed as dist_env
 from ..log.runlog import read_log
 from .environment import numerics_environment
+
+PRETRAINED_RECORD = "pretrained.json"  # in the run folder, beside summary.json
 
 
 def announce(run, resume: str | None) -> None:
@@ -65,6 +68,24 @@ def summary_scalars(summary: dict) -> dict[str, float]:
 def write_summary(out: Path, summary: dict) -> None:
     """``<run>/summary.json``, atomically and as strict JSON (a NaN would make the file unreadable)."""
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
+
+
+def write_pretrained_record(out: Path, record: dict) -> None:
+    """``<run>/pretrained.json``: where the run's weights came from (path, format, sha256, ...), atomically."""
+    atomic_write_text(Path(out) / PRETRAINED_RECORD, json.dumps(record, indent=2))
+
+
+def read_pretrained_record(out: Path) -> dict | None:
+    """The source a run's weights started from (its pretrained.json), or None for a run started from scratch."""
+    try:
+        return json.loads((Path(out) / PRETRAINED_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def remove_pretrained_record(out: Path) -> None:
+    """Forget a start's source: a fresh start without one, or one that failed before its first step."""
+    (Path(out) / PRETRAINED_RECORD).unlink(missing_ok=True)
 
 
 def not_json(constant: str):
