@@ -17,11 +17,11 @@ from resdecay.errors import UserError
 from resdecay.eval.diagnostics import diagnose, find_sites, ridge_r2
 from resdecay.eval.diagnostics.paths import PathStats
 from resdecay.eval.diagnostics.pixels import pixel_targets
-from resdecay.eval.diagnostics.record import Pass, hooked
-from resdecay.eval.diagnostics.runner import model_runner
 from resdecay.models.mae import TINY_MAE, MAEConfig, MaskedAutoencoder
 from resdecay.models.sit import SiT, SiTConfig
-from resdecay.nn.blocks import block_statistics
+from resdecay.stream.norms import block_norms
+from resdecay.stream.record import Pass, hooked
+from resdecay.stream.runner import model_runner
 
 
 def _jitter(model: nn.Module, scale: float = 0.05) -> nn.Module:
@@ -172,9 +172,7 @@ def test_pixel_r2_equals_scikit_learn_on_the_tokens():
 def test_branch_norms_are_the_profile_s():
     model, x, _ = mae()
     branches = diagnose(model, x, which=("branches",), batch_size=6)["branches"]
-    with torch.no_grad(), block_statistics(model.blocks) as rows:
-        model.forward_features(x)
-    for i, row in enumerate(rows):
+    for i, row in enumerate(block_norms(model, x)):
         for j, sub in enumerate(("attn", "mlp")):
             k = 2 * i + j
             assert branches["shortcut_norm"][k] == pytest.approx(row[f"shortcut_{sub}"], rel=1e-5)

@@ -14,7 +14,7 @@ from helpers.adapter_models import ROWS
 from helpers.traced_blocks import MODELS as TRACED
 from resdecay import decayify
 from resdecay.eval.diagnostics import diagnose
-from resdecay.eval.diagnostics.sites import stream_blocks
+from resdecay.stream.sites import stream_blocks
 
 # rows whose blocks do not end in a bare add, so the decomposition cannot rebuild the stream (the diagnostics say so
 # in their reconstruction error; the branch norms and the knock-out are measured all the same)

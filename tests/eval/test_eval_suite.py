@@ -64,19 +64,6 @@ def test_per_layer_profile_has_one_row_per_block(tiny_checkpoints, tmp_path):
     assert rep["profile_protocol"]["probe"]["feature_norm"] == "batchnorm"
 
 
-def test_shortcut_ratio_matches_a_hand_computation():
-    from resdecay.nn.blocks import Block
-
-    torch.manual_seed(0)
-    blk = Block(16, 2, alpha_attn=0.8, alpha_mlp=0.5)
-    x = torch.randn(3, 5, 16)
-    stats = {}
-    blk(x, stats)
-    f = blk.attn(blk.norm1(x))
-    assert stats["shortcut_attn"] / stats["branch_attn"] == pytest.approx(
-        float((0.8 * x).norm(dim=-1).mean() / f.detach().norm(dim=-1).mean()), rel=1e-5)
-
-
 @pytest.mark.slow
 def test_eval_cli_and_compare(tiny_checkpoints, tmp_path, capsys):
     out = tmp_path / "ev"

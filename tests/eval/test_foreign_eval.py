@@ -1,6 +1,6 @@
 """``resdecay eval`` on models trained elsewhere: a timm ViT with a weights file (plain and
 ``save_decayified``), a transformers ViTMAE folder and a diffusers DiT folder are measured by the same suite as
-a resdecay checkpoint, behind ``eval.foreign.ForeignEncoder``; ``--evals diagnostics`` prints the per-block table and
+a resdecay checkpoint, behind ``stream.foreign.ForeignEncoder``; ``--evals diagnostics`` prints the per-block table and
 writes its PNG; a model no adapter reaches, a missing ``--data`` and other bad input are refused in one line."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 
 import resdecay
 from helpers import ROOT, assert_one_line_error, run
-from resdecay.eval.foreign import ForeignEncoder
 from resdecay.interop.foreign_model import load_foreign
+from resdecay.stream.foreign import ForeignEncoder
 
 DIGITS_VIT = dict(img_size=8, patch_size=2, in_chans=1, depth=3, embed_dim=32, num_heads=2, num_classes=10)
 VIT_ARGS = [a for k, v in DIGITS_VIT.items() if k != "num_classes" for a in ("--model-arg", f"{k}={v}")]

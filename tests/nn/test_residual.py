@@ -14,12 +14,11 @@ from resdecay import alpha_schedule, decayify, register_shortcut, residual_add
 from resdecay.errors import ConfigError, RegistryError
 from resdecay.models import FAMILIES, build_model, tiny_config
 from resdecay.nn import residual
-from resdecay.nn.blocks import Block, block_statistics, decayed_add
+from resdecay.nn.blocks import Block, decayed_add
 from resdecay.nn.conditioning import AdaLNBlock
 from resdecay.nn.decayify import block_factors
 from resdecay.nn.residual import (
     ShortcutScale,
-    factors_of,
     residual_correction,
     scale_branch,
     scale_identity,
@@ -252,26 +251,3 @@ def test_decayified_spec_with_a_formula_saves_and_loads(tmp_path):
                                                                   num_heads=2, num_classes=0))
     assert fresh.resdecay_spec["shortcut"] == "scaled_branch"
     assert [block_factors(b) for b in fresh.blocks] == [block_factors(b) for b in vit.blocks]
-
-
-# ----------------------------------------------------------------------------- statistics read the same factors
-def test_block_statistics_read_the_factors_the_add_uses():
-    torch.manual_seed(0)
-    plan = shortcut_plan(1, 0.5, shortcut="two_minus")
-    blk = Block(16, 2, **{**plan.block_kwargs()[0], "learnable_alpha": (True, False)}).eval()
-    with torch.no_grad():
-        blk.alpha_attn.fill_(0.3)  # a trained alpha is read at its current value
-    x = torch.randn(2, 5, 16)
-    (a1, a2), (b1, b2) = factors_of(blk)
-    assert (a1, a2, b1, b2) == (pytest.approx(0.3), plan.alphas[0, 1].item(), plan.betas[0, 0].item(), plan.betas[0, 1].item())
-    norm = lambda t: float(t.float().norm(dim=-1).mean())  # noqa: E731
-    with torch.no_grad(), block_statistics([blk]) as rows:
-        out = blk(x)
-    with torch.no_grad():
-        f1 = blk.attn(blk.norm1(x))
-        h = residual_add(x, f1, blk.alpha_attn, b1)
-        f2 = blk.mlp(blk.norm2(h))
-    row = rows[0]
-    assert row["shortcut_attn"] == pytest.approx(norm(x) * a1) and row["branch_attn"] == pytest.approx(norm(f1) * b1)
-    assert row["shortcut_mlp"] == pytest.approx(norm(h) * a2) and row["branch_mlp"] == pytest.approx(norm(f2) * b2)
-    assert row["output"] == pytest.approx(norm(out))

@@ -22,8 +22,8 @@ import torch.nn as nn
 
 from ..errors import DataError, InputMismatch, UserError, one_line
 from ..io import file_sha256, first_sentence, run_dir_of
+from ..stream.foreign import ForeignEncoder, ForeignRun
 from ..train.distributed import resolve_device
-from .foreign import ForeignEncoder, ForeignRun
 from .inputs import check_data_path
 from .sources import Evaluation
 from .suite import EvalSettings, checked_checkpoint, described, evaluate, evaluate_checkpoint, measured_layers

@@ -10,8 +10,6 @@ ours key for key.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -20,7 +18,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .residual import decayed_add as decayed_add  # re-exported: the add's older name, kept for callers
-from .residual import factors_of, factors_repr, residual_add, set_block_factors
+from .residual import factors_repr, residual_add, set_block_factors
 
 
 def drop_path_module(rate: float) -> nn.Module:
@@ -120,10 +118,7 @@ class Block(nn.Module):
 
     grad_checkpointing = False  # set_grad_checkpointing: recompute this block's activations in the backward pass
 
-    def forward(self, x: torch.Tensor, stats: dict | None = None) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
-        """``stats``: a dict that receives this call's norm statistics (see ``block_statistics``)."""
-        if stats is not None:  # the per-layer profile's side channel, recorded by hooks
-            return self._forward_recording(x, stats)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
         if self.grad_checkpointing and torch.is_grad_enabled():
             return checkpoint(self._residual_adds, x, use_reentrant=False)
         return self._residual_adds(x)
@@ -132,11 +127,6 @@ class Block(nn.Module):
         x = residual_add(x, self.drop_path(self.attn(self.norm1(x))), self.alpha_attn, self.beta_attn)
         return residual_add(x, self.drop_path(self.mlp(self.norm2(x))), self.alpha_mlp, self.beta_mlp)
 
-    def _forward_recording(self, x: torch.Tensor, stats: dict) -> torch.Tensor:
-        with block_statistics([self]) as rows:
-            x = self(x)
-        stats.update(rows[0])
-        return x
 
     def zero_init_branches(self) -> None:
         """Zero each branch's last layer so the block starts as ``x -> alpha_attn*alpha_mlp*x``.
@@ -206,44 +196,6 @@ def init_patch_embed(patch_embed: PatchEmbed, zero_bias: bool = True) -> None:
     if zero_bias:
         nn.init.zeros_(patch_embed.proj.bias)
 
-
-
-@contextmanager
-def block_statistics(blocks) -> Iterator[list[dict]]:
-    """Record, per block run inside the ``with``, the mean per-token L2 norms of the scaled
-    shortcut and of each branch (``shortcut_attn``, ``branch_attn``, ``shortcut_mlp``,
-    ``branch_mlp``) and of the block's output (``output``): the per-layer profile's
-    shortcut-to-branch ratio. Forward hooks keep this side channel out of ``Block.forward``;
-    the branch norms are read before DropPath, which is the identity in eval mode. The factors
-    are read when each hook runs, from ``factors_of`` (the place the add reads them), so a
-    learnable alpha counts at its current value."""
-    stats: list[dict] = []
-    handles = []
-
-    def norm(t: torch.Tensor) -> float:
-        return float(t.detach().float().norm(dim=-1).mean())
-
-    def done(row: dict, out: torch.Tensor) -> None:  # returns None: a forward hook's return value replaces the output
-        row["output"] = norm(out)
-        stats.append(dict(row))
-
-    for blk in blocks:
-        row: dict = {}
-        hooks = (
-            (blk.norm1, "pre", lambda m, a, row=row, b=blk: row.update(shortcut_attn=norm(a[0]) * factors_of(b).alphas[0])),
-            (blk.attn, "post", lambda m, a, o, row=row, b=blk: row.update(branch_attn=norm(o) * factors_of(b).betas[0])),
-            (blk.norm2, "pre", lambda m, a, row=row, b=blk: row.update(shortcut_mlp=norm(a[0]) * factors_of(b).alphas[1])),
-            (blk.mlp, "post", lambda m, a, o, row=row, b=blk: row.update(branch_mlp=norm(o) * factors_of(b).betas[1])),
-            (blk, "post", lambda m, a, o, row=row: done(row, o)),
-        )
-        for module, kind, fn in hooks:
-            register = module.register_forward_pre_hook if kind == "pre" else module.register_forward_hook
-            handles.append(register(fn))
-    try:
-        yield stats
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def patchify(imgs: torch.Tensor, patch_size: int) -> torch.Tensor:

@@ -74,7 +74,7 @@ def side_add(x: torch.Tensor, branch: torch.Tensor, alpha: float | torch.Tensor,
     return torch.add(branch, x, alpha=alpha)
 
 
-# ``tap(x, branch, alpha, beta, add) -> output`` while the diagnostics record a forward (eval/diagnostics/record.py):
+# ``tap(x, branch, alpha, beta, add) -> output`` while the diagnostics record a forward (stream/record.py):
 # every ``residual_add`` of resdecay's blocks and of the adapters' replaced forwards is one add of the stream
 ADD_TAPS: list[Callable] = []
 

@@ -18,23 +18,26 @@ Nothing changes in the model: forward hooks read it (``record``), and every hook
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Literal
+
 import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
 from ...errors import UserError
+from ...stream.record import Pass, hooked, reading
+from ...stream.runner import Forward, image_batches, model_runner
+from ...stream.sites import Site, find_sites, patch_size_of
 from ..protocol import KNN_K
 from .branches import BranchStats
 from .knockout import UNITS, KnockoutStats
 from .paths import PathStats
 from .pixels import PixelStats, layer_patch, ridge_r2
-from .record import Pass, hooked, reading
-from .runner import Forward, image_batches, model_runner
-from .sites import Site, find_sites, patch_size_of
 
 DIAGNOSTICS = ("paths", "pixels", "branches", "knockout")
 
-__all__ = ["DIAGNOSTICS", "UNITS", "diagnose", "find_sites", "ridge_r2"]
+__all__ = ["DIAGNOSTICS", "UNITS", "DiagnoseOptions", "diagnose", "find_sites", "ridge_r2"]
 
 
 def _check_ran(sites: list[Site], rec: Pass) -> None:
@@ -185,26 +188,14 @@ class _Run:
         return out
 
 
-@torch.no_grad()
-def diagnose(model: nn.Module, images, *, train_images=None, labels=None, train_labels=None,
-             conditioning: tuple = (), forward: Forward | None = None, which: tuple = DIAGNOSTICS,
-             container: str | None = None, batch_size: int = 32, patch_size: int | tuple | None = None,
-             ridge: float = 1e-3, sigma: float | None = None, pixel_patches: int | None = 64,
-             knockout: str = "block", knockout_images: int | None = 256, pool: str = "mean",
-             knn_k: int = KNN_K, seed: int = 0) -> dict:
-    """Residual-stream diagnostics of ``model`` on ``images``: a JSON-able dict of per-layer lists.
+@dataclass(frozen=True)
+class DiagnoseOptions:
+    """How ``diagnose`` measures (every field a keyword of ``diagnose`` too).
 
     Args:
-        model: a resdecay model, or a timm / transformers / diffusers one (decayified or not).
-        images: the images measured, (N, C, H, W) tensor or array, or a Dataset of (image, label).
-        train_images: images the pixel ridge is fitted on and the kNN bank is built from; without
-            them the ridge fits on the even-numbered ``images`` and scores on the odd ones, and there is
-            no kNN.
-        labels, train_labels: class indices of ``images`` / ``train_images`` (else a Dataset's), for kNN.
-        conditioning: fixed values a diffusion backbone takes after x, e.g. ``(t, y)`` (``runner``).
-        forward: ``forward(model, x)`` running the stream's blocks, for a model ``runner`` does not know.
         which: the diagnostics to run, a subset of ``DIAGNOSTICS``.
-        container: the blocks read (``sites.stream_blocks``): default every stage of the first container; "all": every block.
+        container: the blocks read (``stream.sites.stream_blocks``): default every stage of the first container;
+            "all": every block.
         batch_size: images per forward.
         patch_size: the model's patch size, if it cannot be read from the model.
         ridge: the pixel ridge's relative penalty (``pixels.default_lambda``).
@@ -219,30 +210,75 @@ def diagnose(model: nn.Module, images, *, train_images=None, labels=None, train_
         pool: token pooling for the knock-out's pooled change and kNN ("mean", "cls", "patch_mean").
         knn_k: neighbours of the kNN vote.
         seed: seed of the pixel patches' sampling.
+    """
+
+    which: tuple = DIAGNOSTICS
+    container: str | None = None
+    batch_size: int = 32
+    patch_size: int | tuple | None = None
+    ridge: float = 1e-3
+    sigma: float | None = None
+    pixel_patches: int | None = 64
+    knockout: Literal["block", "sub_block"] = "block"
+    knockout_images: int | None = 256
+    pool: str = "mean"
+    knn_k: int = KNN_K
+    seed: int = 0
+
+    def checked(self) -> DiagnoseOptions:
+        bad = [w for w in self.which if w not in DIAGNOSTICS]
+        if bad:
+            raise UserError(f"unknown diagnostic(s) {', '.join(map(str, bad))}; choose from {', '.join(DIAGNOSTICS)}")
+        if self.knockout not in UNITS:
+            raise UserError(f"knockout unit {self.knockout!r} is unknown; choose one of {', '.join(UNITS)}")
+        return self
+
+
+def _options(options: DiagnoseOptions | None, settings: dict) -> DiagnoseOptions:
+    """``options`` with the keywords given to ``diagnose`` put in (an unknown one: one line)."""
+    known = {f.name for f in fields(DiagnoseOptions)}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise UserError(f"diagnose got unknown option(s) {', '.join(unknown)}; DiagnoseOptions has {', '.join(sorted(known))}")
+    return replace(options or DiagnoseOptions(), **settings).checked()
+
+
+@torch.no_grad()
+def diagnose(model: nn.Module, images, *, train_images=None, labels=None, train_labels=None,
+             conditioning: tuple = (), forward: Forward | None = None, options: DiagnoseOptions | None = None,
+             **settings) -> dict:
+    """Residual-stream diagnostics of ``model`` on ``images``: a JSON-able dict of per-layer lists.
+
+    Args:
+        model: a resdecay model, or a timm / transformers / diffusers one (decayified or not).
+        images: the images measured, (N, C, H, W) tensor or array, or a Dataset of (image, label).
+        train_images: images the pixel ridge is fitted on and the kNN bank is built from; without
+            them the ridge fits on the even-numbered ``images`` and scores on the odd ones, and there is
+            no kNN.
+        labels, train_labels: class indices of ``images`` / ``train_images`` (else a Dataset's), for kNN.
+        conditioning: fixed values a diffusion backbone takes after x, e.g. ``(t, y)`` (``stream.runner``).
+        forward: ``forward(model, x)`` running the stream's blocks, for a model ``stream.runner`` does not know.
+        options: how to measure (``DiagnoseOptions``); ``**settings``: any of its fields, given alone
+            (``which=("paths",)``, ``batch_size=8``), over ``options``.
 
     Returns:
         ``{"model", "blocks", "kinds", "sub_blocks", "alphas", "images", "train_images", "tokens", "width",
         "paths", "pixels", "branches", "knockout"}`` (the last four as asked by ``which``).
     """
-    bad = [w for w in which if w not in DIAGNOSTICS]
-    if bad:
-        raise UserError(f"unknown diagnostic(s) {', '.join(map(str, bad))}; choose from {', '.join(DIAGNOSTICS)}")
-    if knockout not in UNITS:
-        raise UserError(f"knockout unit {knockout!r} is unknown; choose one of {', '.join(UNITS)}")
-    sites = find_sites(model, container)
+    o = _options(options, settings)
+    which = tuple(o.which)
+    sites = find_sites(model, o.container)
     param = next((p for p in model.parameters() if p.is_floating_point()), None)
     device, dtype = (param.device, param.dtype) if param is not None else (torch.device("cpu"), torch.float32)
     knn = (train_images is not None and (train_labels is not None or isinstance(train_images, Dataset))
            and (labels is not None or isinstance(images, Dataset)))
-    opts = dict(batch_size=batch_size, patch_size=patch_size, ridge=ridge, sigma=sigma, pixel_patches=pixel_patches,
-                knockout=knockout, knockout_images=knockout_images, pool=pool, knn_k=knn_k, seed=seed,
-                split_test=train_images is None, knn=knn)
+    opts = {**asdict(o), "split_test": train_images is None, "knn": knn}
     was_training = model.training
     model.eval()
     try:
         with reading(sites), model_runner(model, conditioning, forward) as run:
-            first = next(image_batches(images, batch_size))[0].to(device=device, dtype=dtype)
-            state = _Run(model, _in_run_order(sites, run, first), tuple(which), opts)
+            first = next(image_batches(images, o.batch_size))[0].to(device=device, dtype=dtype)
+            state = _Run(model, _in_run_order(sites, run, first), which, opts)
             if train_images is not None and ("pixels" in which or ("knockout" in which and knn)):
                 state.feed("train", train_images, _tensor(train_labels), run, device, dtype)
             state.feed("test", images, _tensor(labels), run, device, dtype)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .sites import Site
+from ...stream.sites import Site
 
 EPS = 1e-12
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import torch
 
+from ...stream.record import Pass, hooked, replayed
+from ...stream.sites import Site
 from ..features.extract import pool_tokens
 from ..features.knn import knn_accuracy
 from ..protocol import KNN_K
-from .record import Pass, hooked, replayed
-from .sites import Site
 
 UNITS = ("block", "sub_block")
 

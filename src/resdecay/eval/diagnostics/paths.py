@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import torch
 
-from .record import Pass
-from .sites import Site
+from ...stream.record import Pass
+from ...stream.sites import Site
 
 CHUNK_ELEMENTS = 1 << 23  # elements of one stacked chunk of [parts, streams]: bounds the extra memory and the
 #                           length of each float32 dot product

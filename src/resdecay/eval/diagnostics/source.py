@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from ...data.resumable import check_first_sample
 from ...data.subsets import balanced_subset
 from ...errors import UserError
-from ..foreign import ForeignEncoder
+from ...stream.foreign import stream_model
 from ..inputs import eval_split
 from ..sources import Evaluation, Prepared, Source
 from . import diagnose
@@ -97,7 +97,7 @@ def diagnose_data(model, data, img_size: int, o: DiagnosticsOptions | None = Non
     (``data.subset_seed``), no augmentation. Returns (report, test images, train images).
 
     Args:
-        model: the network (a ``ForeignEncoder``'s library model is passed as itself, with its conditioning).
+        model: the network (``stream.foreign.stream_model``: a model trained elsewhere as its library's own).
         data: the ``DataConfig``; img_size: the side the model reads; o: the diagnostics' options;
         pool: the knock-out's pooling; o default: ``DiagnosticsOptions()``; conditioning: a diffusion backbone's fixed inputs; batch_size: per forward.
         in_chans: the channels the model takes, checked on the first image (None: not checked).
@@ -119,10 +119,9 @@ def _check(ev: Evaluation, metrics: list) -> None:
 
 def _prepare(ev: Evaluation, metrics: list):
     o = ev.settings.metric_settings().options_of(DIAGNOSTICS)
-    foreign = isinstance(ev.model, ForeignEncoder)
-    model, conditioning = (ev.model.model, ev.model.cfg.conditioning) if foreign else (ev.model, ())
+    model, conditioning = stream_model(ev.model)
     report, n_test, n_train = diagnose_data(model, ev.data, ev.img_size, o, ev.settings.feature, conditioning,
-                                            min(ev.settings.batch_size, 64), ev.model.cfg.in_chans if foreign else None)
+                                            min(ev.settings.batch_size, 64), ev.model.cfg.in_chans)
     card = {"train": {"data": ev.data.name, "images": n_train}, "test": {"data": ev.data.name, "images": n_test},
             "test_images": n_test, "train_images": n_train, "checkpoint_sha256": ev.sha, "diagnostics": asdict(o),
             "pool": ev.settings.feature, "pixel_r2_embedding": report["pixels"]["r2_pixels"][0],

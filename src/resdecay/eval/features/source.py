@@ -20,8 +20,7 @@ from ...data import check_first_sample
 from ...data.subsets import balanced_subset
 from ...errors import UserError
 from ...io import run_dir_of
-from ...nn.blocks import block_statistics as record_block_statistics
-from ..foreign import ForeignEncoder
+from ...stream.norms import block_norms as stream_block_norms
 from ..inputs import (
     bad_files_list,
     check_writable,
@@ -188,14 +187,10 @@ def prepare_layers(ev: Evaluation, metrics: list):
 
 @torch.no_grad()
 def block_norms(model, dataset, n: int, device) -> list[dict]:
-    """Per-block mean token norms on the first ``n`` images (``nn.blocks.block_statistics``): of the
+    """Per-block mean token norms on the first ``n`` images (``stream.norms.block_norms``): of the
     output, and of the scaled shortcut and the branch of the attention and MLP sub-blocks."""
     images = torch.stack([dataset[i][0] for i in range(min(n, len(dataset)))]).to(device)
-    if isinstance(model, ForeignEncoder):  # a model trained elsewhere: read by the diagnostics' hooks
-        return model.block_statistics(images)
-    with record_block_statistics(model.blocks) as stats:
-        model.forward_intermediates(images, [len(model.blocks) - 1])
-    return stats
+    return stream_block_norms(model, images)
 
 
 def prepare_blocks(ev: Evaluation, metrics: list):

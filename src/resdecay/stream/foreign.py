@@ -3,8 +3,8 @@
 ``resdecay eval`` measures a resdecay checkpoint through ``model.forward_intermediates``, ``model.blocks``
 and ``model.cfg``. ``ForeignEncoder`` gives any timm / torchvision / transformers / diffusers model the
 same members: its residual stream's blocks are found as ``decayify`` finds them (the adapters,
-``diagnostics.sites.stream_blocks``), a block's output is read by a forward hook, and the model is run
-as the diagnostics run it (``diagnostics.runner.model_runner``: a transformers MAE unmasked, a
+``sites.stream_blocks``), a block's output is read by a forward hook, and the model is run
+as the diagnostics run it (``runner.model_runner``: a transformers MAE unmasked, a
 diffusers backbone with a fixed timestep and class). A model whose blocks no adapter reaches is refused
 in one line. ``ForeignRun`` stands in for the ``RunConfig`` of a checkpoint: the model's shape, the data
 the user named, and the seed of the random-init baseline (the same architecture, freshly initialised).
@@ -25,10 +25,8 @@ import torch.nn as nn
 from ..errors import UserError, one_line
 from ..io import first_sentence
 from ..nn.decayify import alphas_of, residual_blocks
-from .diagnostics.branches import BranchStats
-from .diagnostics.record import Pass, hooked, reading
-from .diagnostics.runner import model_runner
-from .diagnostics.sites import find_sites, patch_size_of, stream_blocks
+from .runner import model_runner
+from .sites import patch_size_of, stream_blocks
 
 
 @dataclass
@@ -206,27 +204,6 @@ class ForeignEncoder(nn.Module):
                 h.remove()
         return [outs[i] for i in wanted]
 
-    @torch.no_grad()
-    def block_statistics(self, images: torch.Tensor) -> list[dict]:
-        """The per-layer profile's norm columns (``nn.blocks.block_statistics``' keys) of each block on
-        ``images``, read by the diagnostics' hooks: mean per-token norms of the scaled shortcut and the
-        branch of each sub-block, and of the block's output."""
-        sites = find_sites(self.model)
-        branches, rec = BranchStats(sites), Pass()
-        with reading(sites), hooked(sites, rec, on_pair=branches), model_runner(self.model, self.cfg.conditioning) as run:
-            run(images)
-        summary, rows, k = branches.summary(), [], 0
-        for i, site in enumerate(sites):
-            row = {}
-            for j in range(len(site.subs)):
-                if j < 2:  # the profile's columns: attention, then MLP
-                    role = ("attn", "mlp")[j]
-                    row[f"shortcut_{role}"], row[f"branch_{role}"] = summary["shortcut_norm"][k], summary["branch_norm"][k]
-                k += 1
-            row["output"] = float(rec.outputs[i].float().norm(dim=-1).mean())
-            rows.append(row)
-        return rows
-
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_intermediates(x, [-1])[0]
 
@@ -253,3 +230,11 @@ def _input_chans(model: nn.Module) -> int | None:
             return int(v)
     conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)  # the stem / patch projection
     return conv.in_channels if conv is not None else None
+
+
+def stream_model(model: nn.Module) -> tuple[nn.Module, tuple]:
+    """(the network whose residual stream is read, the fixed conditioning it runs with): a ``ForeignEncoder``'s
+    library model and its conditioning (the report names the library's blocks), any other model as it is."""
+    if isinstance(model, ForeignEncoder):
+        return model.model, model.cfg.conditioning
+    return model, ()

@@ -19,9 +19,9 @@ from typing import Callable, Iterator
 import torch
 import torch.nn as nn
 
-from ...errors import UserError
-from ...nn.adapters import hooks as adapter_hooks
-from ...nn.residual import ADD_TAPS, scale_branch
+from ..errors import UserError
+from ..nn.adapters import hooks as adapter_hooks
+from ..nn.residual import ADD_TAPS, scale_branch
 from .sites import Site, as_tokens, grid_of
 
 PairHook = Callable[[int, int, torch.Tensor, torch.Tensor], None]  # (block, sub-block, x, branch)

@@ -23,11 +23,11 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from ...errors import UserError
-from ...nn.adapters import AT_RESIDUAL_ADD, BlockAdapter, Role
-from ...nn.conditioning import AdaLNBlock
-from ...nn.decayify import COVERAGE, block_adapters
-from ...nn.residual import factors_of
+from ..errors import UserError
+from ..nn.adapters import AT_RESIDUAL_ADD, BlockAdapter, Role
+from ..nn.conditioning import AdaLNBlock
+from ..nn.decayify import COVERAGE, block_adapters
+from ..nn.residual import factors_of
 
 
 @dataclass
@@ -157,7 +157,7 @@ def stream(model: nn.Module, container: str | None = None) -> list[tuple[str, nn
     """(name, block, adapter) of the residual stream's blocks, in module order: the blocks of every stage of the first
     container that holds a block (``blocks``, ``vit.layers``, or ``layers.0.blocks`` with ``layers.1.blocks``
     ...: containers whose names differ only in their numbers are stages of one stream; an MAE's decoder blocks
-    are another stream). What the evaluators read from a model trained elsewhere (``eval/foreign.py``).
+    are another stream). What the evaluators read from a model trained elsewhere (``foreign.py``).
 
     Args:
         model: the network.
@@ -183,21 +183,35 @@ def stream(model: nn.Module, container: str | None = None) -> list[tuple[str, nn
             if (parent == container if exact else pattern == chosen)]
 
 
+def sites_of(model: nn.Module, blocks: list[nn.Module]) -> list[Site]:
+    """The ``Site`` of each of ``blocks`` (a model contract's ``blocks``), in their order.
+
+    Raises:
+        UserError: a block the adapters do not reach, or whose adapter does not say where its adds are.
+    """
+    found = {id(m): (n, m, a) for n, m, a in _candidates(model)}
+    missing = [type(b).__name__ for b in blocks if id(b) not in found]
+    if missing:
+        raise UserError(f"found no adapter for the block {missing[0]} of {type(model).__name__}; {COVERAGE}")
+    return [_site(*found[id(b)]) for b in blocks]
+
+
+def _site(name: str, block: nn.Module, adapter: BlockAdapter | None) -> Site:
+    site = site_of(name, block, adapter)
+    if site is None:
+        raise UserError(f"the stream reader cannot read the adds of {name} ({type(block).__module__}."
+                        f"{type(block).__name__}): its adapter states no roles; give it reads= (Role per add, "
+                        "docs/EXTENDING.md)")
+    return site
+
+
 def find_sites(model: nn.Module, container: str | None = None) -> list[Site]:
     """The ``Site`` of every block of the residual stream (``stream_blocks``), in module order.
 
     Raises:
         UserError: no residual block that the adapters reach, or one whose adapter does not say where its adds are.
     """
-    sites = []
-    for name, block, adapter in stream(model, container):
-        site = site_of(name, block, adapter)
-        if site is None:
-            raise UserError(f"diagnostics cannot read the adds of {name} ({type(block).__module__}."
-                            f"{type(block).__name__}): its adapter states no roles; give it reads= (Role per add, "
-                            "docs/EXTENDING.md)")
-        sites.append(site)
-    return sites
+    return [_site(*entry) for entry in stream(model, container)]
 
 
 def patch_size_of(model: nn.Module) -> tuple[int, int] | None:
