@@ -12,8 +12,9 @@ from helpers.interop import authors_unet_layout, resdecay_checkpoint, same_mae_o
 from resdecay import decayify
 from resdecay.errors import CheckpointError
 from resdecay.interop import save_decayified
-from resdecay.interop.import_weights import import_weights, suggested_heads
+from resdecay.interop.import_weights import import_weights
 from resdecay.train.checkpoint import load_model
+from resdecay.train.config import suggested_heads
 
 # the encoder's dimensions come from the timm weights; heads and a small decoder from here
 TIMM = ["model.num_heads=3", "model.decoder_embed_dim=32", "model.decoder_depth=2", "model.decoder_num_heads=2"]

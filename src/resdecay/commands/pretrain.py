@@ -14,10 +14,10 @@ from ..train import train
 from ..train.checkpoint import list_checkpoints
 from ..train.config import RunConfig, load_config
 from ..train.distributed import is_main_process
-from ..train.run.summary import read_pretrained_record, remove_pretrained_record, write_summary
+from ..train.run.summary import forget_stale_record, read_pretrained_record, remove_pretrained_record, write_summary
 from ..viz.online_figures import online_hooks
 from .check_data import check_data
-from .pretrain_from import Source, forget_stale_record, resolve_source
+from .pretrain_from import Source, resolve_source
 
 
 def train_with_online_eval(cfg: RunConfig, **options) -> dict:

@@ -24,13 +24,13 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError, UserError, one_line
-from ..interop.import_weights import Pretrained, load_pretrained, source_format
+from ..interop.import_weights import Pretrained, pretrained_from, source_format
 from ..models import build_model, model_config_class
 from ..train.checkpoint import field_defaults
 from ..train.config import RunConfig
 from ..train.distributed import is_main_process
 from ..train.import_formats import IMPORT_FORMATS, ImportFormat, import_format
-from ..train.run.summary import remove_pretrained_record, write_pretrained_record
+from ..train.run.summary import write_pretrained_record
 
 IGNORED = {"family", "zero_init", "grad_checkpointing"}  # initialisation and memory: no effect on loaded weights
 HEADS = {"embed_dim": "num_heads", "decoder_embed_dim": "decoder_num_heads"}
@@ -87,7 +87,7 @@ def resolve_source(source: str, preset: str, cfg: RunConfig, fmt: str | None = N
     form = import_format(fmt) if fmt is not None else source_format(path)
     if not form.native and import_preset is None:  # what the file does not say (heads, data): the run's preset
         import_preset = preset
-    pretrained = load_pretrained(path, form.name, import_preset, alpha_min, import_overrides)
+    pretrained = pretrained_from(path, form, import_preset, alpha_min, import_overrides)
     state = pretrained.state
     check_decoder(source, state, form)
     check_fits(source, preset, state["model"], state["config"]["model"], cfg.model)
@@ -172,14 +172,3 @@ def value_text(value) -> str:
 
 def settings(changed: dict, which: int) -> str:
     return " ".join(f"model.{k}={value_text(pair[which])}" for k, pair in changed.items())
-
-
-def forget_stale_record(out_dir: Path):
-    """``train(init=...)`` for a run without --from: a fresh start in a folder that kept another start's record
-    (an --overwrite, a start killed before its first log row) removes it."""
-
-    def init(model: torch.nn.Module) -> None:
-        if is_main_process():
-            remove_pretrained_record(out_dir)
-
-    return init

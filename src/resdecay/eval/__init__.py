@@ -16,7 +16,6 @@ from .features import source as features_source
 from .features.extract import extract_block_features, pool_tokens
 from .features.knn import knn_accuracy, knn_scores
 from .features.rank import effective_rank
-from .features.sets import BlockStats, FeatureSet, LayerSet
 from .fid import metric as fid_metric
 from .fid import source as fid_source
 from .metrics import Metric, register_metric, unregister_metric
@@ -24,6 +23,7 @@ from .probing import metrics as probing_metrics
 from .probing import source as probing_source
 from .segmentation import metric as segmentation_metric
 from .segmentation import source as segmentation_source
+from .sets import BlockStats, FeatureSet, LayerSet
 from .sources import Prepared, Source, register_source, unregister_source
 
 # The built-ins, registered here in the order that is every table's column order (a plugin's come after).

@@ -46,9 +46,9 @@ from ..errors import Registry, RegistryError, UserError, defined_at
 from ..io import atomic_write_text
 from . import options as opts
 from .display import Column, Display, TableSpec
-from .features.sets import BlockStats, FeatureSet, LayerSet  # plugins written before the sources import them here
 from .inputs import warn, write_failure
 from .protocol import MetricSettings
+from .sets import BlockStats, FeatureSet, LayerSet
 from .sources import (
     BLOCKS,
     DIFFUSION,

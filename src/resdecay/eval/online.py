@@ -31,10 +31,10 @@ import torch.distributed as dist
 from ..diffusion.samplers import DEFAULT_SAMPLER, DEFAULT_STEPS
 from ..models import is_diffusion
 from .features.extract import extract_block_features
-from .features.sets import FeatureSet
 from .inputs import fixed_subsets
 from .metrics import DIFFUSION, FEATURES, SAMPLES, measure, measure_prepared, registered
 from .protocol import FAST_RECIPE, KNN_K, ONLINE_LEVELS, MetricSettings
+from .sets import FeatureSet
 from .sources import Evaluation, get_source
 
 FEATURE = "mean"  # the pooling online kNN / probe use: all tokens of the last block

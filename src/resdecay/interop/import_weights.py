@@ -28,7 +28,7 @@ from ..errors import CheckpointError, UserError, one_line
 from ..io import atomic_save, file_sha256
 from ..models import ClassifierConfig, build_model
 from ..train.checkpoint import FORMAT, exported_folder, exported_message, list_checkpoints, load_checkpoint, load_model
-from ..train.config import RunConfig, _read_preset, from_dict, parse_overrides
+from ..train.config import RunConfig, import_config, parse_overrides
 from ..train.distributed import is_main_process
 from ..train.import_formats import (
     IMPORT_FORMATS,
@@ -89,37 +89,6 @@ def _alpha_settings(form: ImportFormat, alpha_min: float | None, stated: Stated,
     return {"alpha_min": float(alpha_min)}
 
 
-def suggested_heads(width: int) -> int:
-    """A number of heads for ``width`` channels: a divisor of it (so at least 1), nearest to 64-wide heads."""
-    return min((h for h in range(1, width + 1) if width % h == 0), key=lambda h: (abs(h - width / 64), h))
-
-
-def _run_config(preset: str, fixed: dict, where: dict, defaults: dict, given: dict[str, dict]):
-    """The preset, then the format's defaults, the user's overrides and what the weights and the
-    file fix (``fixed``; an override that contradicts one is refused, naming ``where`` it comes from)."""
-    raw = _read_preset(preset)
-    family = (raw.get("model") or {}).get("family", "mae")
-    if family != "mae":
-        raise UserError(f"--preset must be an MAE preset (its heads, data and training settings), not family {family!r}")
-    for key, value in given.get("model", {}).items():
-        if key in fixed and value != fixed[key]:
-            raise UserError(f"{where.get(key, 'the weights')} set model.{key} = {fixed[key]} for this import; "
-                            f"drop the override model.{key}={value}")
-    preset_model = raw.get("model") or {}
-    # weights do not show the number of heads: the preset's is only trusted at the preset's width
-    for width, heads in (("embed_dim", "num_heads"), ("decoder_embed_dim", "decoder_num_heads")):
-        if (width in fixed and fixed[width] != preset_model.get(width) and heads not in given.get("model", {})
-                and heads not in fixed):
-            n = suggested_heads(fixed[width])
-            raise UserError(f"the weights have {width} {fixed[width]} but preset {preset!r} has {preset_model.get(width)}, so its "
-                            f"{heads} may not be theirs; give model.{heads}=N (e.g. {n}: {fixed[width] // n}-wide heads)")
-    raw["model"] = {**preset_model, **defaults, **given.get("model", {}), **fixed}
-    for section, values in given.items():
-        if section != "model":
-            raw.setdefault(section, {}).update(values)
-    return from_dict(raw, preset=Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset)
-
-
 @dataclass(frozen=True)
 class ImportedModel:
     """A source converted in memory."""
@@ -170,7 +139,12 @@ def imported_state(imported: ImportedModel) -> dict:
 def import_in_memory(src: str | Path, fmt: str, preset: str, alpha_min: float | None = None,
                      overrides: list[str] | None = None) -> ImportedModel:
     """``import_weights`` without writing a file (``finetune --from`` / ``pretrain --from`` import in memory)."""
-    form = import_format(fmt, native=False)
+    return converted_model(src, import_format(fmt, native=False), preset, alpha_min, overrides)
+
+
+def converted_model(src: str | Path, form: ImportFormat, preset: str, alpha_min: float | None = None,
+                    overrides: list[str] | None = None) -> ImportedModel:
+    """``import_in_memory`` with the format already looked up."""
     source = SourceFile(Path(src), read_weights_file, str(src))
     converted = run_hook(form, "convert", source.given, source)
     if not isinstance(converted, ConvertedWeights):
@@ -184,7 +158,7 @@ def import_in_memory(src: str | Path, fmt: str, preset: str, alpha_min: float | 
     where = {k: f"{name}'s {w}" for k, (_, w) in stated.items()}
     if alpha:
         where["alpha_min"] = how if flag is not None else f"--format {form.name} (no alpha in the file: 1)"
-    cfg = _run_config(preset, fixed, where, {"zero_init": False, **form.model_defaults}, given)
+    cfg = import_config(preset, fixed, where, {"zero_init": False, **form.model_defaults}, given)
     if form.check is not None:
         run_hook(form, "check", name, cfg.model, weights, name)
     fresh_decoder = not form.has_decoder and head is None  # encoder only: an MAE whose decoder starts fresh
@@ -250,7 +224,13 @@ def load_pretrained(source: str | Path, fmt: str | None = None, import_preset: s
     when it is not a resdecay checkpoint (``import_preset``, ``alpha_min`` and ``import_overrides``
     as ``resdecay import-weights``' ``--preset``, ``--alpha-min`` and key=value)."""
     path = Path(source)
-    form = import_format(fmt) if fmt is not None else source_format(path)
+    return pretrained_from(path, import_format(fmt) if fmt is not None else source_format(path), import_preset,
+                           alpha_min, import_overrides)
+
+
+def pretrained_from(path: Path, form: ImportFormat, import_preset: str | None = None, alpha_min: float | None = None,
+                    import_overrides: list[str] | None = None) -> Pretrained:
+    """``load_pretrained`` with the format already known (looked up or detected)."""
     if form.native:
         given = [f for f, v in (("--import-preset", import_preset), ("--alpha-min", alpha_min),
                                 ("--import-override", import_overrides)) if v]
@@ -268,7 +248,7 @@ def load_pretrained(source: str | Path, fmt: str | None = None, import_preset: s
                         "(heads, data), e.g. --import-preset mae-b16-plain for an ImageNet ViT-B/16")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        imported = import_in_memory(path, form.name, import_preset, alpha_min, import_overrides)
+        imported = converted_model(path, form, import_preset, alpha_min, import_overrides)
     for w in caught:  # import-weights' warnings, one line each, as that command prints them
         if is_main_process():
             print(f"warning: {one_line(w.message)}")

@@ -42,7 +42,7 @@ from .adapters import adapter_for, adapters, nearest_supported
 from .adapters.depth_order import depth_order_for
 from .adapters.hooks import remove as _remove_hooks
 from .adapters.hooks import unguard
-from .adapters.registry import BlockAdapter, keep_traced, traced_adapter_of
+from .adapters.registry import BlockAdapter
 from .adapters.traced import trace_blocks
 from .config_record import recorder
 from .residual import ShortcutScale, check_shortcut, factors_of, shortcut_plan  # noqa: F401  (ShortcutScale: public here before)
@@ -87,13 +87,9 @@ def _supported_blocks(model: nn.Module, refused: list | None = None, on_blocks: 
         adapter = adapter_for(m)
         if adapter is not None:
             found.append((name, m, adapter))
-            if adapter is traced_adapter_of(m):  # traced by an earlier query: kept where this call keeps it
-                keep_traced(m, adapter, on_blocks)
-    traced, left = trace_blocks(model, [name for name, _, _ in found])
+    traced, left = trace_blocks(model, found, on_blocks)
     if refused is not None:
         refused += left
-    for _, block, adapter in traced:
-        keep_traced(block, adapter, on_blocks)
     depth = {name: i for i, (name, _) in enumerate(model.named_modules())}
     return sorted(found + traced, key=lambda entry: depth[entry[0]])
 
@@ -117,7 +113,7 @@ def unsupported_blocks(model: nn.Module, found: list[tuple[str, nn.Module, str]]
     done = [name for name, _, _ in found]
     out: list[tuple[str, str]] = []
     for name, m in model.named_modules():
-        if adapter_for(m) is not None or not _LOOKS_RESIDUAL.search(type(m).__name__):
+        if not _LOOKS_RESIDUAL.search(type(m).__name__):  # a block an adapter takes is in ``found`` or inside one
             continue
         related = any(name == d or name.startswith(d + ".") or d.startswith(name + ".") for d in done) or (
             name == "" and bool(done))  # the model itself, named like a block, holding supported blocks
@@ -167,10 +163,10 @@ def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_
     """
     refused: list = []
     found = _supported_blocks(model, refused)
+    order = depth_order_for(model)
     skipped, why = _left_blocks(model, found, refused)
     if not found:
         raise TypeError(_refusal(model, skipped, why))
-    order = depth_order_for(model)
     chosen = _check_options(model, found, order, options)
     plain: list = []
     if order is not None:  # a U-Net: down, mid, up (diffusers registers up before mid)

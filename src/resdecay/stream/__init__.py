@@ -7,9 +7,9 @@ trained elsewhere is given (``foreign.ForeignEncoder``). The evaluators (``eval/
 
 from .foreign import ForeignEncoder, ForeignRun, stream_model
 from .norms import block_norms
-from .record import Pass, hooked, reading
-from .runner import model_runner
+from .record import Pass, hooked, in_run_order
+from .runner import model_runner, reading
 from .sites import Site, SubBlock, find_sites, sites_of, stream_blocks
 
 __all__ = ["ForeignEncoder", "ForeignRun", "Pass", "Site", "SubBlock", "block_norms", "find_sites", "hooked",
-           "model_runner", "reading", "sites_of", "stream_blocks", "stream_model"]
+           "in_run_order", "model_runner", "reading", "sites_of", "stream_blocks", "stream_model"]

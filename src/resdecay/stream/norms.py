@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .record import Pass, hooked, reading
+from .record import Pass, hooked
+from .runner import reading
 from .sites import Site, sites_of
 
 ROLES = ("attn", "mlp")  # the profile's columns, in the order a block runs its adds

@@ -6,8 +6,7 @@ the knocked-out one replayed from a recorded pass instead of recomputed.
 An add is read where its ``Role`` says (``sites.py``): by forward hooks on the module that receives x and the one
 whose output is f (and on a projection shortcut's module), or at ``residual_add`` itself through its tap
 (``nn.residual.ADD_TAPS``), which knows which block is running from the blocks' own pre-hooks. Feature maps are
-recorded as tokens (``sites.as_tokens``). Nothing in the model's code changes; every hook, tap and temporarily
-installed forward is removed on exit.
+recorded as tokens (``as_tokens``). Nothing in the model's code changes; every hook and tap is removed on exit.
 """
 
 from __future__ import annotations
@@ -20,11 +19,27 @@ import torch
 import torch.nn as nn
 
 from ..errors import UserError
-from ..nn.adapters import hooks as adapter_hooks
 from ..nn.residual import ADD_TAPS, scale_branch
-from .sites import Site, as_tokens, grid_of
+from .sites import Site
 
 PairHook = Callable[[int, int, torch.Tensor, torch.Tensor], None]  # (block, sub-block, x, branch)
+
+
+def as_tokens(t: torch.Tensor, first: bool) -> torch.Tensor:
+    """(B, T, D) from a stream tensor: token sequences as they are, a feature map's positions as tokens."""
+    if t.dim() == 3:
+        return t
+    if t.dim() == 4:
+        return t.flatten(2).transpose(1, 2) if first else t.flatten(1, 2)
+    raise UserError(f"diagnostics read token sequences (B, T, D) and feature maps (B, C, H, W); a block's stream "
+                    f"has shape {tuple(t.shape)}")
+
+
+def grid_of(t: torch.Tensor, first: bool) -> tuple[int, int] | None:
+    """The (rows, columns) of a feature map's positions; None for a token sequence."""
+    if t.dim() != 4:
+        return None
+    return (t.shape[2], t.shape[3]) if first else (t.shape[1], t.shape[2])
 
 
 @dataclass
@@ -235,22 +250,6 @@ def hooked(sites: list[Site], rec: Pass | None = None, on_pair: PairHook | None 
             h.remove()
 
 
-@contextlib.contextmanager
-def reading(sites: list[Site]) -> Iterator[None]:
-    """The adapters' replaced forwards on the blocks ``decayify`` left at alpha 1 (it installs none there), at the
-    blocks' own factors, for the duration: their adds are ``residual_add`` calls, where the tap reads them."""
-    installed = [s for s in sites if s.forward is not None]
-    try:
-        for s in installed:
-            adapter_hooks.replace_forward(s.block, s.forward, [sub.alpha for sub in s.subs],
-                                          [sub.beta for sub in s.subs])
-        yield
-    finally:
-        for s in installed:
-            s.block.__dict__.pop("forward", None)
-            s.block.__dict__.pop("resdecay_factors", None)
-
-
 _MISSING = object()
 
 
@@ -273,3 +272,13 @@ def replayed(sites: list[Site], rec: Pass, upto: int) -> Iterator[None]:
                 block.__dict__.pop("forward", None)
             else:
                 block.__dict__["forward"] = fwd
+
+
+def in_run_order(sites: list[Site], run: Callable[[torch.Tensor], object], images: torch.Tensor) -> list[Site]:
+    """``sites`` in the order the forward ``run`` runs them on ``images`` (a U-Net's attention blocks are registered
+    before the ResNet blocks they follow): what a path decomposition and a knock-out's replay assume."""
+    rec = Pass()
+    with hooked(sites, rec):
+        run(images)
+    ran = rec.order + [i for i in range(len(sites)) if i not in rec.order]
+    return [sites[i] for i in ran]

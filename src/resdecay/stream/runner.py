@@ -15,6 +15,9 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 
+from ..nn.adapters import hooks as adapter_hooks
+from .sites import Site
+
 Forward = Callable[[nn.Module, torch.Tensor], Any]
 
 
@@ -64,7 +67,7 @@ def _base_model(model: nn.Module) -> nn.Module:
 
 
 @contextlib.contextmanager
-def model_runner(model: nn.Module, conditioning: tuple = (), forward: Forward | None = None
+def model_runner(model: nn.Module, conditioning: tuple = (), forward: Forward | None = None, sites: tuple = ()
                  ) -> Iterator[Callable[[torch.Tensor], None]]:
     """A function that runs ``model`` on a batch of images (B, C, H, W), for the duration.
 
@@ -73,7 +76,14 @@ def model_runner(model: nn.Module, conditioning: tuple = (), forward: Forward | 
         conditioning: fixed values given to every image, in the order the model takes them after x
             (SiT / U-ViT: ``(t, y)``; diffusers: timestep, class label); ``y=None`` is the null label.
         forward: ``forward(model, x)`` to call instead (a model none of the above covers).
+        sites: the blocks whose adds will be read (``reading``: their adapters' forwards installed where needed).
     """
+    with _runner(model, conditioning, forward) as run, reading(sites):
+        yield run
+
+
+@contextlib.contextmanager
+def _runner(model: nn.Module, conditioning: tuple, forward: Forward | None) -> Iterator[Callable[[torch.Tensor], None]]:
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
     def cond(x: torch.Tensor) -> list:
@@ -113,3 +123,19 @@ def image_batches(images, batch_size: int) -> Iterator[tuple[torch.Tensor, torch
 
 def count(images) -> int:
     return len(images)
+
+
+@contextlib.contextmanager
+def reading(sites: list[Site]) -> Iterator[None]:
+    """The adapters' replaced forwards on the blocks ``decayify`` left at alpha 1 (it installs none there), at the
+    blocks' own factors, for the duration: their adds are ``residual_add`` calls, where the tap reads them."""
+    installed = [s for s in sites if s.forward is not None]
+    try:
+        for s in installed:
+            adapter_hooks.replace_forward(s.block, s.forward, [sub.alpha for sub in s.subs],
+                                          [sub.beta for sub in s.subs])
+        yield
+    finally:
+        for s in installed:
+            s.block.__dict__.pop("forward", None)
+            s.block.__dict__.pop("resdecay_factors", None)

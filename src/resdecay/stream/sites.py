@@ -10,8 +10,8 @@ last module (a ResNet / ConvNeXt block, with its projection shortcut where it ha
 ``residual_add`` (resdecay's blocks, every replaced forward: diffusers' DiT, PixArt, SD3, Flux, a traced
 block). There is no second table of roles here. A block whose adapter states nothing is refused in one line.
 
-A stream of feature maps is read as tokens: (B, C, H, W) maps (a conv block) and (B, H, W, C) maps (Swin)
-become (B, H*W, C); which of the two a block takes is read off its first layer (``channels_first``).
+Which layout a feature-map block takes, (B, C, H, W) (a conv block) or (B, H, W, C) (Swin), is read off its first
+layer (``channels_first``); ``record.py`` reads both as tokens.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
 import torch.nn as nn
 
 from ..errors import UserError
@@ -86,23 +85,6 @@ def channels_first(block: nn.Module) -> bool:
         if isinstance(m, (nn.Linear, nn.LayerNorm)):
             return False
     return True
-
-
-def as_tokens(t: torch.Tensor, first: bool) -> torch.Tensor:
-    """(B, T, D) from a stream tensor: token sequences as they are, a feature map's positions as tokens."""
-    if t.dim() == 3:
-        return t
-    if t.dim() == 4:
-        return t.flatten(2).transpose(1, 2) if first else t.flatten(1, 2)
-    raise UserError(f"diagnostics read token sequences (B, T, D) and feature maps (B, C, H, W); a block's stream "
-                    f"has shape {tuple(t.shape)}")
-
-
-def grid_of(t: torch.Tensor, first: bool) -> tuple[int, int] | None:
-    """The (rows, columns) of a feature map's positions; None for a token sequence."""
-    if t.dim() != 4:
-        return None
-    return (t.shape[2], t.shape[3]) if first else (t.shape[1], t.shape[2])
 
 
 def _roles(block: nn.Module, adapter: BlockAdapter | None) -> tuple[list[Role], str, Callable | None] | None:

@@ -341,3 +341,35 @@ def default_out_dir(preset: str, overrides: dict[str, dict]) -> str:
     if len(name) > 100:  # keep paths short; the hash keeps distinct settings apart
         name = f"{name[:80]}_{hashlib.sha256(name.encode()).hexdigest()[:10]}"
     return f"runs/{name}"
+
+
+def suggested_heads(width: int) -> int:
+    """A number of heads for ``width`` channels: a divisor of it (so at least 1), nearest to 64-wide heads."""
+    return min((h for h in range(1, width + 1) if width % h == 0), key=lambda h: (abs(h - width / 64), h))
+
+
+def import_config(preset: str, fixed: dict, where: dict, defaults: dict, given: dict[str, dict]) -> RunConfig:
+    """The run config of imported weights (``import-weights``, ``--from``): the MAE preset, then the format's
+    defaults, the user's overrides and what the weights and the file fix (``fixed``; an override that contradicts
+    one is refused, naming ``where`` it comes from)."""
+    raw = _read_preset(preset)
+    family = (raw.get("model") or {}).get("family", "mae")
+    if family != "mae":
+        raise UserError(f"--preset must be an MAE preset (its heads, data and training settings), not family {family!r}")
+    for key, value in given.get("model", {}).items():
+        if key in fixed and value != fixed[key]:
+            raise UserError(f"{where.get(key, 'the weights')} set model.{key} = {fixed[key]} for this import; "
+                            f"drop the override model.{key}={value}")
+    preset_model = raw.get("model") or {}
+    # weights do not show the number of heads: the preset's is only trusted at the preset's width
+    for width, heads in (("embed_dim", "num_heads"), ("decoder_embed_dim", "decoder_num_heads")):
+        if (width in fixed and fixed[width] != preset_model.get(width) and heads not in given.get("model", {})
+                and heads not in fixed):
+            n = suggested_heads(fixed[width])
+            raise UserError(f"the weights have {width} {fixed[width]} but preset {preset!r} has {preset_model.get(width)}, so its "
+                            f"{heads} may not be theirs; give model.{heads}=N (e.g. {n}: {fixed[width] // n}-wide heads)")
+    raw["model"] = {**preset_model, **defaults, **given.get("model", {}), **fixed}
+    for section, values in given.items():
+        if section != "model":
+            raw.setdefault(section, {}).update(values)
+    return from_dict(raw, preset=Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset)

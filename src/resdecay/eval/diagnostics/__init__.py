@@ -26,7 +26,7 @@ import torch.nn as nn
 from torch.utils.data import Dataset
 
 from ...errors import UserError
-from ...stream.record import Pass, hooked, reading
+from ...stream.record import Pass, hooked, in_run_order
 from ...stream.runner import Forward, image_batches, model_runner
 from ...stream.sites import Site, find_sites, patch_size_of
 from ..protocol import KNN_K
@@ -66,16 +66,6 @@ def stages(sites: list[Site], rec: Pass) -> list[list[int]]:
             runs.append([])
         runs[-1].append(i)
     return [r for r in runs if r]
-
-
-def _in_run_order(sites: list[Site], run, images: torch.Tensor) -> list[Site]:
-    """``sites`` in the order the forward runs them (a U-Net's attention blocks are registered before the ResNet
-    blocks they follow): what the path decomposition and the knock-out's replay assume."""
-    rec = Pass()
-    with hooked(sites, rec):
-        run(images)
-    ran = rec.order + [i for i in range(len(sites)) if i not in rec.order]
-    return [sites[i] for i in ran]
 
 
 class _Run:
@@ -276,9 +266,10 @@ def diagnose(model: nn.Module, images, *, train_images=None, labels=None, train_
     was_training = model.training
     model.eval()
     try:
-        with reading(sites), model_runner(model, conditioning, forward) as run:
+        with model_runner(model, conditioning, forward, sites) as run:
             first = next(image_batches(images, o.batch_size))[0].to(device=device, dtype=dtype)
-            state = _Run(model, _in_run_order(sites, run, first), which, opts)
+            sites = in_run_order(sites, run, first)
+            state = _Run(model, sites, which, opts)
             if train_images is not None and ("pixels" in which or ("knockout" in which and knn)):
                 state.feed("train", train_images, _tensor(train_labels), run, device, dtype)
             state.feed("test", images, _tensor(labels), run, device, dtype)

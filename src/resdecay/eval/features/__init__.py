@@ -3,6 +3,6 @@
 raw-pixel and random-init baselines (``baselines.py``); the ``features``, ``layers`` and ``blocks`` inputs
 (``sets.py``), their sources (``source.py``) and metrics (``metrics.py``)."""
 
-from .sets import BlockStats, FeatureSet, LayerSet
+from ..sets import BlockStats, FeatureSet, LayerSet
 
 __all__ = ["BlockStats", "FeatureSet", "LayerSet"]

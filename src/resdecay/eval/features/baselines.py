@@ -32,8 +32,8 @@ from ...models import build_model
 from ..inputs import eval_split, replaced_count, split_card
 from ..metrics import Metric, cached_rows, measure_prepared
 from ..protocol import MetricSettings
+from ..sets import FeatureSet
 from ..sources import Prepared
-from .sets import FeatureSet
 
 BASELINE_FORMAT = 2  # bump when the pixel features or a metric's arithmetic change, so old cached rows are not reused (2: kNN votes in the log domain)
 

@@ -18,10 +18,10 @@ from ..display import Column, Display, TableSpec
 from ..metrics import BLOCKS, Flag, Metric, Result
 from ..options import AT_LEAST_ONE, POSITIVE
 from ..protocol import KNN_K, KNN_TEMPERATURE, KNN_VOTE, RANK_FORMS, STATS_CARD, MetricSettings, ProbeRecipe
+from ..sets import BlockStats, FeatureSet
 from .knn import knn_topk
 from .probe import linear_probe
 from .rank import effective_rank
-from .sets import BlockStats, FeatureSet
 
 POOL_WORDS = {"mean": "mean-pooled tokens", "cls": "cls tokens", "patch_mean": "mean-pooled patch tokens",
               "pixels": "raw pixels"}  # every pooling of features.POOLINGS, and the raw-pixel baseline

@@ -31,11 +31,11 @@ from ..inputs import (
     split_card,
 )
 from ..protocol import STATS_IMAGES
+from ..sets import BLOCKS, FEATURES, LAYERS, BlockStats, FeatureSet, LayerSet
 from ..sources import Evaluation, Prepared, Source
 from . import baselines as bl
 from .cache import FeatureCache
 from .extract import extract_block_features
-from .sets import BLOCKS, FEATURES, LAYERS, BlockStats, FeatureSet, LayerSet
 
 FEATURE_FORMAT = 1  # bump when extraction changes, so old caches are not reused
 

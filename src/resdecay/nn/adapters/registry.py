@@ -256,22 +256,14 @@ def adapters() -> list[BlockAdapter]:
 
 
 TRACED = "_resdecay_adapter"  # on a block the traced adapter took (``traced.py``): that block's own adapter
-_TRACED_SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # what read-only queries traced: off the model
+TRACED_SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # what read-only queries traced: off the model
 
 
 def traced_adapter_of(module: nn.Module) -> BlockAdapter | None:
-    """The traced adapter this block was given: by ``decayify`` (kept on the block, so that a copy carries it), or by
-    a read-only query such as ``alphas_of`` (kept beside the model, which such a query never changes)."""
-    return module.__dict__.get(TRACED) or _TRACED_SEEN.get(module)
-
-
-def keep_traced(module: nn.Module, adapter: BlockAdapter, on_block: bool) -> None:
-    """Remember the traced adapter of ``module``: on the block (``decayify``, which changes the model anyway) or
-    beside it (a read-only query)."""
-    if on_block:
-        module.__dict__[TRACED] = adapter
-    else:
-        _TRACED_SEEN[module] = adapter
+    """The traced adapter this block was given (``traced.keep_traced``): by ``decayify`` (kept on the block, so that
+    a copy carries it), or by a read-only query such as ``alphas_of`` (kept beside the model, which such a query
+    never changes)."""
+    return module.__dict__.get(TRACED) or TRACED_SEEN.get(module)
 
 
 def adapter_for(module: nn.Module) -> BlockAdapter | None:

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from ..residual import residual_add
 from . import hooks
-from .registry import AT_RESIDUAL_ADD, BlockAdapter, traced_adapter_of
+from .registry import AT_RESIDUAL_ADD, TRACED, TRACED_SEEN, BlockAdapter, traced_adapter_of
 from .traced_graph import (
     VIEW_FUNCTIONS,
     VIEW_METHODS,
@@ -323,17 +323,31 @@ def candidates(model: nn.Module, taken: list[str]) -> Iterator[tuple[str, nn.Mod
             yield name, m, looks
 
 
-def trace_blocks(model: nn.Module, taken: list[str]) -> tuple[list, list]:
-    """The blocks the traced adapter takes and those it refuses, in ``model.modules()`` order.
+def keep_traced(module: nn.Module, adapter: BlockAdapter, on_block: bool) -> None:
+    """Remember the traced adapter of ``module`` (``registry.traced_adapter_of`` finds it): on the block (``decayify``,
+    which changes the model anyway) or beside it (a read-only query)."""
+    if on_block:
+        module.__dict__[TRACED] = adapter
+    else:
+        TRACED_SEEN[module] = adapter
+
+
+def trace_blocks(model: nn.Module, taken: list, on_blocks: bool = True) -> tuple[list, list]:
+    """The blocks the traced adapter takes and those it refuses, in ``model.modules()`` order; each block it has
+    traced, now or before (one of ``taken``, the ``(name, block, adapter)`` the registered adapters found), is kept
+    (``keep_traced``, on the block when ``on_blocks``).
 
     Returns:
         ``(found, refused)``: found is ``[(name, block, adapter)]``; refused is ``[(name, class, reason)]`` for
         the candidates left at alpha 1 that hold no found block (a refused stage around traced blocks is their
         container, not a block) and are blocks by their add (or by name, where no residual add was found).
     """
+    for _, block, adapter in taken:
+        if adapter is block.__dict__.get(TRACED) or adapter is TRACED_SEEN.get(block):  # traced by an earlier call
+            keep_traced(block, adapter, on_blocks)
     found: list = []
     refused: list = []
-    for name, m, looks in candidates(model, taken):
+    for name, m, looks in candidates(model, [name for name, _, _ in taken]):
         if any(name.startswith(f + ".") for f, _, _ in found):
             continue
         kept = traced_adapter_of(m)  # traced before (an earlier decayify or query): the same instance, the same proof
@@ -344,4 +358,6 @@ def trace_blocks(model: nn.Module, taken: list[str]) -> tuple[list, list]:
                 refused.append((name, f"{type(m).__module__}.{type(m).__name__}", str(e)))
     refused = [r for r in refused if not any(f.startswith(r[0] + ".") or r[0] == "" for f, _, _ in found)
                and not any(r[0].startswith(o[0] + ".") for o in refused)]
+    for _, block, adapter in found:
+        keep_traced(block, adapter, on_blocks)
     return found, refused

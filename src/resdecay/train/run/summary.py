@@ -114,3 +114,14 @@ def finished_summary(run) -> dict:
     if dist_env.is_main_process():
         write_summary(out, summary)
     return {**summary, "already_finished": True}
+
+
+def forget_stale_record(out_dir: Path):
+    """``train(init=...)`` for a run without --from: a fresh start in a folder that kept another start's record
+    (an --overwrite, a start killed before its first log row) removes it."""
+
+    def init(model: torch.nn.Module) -> None:  # noqa: ARG001  (train's init hook takes the model)
+        if dist_env.is_main_process():
+            remove_pretrained_record(out_dir)
+
+    return init

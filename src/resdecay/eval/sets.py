@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sources import BLOCKS, FEATURES, LAYERS
+from .sources import BLOCKS, FEATURES, LAYERS
 
 __all__ = ["BLOCKS", "FEATURES", "LAYERS", "BlockStats", "FeatureSet", "LayerSet"]
 
