@@ -41,8 +41,9 @@ def _panels(report: dict) -> list[tuple]:
     if branches is not None:
         x = [i + (j + 1) / (len(a) + 1) for i, a in enumerate(report["alphas"]) for j in range(len(a))]
         pts = [(xi, r) for xi, r in zip(x, branches["ratio"], strict=True) if r is not None]
-        out.append((f"||αx|| / ||f(x)|| per sub-block\n({PREDICTED['ratio']})", [p[0] for p in pts],
-                    [p[1] for p in pts], True, None))
+        if pts:  # none where every branch is exactly zero (a zero-initialised, untrained model)
+            out.append((f"||αx|| / ||f(x)|| per sub-block\n({PREDICTED['ratio']})", [p[0] for p in pts],
+                        [p[1] for p in pts], True, None))
         out.append(("cos(αx, f(x)) per sub-block", x, branches["cosine"], False, None))
     if knock is not None and knock["unit"] == "block":
         blocks = list(range(1, len(report["blocks"]) + 1))
@@ -89,9 +90,10 @@ def eval_note(report: dict) -> str:
     """The caption of ``resdecay eval``'s diagnostics.png: the data, image counts, seed and step it was measured at."""
     d = report["diagnostics"]
     card = d.get("protocol", {})
+    step = f"; step {report['step']}" if report.get("step") is not None else ""  # a model trained elsewhere has none
     return (f"{card.get('data', '?')}: {d.get('images', '?')} test images ({d.get('train_images', '?')} train images fit "
-            f"the pixel ridge and form the kNN bank), class-balanced, seed {card.get('subset_seed', '?')}; step "
-            f"{report.get('step', '?')}; docs/diagnostics.md")
+            f"the pixel ridge and form the kNN bank), class-balanced, seed {card.get('subset_seed', '?')}{step}; "
+            "docs/diagnostics.md")
 
 
 def summary(report: dict) -> dict:
