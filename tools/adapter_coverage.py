@@ -3,8 +3,8 @@
 Each row is a model of ``tests/helpers/adapter_models.py``'s ``ROWS`` (every library model ``decayify`` is tested
 on). The script builds it, decayifies it and reads off, per block class, the adapter that took it (explicit, or the
 traced adapter) and how the add is reached (which modules carry the pre-hook, the correction, the scaled shortcut,
-or a replaced forward: the hooks themselves, not a description of them). It then runs the adapter tests and records
-which of the checks each row passed:
+the fused add's factors, or a replaced forward: the hooks themselves, not a description of them). It then runs the
+adapter tests and records which of the checks each row passed:
 
   a  alpha_min = 1 is the library's model bit for bit, and the state_dict keys never change
   b  one block equals a hand-written alpha * x + f(x) per add, on the library's own modules
@@ -61,7 +61,11 @@ def _models() -> dict:
 def how_reached(block) -> dict[str, list[str]]:
     """What decayify installed on ``block``, read from its modules' hooks: per mechanism, the modules it sits on."""
     from resdecay.nn.adapters import hooks
+    from resdecay.nn.adapters.fused import is_fused
     from resdecay.nn.residual import ShortcutScale
+    if is_fused(block):  # the add rewritten in a traced forward; its factors on the modules the hooks would use
+        return {"fused add, factors on": [f"`{n}`" for n, m in block.named_modules()
+                                          if m is not block and "resdecay_alpha" in m.__dict__]}
     if isinstance(block.__dict__.get("forward"), types.MethodType):
         return {"replaced forward": []}
     found: dict[str, list[str]] = {}
