@@ -277,6 +277,7 @@ class FusedForward:
     call after loading (a bound method would unpickle as the class's forward: the library's add, the decay lost)."""
 
     _resdecay_forward = True  # what ``hooks.remove`` takes away
+    _resdecay_fused = True  # what a reader that does not import this module (a description of the block) looks for
 
     def __init__(self, block: nn.Module, code=None):
         self.block, self.code = block, code
