@@ -3,8 +3,8 @@
 Each row is a model of ``tests/helpers/adapter_models.py``'s ``ROWS`` (every library model ``decayify`` is tested
 on). The script builds it, decayifies it and reads off, per block class, the adapter that took it (explicit, or the
 traced adapter) and how the add is reached (which modules carry the pre-hook, the correction, the scaled shortcut,
-or a replaced forward: the hooks themselves, not a description of them). It then runs the adapter tests and records
-which of the checks each row passed:
+the fused add's factors, or a replaced forward: the hooks themselves, not a description of them). It then runs the
+adapter tests and records which of the checks each row passed:
 
   a  alpha_min = 1 is the library's model bit for bit, and the state_dict keys never change
   b  one block equals a hand-written alpha * x + f(x) per add, on the library's own modules

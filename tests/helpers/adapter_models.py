@@ -265,22 +265,24 @@ from helpers.adapter_models_diffusers import MIXED_DIFFUSERS  # noqa: E402, I001
 
 ROWS = {**MODELS, **MIXED_DIFFUSERS}  # every row of the coverage table (tools/adapter_coverage.py)
 
-_HOOKS_D_E = "d, e: the correction hooks are run under dynamo and threads on the ViTMAE, EVA, CaiT and CLIP-family rows"
+_FUSED_D_E = "d, e: the fused add is run under dynamo and threads on the ViTMAE, CLIP-family, LeViT and DINOv3 rows"
+_HOOKS_D_E = "d, e: the correction hooks are run under dynamo and threads on the BEiT row"
+_SHARED_D = "d: the fused add with one module ending both branches runs under dynamo on the ViTMAE row"
 _FORWARD_D_E = "d, e: the replaced-forward mechanism is run under dynamo and threads on the DiT, SD3 and Mixer rows"
 _SCALE_D_E = "d, e: the scaled-shortcut hooks are run under dynamo and threads on the UNet2DModel row"
 WHY_NOT = {  # the checks a row does not run, and why (the "why not" column of the coverage table)
-    "timm vit (Block)": _HOOKS_D_E, "timm swin (SwinTransformerBlock)": _HOOKS_D_E,
-    "timm eva02 (EvaBlock)": "e: " + _HOOKS_D_E[6:],
+    "timm vit (Block)": _FUSED_D_E, "timm swin (SwinTransformerBlock)": _FUSED_D_E,
+    "timm eva02 (EvaBlock)": "e: " + _FUSED_D_E[6:],
     "timm convnext (ConvNeXtBlock)": _SCALE_D_E, "timm resnet (BasicBlock)": _SCALE_D_E,
-    "timm resnetv2 (PreActBottleneck)": _HOOKS_D_E, "timm resnetv2 (PreActBottleneck, downsample path)": _SCALE_D_E,
+    "timm resnetv2 (PreActBottleneck)": _FUSED_D_E, "timm resnetv2 (PreActBottleneck, downsample path)": _SCALE_D_E,
     "timm resnetv2 (Bottleneck, hybrid ViT stem)": "b: the timm ResNet row's hand check (same adapter); " + _SCALE_D_E,
-    "timm cait (LayerScaleBlock)": "d: the shared-post hooks run under dynamo on the ViTMAE row",
-    "torchvision vit_b_16 (EncoderBlock)": _HOOKS_D_E, "torchvision swin_v2 (SwinTransformerBlockV2)": _HOOKS_D_E,
+    "timm cait (LayerScaleBlock)": _SHARED_D,
+    "torchvision vit_b_16 (EncoderBlock)": _FUSED_D_E, "torchvision swin_v2 (SwinTransformerBlockV2)": _FUSED_D_E,
     "torchvision convnext (CNBlock)": "e: " + _HOOKS_D_E[6:],
-    "torchvision swin (SwinTransformerBlock)": "d: the shared-post hooks run under dynamo on the ViTMAE row",
+    "torchvision swin (SwinTransformerBlock)": _SHARED_D,
     "torchvision resnet (BasicBlock)": "b: the timm ResNet row's hand check (the same scaled downsample); " + _SCALE_D_E,
     "transformers ViTModel (ViTLayer)": "d, e: the same adapter as the ViTMAE row, which runs them",
-    "transformers Dinov2Model (Dinov2Layer)": _HOOKS_D_E,
+    "transformers Dinov2Model (Dinov2Layer)": _FUSED_D_E,
     "diffusers PixArtTransformer2DModel (BasicTransformerBlock, ada_norm_single)": "b: DiT's replaced forward is checked "
         "by hand; PixArt's norm path is the library's code, bit-identical at alpha = 1 (a); " + _FORWARD_D_E,
     "diffusers UVit2DModel (SkipFFTransformerBlock, BasicTransformerBlock ada_norm_continuous)": _HOOKS_D_E,

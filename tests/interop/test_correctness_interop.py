@@ -6,6 +6,7 @@ Each test builds the foreign file it needs (nothing is downloaded) and fails on 
 """
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -23,6 +24,7 @@ from helpers import assert_one_line_error, run
 from helpers.interop import authors_unet_layout, resdecay_checkpoint, same_mae_outputs, timm_blocks, tiny_timm
 from resdecay import alphas_of, decayify
 from resdecay.interop import load_decayified, load_exported, save_decayified
+from resdecay.nn.adapters.fused import hooks_only
 from resdecay.train.checkpoint import load_model
 
 RGB = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
@@ -352,15 +354,21 @@ def test_export_ema_without_ema_and_import_of_a_folder_are_refused(capsys, tmp_p
     assert "does not exist" not in err
 
 
-def test_a_copy_gets_its_own_slots_and_alphas():
-    """issue 23.7 keeps the deepcopy independence (EMA, torch.compile): the copy's norm / drop_path pairs
-    get their own keys, and the copy runs beside the original from two threads."""
-    model = decayify(tiny_timm(), alpha_min=0.5)
+@pytest.mark.parametrize("mechanism", ["hooks", "fused"])
+def test_a_copy_gets_its_own_slots_and_alphas(mechanism):
+    """issue 23.7 keeps the deepcopy independence (EMA, torch.compile): with the hooks, the copy's norm / drop_path
+    pairs get their own keys; with the fused add (decayify's default for timm's blocks), the copy's forward is bound to
+    the copy; either way a factor changed on the copy leaves the original alone."""
+    with hooks_only() if mechanism == "hooks" else contextlib.nullcontext():
+        model = decayify(tiny_timm(), alpha_min=0.5)
     twin = copy.deepcopy(model)
     a, b = (m.blocks[1] for m in (model, twin))  # blocks[0]'s attention add keeps alpha 1: no hooks
-    assert a.norm1.__dict__["_resdecay_slot"] is a.drop_path1.__dict__["_resdecay_slot"]
-    assert b.norm1.__dict__["_resdecay_slot"] is b.drop_path1.__dict__["_resdecay_slot"]
-    assert a.norm1.__dict__["_resdecay_slot"] is not b.norm1.__dict__["_resdecay_slot"]
+    if mechanism == "hooks":
+        assert a.norm1.__dict__["_resdecay_slot"] is a.drop_path1.__dict__["_resdecay_slot"]
+        assert b.norm1.__dict__["_resdecay_slot"] is b.drop_path1.__dict__["_resdecay_slot"]
+        assert a.norm1.__dict__["_resdecay_slot"] is not b.norm1.__dict__["_resdecay_slot"]
+    else:
+        assert a.forward.block is a and b.forward.block is b
     b.drop_path1.resdecay_alpha = 0.1
     with torch.no_grad():
         assert not torch.allclose(model(RGB), twin(RGB))

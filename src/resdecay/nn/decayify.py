@@ -3,7 +3,9 @@
 Residual blocks are found in ``model.modules()`` order (depth order) through the block-adapter
 registry (``resdecay.nn.adapters``; the models each adapter is tested on: docs/coverage.md, generated from the
 tests, the one list). Each adapter reaches its
-block's adds in one of three ways (``adapters.hooks``): a pre-hook keeping the sub-block input x and a
+block's adds in one of four ways (``adapters.hooks``, ``adapters.fused``): where the block's forward traces
+and its stated roles are proved there, a forward generated from the trace with each add one fused
+``torch.add(f, x, alpha=alpha)``; else a pre-hook keeping the sub-block input x and a
 hook returning ``residual_correction`` on the module the block adds; a scaled identity path
 (``downsample`` / ``shortcut``, or a parameter-free ``ShortcutScale`` in its empty place); or, where
 the add is inline with a gate (adaLN-Zero), a replaced forward equal to the library's at alpha = 1.

@@ -4,7 +4,8 @@ One file per library (``resdecay_blocks``, ``timm_blocks``, ``torchvision_blocks
 ``transformers_blocks``, ``diffusers_blocks`` with ``diffusers_mmdit`` and ``diffusers_unet``), each registering
 ``BlockAdapter``s built from the three mechanisms in ``hooks``; a user's own block kind is one ``register_adapter``
 call (docs/EXTENDING.md). ``depth_order`` holds the models whose blocks do not run in registration order (U-Nets);
-``traced`` reaches, by tracing, the blocks of a stack no adapter names (tried after every registered adapter).
+``traced`` reaches, by tracing, the blocks of a stack no adapter names (tried after every registered adapter);
+``fused`` rewrites a hooked block's adds into one fused add each where its traced forward proves the roles.
 No library is imported here: blocks are matched by class name and module. The order adapters are
 tried in is each adapter's ``priority`` (``registry.py``), not the order of the imports below.
 """
@@ -13,6 +14,7 @@ from . import (  # noqa: F401
     diffusers_blocks,
     diffusers_mmdit,
     diffusers_unet,
+    fused,
     resdecay_blocks,
     roles_check,
     timm_blocks,

@@ -9,7 +9,9 @@ adding a parameter or renaming a state_dict key.
     The hooked output module may be *shared* by the sub-blocks (HF ViT's one ``dropout``, CaiT's
     and DINOv2's one ``drop_path``): each sub-block's pre-norm leaves its x in the slot they share
     and the shared module takes it on its next call. The correction comes *after* dropout, so it is
-    exact at any dropout rate.
+    exact at any dropout rate. Where the block's forward traces and its roles are proved there, the
+    cheaper fused add (``fused.py``: the add itself rewritten to one ``torch.add(f, x, alpha=alpha)``)
+    takes the place of these hooks, with the factors kept on the same modules.
 ``scale_shortcut``    (ResNet / ConvNeXt blocks)
     The identity path is a module of its own (``downsample``, ``shortcut``) or an empty place: a
     forward hook scales its output by alpha, or a parameter-free ``ShortcutScale`` fills the place.
@@ -119,23 +121,41 @@ def _owners(pairs: list[tuple[nn.Module, nn.Module]]) -> list[nn.Module]:
     return [pre if sum(p is post for p in posts) > 1 else post for pre, post in pairs]
 
 
-def correct_subblocks(block: nn.Module, pairs: list[tuple[nn.Module, nn.Module]], alphas, betas) -> None:
-    """Hook each (pre, post) pair of ``block``: ``pre`` receives the sub-block input x first, ``post``
-    outputs what the block adds to x. Pairs may share ``post``. Sub-blocks at (1, 1) get no hook."""
-    slots: dict[int, _Slot] = {}
-    for (pre, post), owner, a, b in zip(pairs, _owners(pairs), alphas, betas, strict=True):
+_FASTER: list = []  # the cheaper mechanism ``correct_subblocks`` tries first, once registered (``fused.py``)
+
+
+def install_faster_with(fuse: Callable[[nn.Module, list, list], bool]) -> None:
+    """Register ``fuse(block, pairs, owners)`` -> True when it installed a cheaper way to the same adds than the hooks
+    (``fused.py``: one fused add per add in a traced forward; hooks.py does not import it)."""
+    _FASTER[:] = [fuse]
+
+
+def correct_subblocks(block: nn.Module, pairs: list[tuple[nn.Module, nn.Module]], alphas, betas,
+                      fuse: bool = True) -> None:
+    """Reach each (pre, post) pair of ``block``: ``pre`` receives the sub-block input x first, ``post``
+    outputs what the block adds to x. Pairs may share ``post``. Sub-blocks at (1, 1) read no factor. The fused add
+    where ``install_faster_with``'s function proves it (``fused.py``) unless ``fuse`` is False, else the hooks."""
+    owners, active = _owners(pairs), []
+    for (pre, post), owner, a, b in zip(pairs, owners, alphas, betas, strict=True):
         if a == 1.0 and b == 1.0:
             continue
         owner.__dict__["resdecay_alpha"] = float(a)  # plain attributes: state_dict keys unchanged
         if b != 1.0:
             owner.__dict__["resdecay_beta"] = float(b)
+        active.append((pre, post, owner))
+    if not active:
+        return
+    _no_script(block)
+    if fuse and _FASTER and _FASTER[0](block, pairs, owners):
+        return
+    slots: dict[int, _Slot] = {}
+    for pre, post, owner in active:
         slot = slots.setdefault(id(post), _Slot())
         pre.__dict__[SLOT] = post.__dict__[SLOT] = slot
         pre.__dict__[OWNER] = owner
         pre.register_forward_pre_hook(_stash_input, with_kwargs=True)
         if not any(fn is _correct_output for fn in post._forward_hooks.values()):
             post.register_forward_hook(_correct_output)
-        _no_script(block)
 
 
 def subblock_factors(pairs: list[tuple[nn.Module, nn.Module]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -218,8 +238,8 @@ def remove(block: nn.Module) -> None:
         for name in (SLOT, OWNER, "resdecay_alpha", "resdecay_beta", "resdecay_factors", "resdecay_options",
                      "__prepare_scriptable__"):
             m.__dict__.pop(name, None)
-        fwd = m.__dict__.get("forward")
-        if isinstance(fwd, types.MethodType) and getattr(fwd.__func__, "_resdecay_forward", False):
+        fwd = m.__dict__.get("forward")  # a replaced forward (a bound method) or a fused one (``fused.FusedForward``)
+        if getattr(getattr(fwd, "__func__", fwd), "_resdecay_forward", False):
             del m.__dict__["forward"]
         for name, child in list(m.named_children()):
             if isinstance(child, ShortcutScale):
@@ -248,7 +268,11 @@ def last_linear(module: nn.Module) -> nn.Module | None:
 def describe(block: nn.Module) -> dict[str, list[str]]:
     """What the mechanisms above installed on ``block``, per mechanism, the modules it sits on (the coverage
     table's "how the add is reached")."""
-    if isinstance(block.__dict__.get("forward"), types.MethodType):
+    forward = block.__dict__.get("forward")
+    if getattr(forward, "_resdecay_fused", False):  # the add rewritten in a traced forward (``fused.py``)
+        return {"fused add, factors on": [f"`{n}`" for n, m in block.named_modules()
+                                          if m is not block and "resdecay_alpha" in m.__dict__]}
+    if isinstance(forward, types.MethodType):
         return {"replaced forward": []}
     found: dict[str, list[str]] = {}
     for name, m in block.named_modules():

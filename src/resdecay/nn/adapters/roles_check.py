@@ -10,7 +10,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from .registry import check_roles_with
-from .traced_graph import TraceRefused, residual_adds, same_value_root, trace
+from .traced_graph import ResidualAdd, TraceRefused, residual_adds, same_value_root, trace
 
 
 def roles_hold(block: nn.Module, pairs: list[tuple[nn.Module, nn.Module]]) -> bool | None:
@@ -25,6 +25,15 @@ def roles_hold(block: nn.Module, pairs: list[tuple[nn.Module, nn.Module]]) -> bo
         graph = trace(block, training=False)
         adds = residual_adds(graph, block)
     except TraceRefused:
+        return None
+    return roles_in_graph(graph, adds, block, pairs)
+
+
+def roles_in_graph(graph: fx.Graph, adds: list[ResidualAdd], block: nn.Module,
+                   pairs: list[tuple[nn.Module, nn.Module]]) -> bool | None:
+    """``roles_hold`` on a graph already traced (``adds``: its ``residual_adds``): also what the fused add
+    (``fused.py``) asks of the graph whose adds it rewrites."""
+    if any(pre is block for pre, _ in pairs):
         return None
     modules, by_name = dict(block.named_modules()), {n.name: n for n in graph.nodes}
     called = {id(modules[n.target]) for n in graph.nodes if n.op == "call_module"}

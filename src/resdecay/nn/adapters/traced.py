@@ -271,7 +271,7 @@ def traced_adapter(block: nn.Module) -> BlockAdapter:
 
         def install(b: nn.Module, alphas, betas, **options) -> None:
             hooks.unguard(b)
-            hooks.correct_subblocks(b, pairs(b), alphas, betas)
+            hooks.correct_subblocks(b, pairs(b), alphas, betas, fuse=False)  # the library's own forward runs
             if fixed and any(v != 1.0 for v in (*alphas, *betas)):
                 b.register_forward_pre_hook(guard, with_kwargs=True)
 
