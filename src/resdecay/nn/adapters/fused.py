@@ -46,6 +46,7 @@ import torch.nn as nn
 
 from ..residual import residual_add
 from . import hooks
+from .registry import adapter_for
 from .roles_check import roles_in_graph
 from .traced_graph import TraceRefused, _Leaves, residual_adds
 
@@ -296,7 +297,6 @@ class FusedForward:
 
 def _regenerate(block: nn.Module):
     """The fused code of an unpickled block, from its adapter's roles and the factors it carries."""
-    from .registry import adapter_for
     adapter = adapter_for(block)
     pairs = adapter.roles(block) if adapter is not None and adapter.roles is not None else None
     code = _fused_code(block, pairs, hooks._owners(pairs)) if pairs else None
