@@ -88,6 +88,7 @@ class Block(nn.Module):
             so a checkpoint rebuilds the same network.
         beta_attn: branch factor of the attention sub-block (Table 3b's sqrt(0.5) variants).
         beta_mlp: branch factor of the MLP sub-block.
+        update: a registered residual update both adds apply to their branch (``nn.updates``: ``orthogonal``).
     """
 
     def __init__(
@@ -104,13 +105,14 @@ class Block(nn.Module):
         learnable_alpha: bool | tuple[bool, bool] = False,
         beta_attn: float = 1.0,
         beta_mlp: float = 1.0,
+        update: str | None = None,
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = Attention(dim, num_heads, qkv_bias)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
-        set_block_factors(self, alpha_attn, alpha_mlp, beta_attn, beta_mlp, learnable_alpha)
+        set_block_factors(self, alpha_attn, alpha_mlp, beta_attn, beta_mlp, learnable_alpha, update)
         # stochastic depth on the branches (fine-tuning); the decayed shortcut is never dropped
         self.drop_path = drop_path_module(drop_path)
         if zero_init:
@@ -124,8 +126,8 @@ class Block(nn.Module):
         return self._residual_adds(x)
 
     def _residual_adds(self, x: torch.Tensor) -> torch.Tensor:
-        x = residual_add(x, self.drop_path(self.attn(self.norm1(x))), self.alpha_attn, self.beta_attn)
-        return residual_add(x, self.drop_path(self.mlp(self.norm2(x))), self.alpha_mlp, self.beta_mlp)
+        x = residual_add(x, self.drop_path(self.attn(self.norm1(x))), self.alpha_attn, self.beta_attn, self.update_fn)
+        return residual_add(x, self.drop_path(self.mlp(self.norm2(x))), self.alpha_mlp, self.beta_mlp, self.update_fn)
 
 
     def zero_init_branches(self) -> None:

@@ -90,14 +90,14 @@ class AdaLNBlock(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True,
                  alpha_attn: float = 1.0, alpha_mlp: float = 1.0, gelu: str = "tanh", beta_attn: float = 1.0,
-                 beta_mlp: float = 1.0, learnable_alpha: bool | tuple[bool, bool] = False):
+                 beta_mlp: float = 1.0, learnable_alpha: bool | tuple[bool, bool] = False, update: str | None = None):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.attn = Attention(dim, num_heads, qkv_bias)
         self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), gelu)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
-        set_block_factors(self, alpha_attn, alpha_mlp, beta_attn, beta_mlp, learnable_alpha)
+        set_block_factors(self, alpha_attn, alpha_mlp, beta_attn, beta_mlp, learnable_alpha, update)
 
     grad_checkpointing = False  # nn.blocks.set_grad_checkpointing
 
@@ -109,9 +109,9 @@ class AdaLNBlock(nn.Module):
     def _residual_adds(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=1)
         x = residual_add(x, gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa)),
-                         self.alpha_attn, self.beta_attn)
+                         self.alpha_attn, self.beta_attn, self.update_fn)
         return residual_add(x, gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp)),
-                            self.alpha_mlp, self.beta_mlp)
+                            self.alpha_mlp, self.beta_mlp, self.update_fn)
 
     def extra_repr(self) -> str:
         return factors_repr(self)

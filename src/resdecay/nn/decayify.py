@@ -47,7 +47,7 @@ from .adapters.hooks import unguard
 from .adapters.registry import BlockAdapter
 from .adapters.traced import trace_blocks
 from .config_record import recorder
-from .residual import ShortcutScale, check_shortcut, factors_of, shortcut_plan  # noqa: F401  (ShortcutScale: public here before)
+from .residual import SHORTCUT_FORMULAS, ShortcutScale, check_shortcut, factors_of, shortcut_plan  # noqa: F401  (ShortcutScale: public here before)
 
 
 def supported() -> list[str]:
@@ -275,6 +275,10 @@ def _plan(found: list, alpha_min: float, schedule: str, branches: str, shortcut:
     adapters allow it) share one schedule over all their adds in depth order (paper eq. 3: alpha by the add's depth)."""
     counts = [adapter.adds for _, _, adapter in found]
     keys = ("shortcut", "branches")
+    formula = SHORTCUT_FORMULAS.get(shortcut)
+    if formula is not None and formula.update is not None:  # the hooks and replaced forwards add x + f as given
+        raise TypeError(f"decayify does not apply shortcut={shortcut} (its {formula.update} update of the branch) to "
+                        f"other libraries' blocks yet; resdecay's own families take it: model.shortcut={shortcut}")
     if len(set(counts)) == 1 and counts[0] in (1, 2):
         check_shortcut(shortcut, branches, counts[0], fixed_by="decayify (its hooks)", keys=keys)
         plan = shortcut_plan(len(found), alpha_min, schedule, branches, shortcut, counts[0])

@@ -45,10 +45,12 @@ import torch.nn as nn
 
 from ..errors import ConfigError, Registry, defined_at, one_line
 from ..schedule import BRANCHES, alpha_schedule, check_alpha_min
+from .updates import RESIDUAL_UPDATES, Update, update_named
 
 
 # ----------------------------------------------------------------------------- the add
-def residual_add(x: torch.Tensor, branch: torch.Tensor, alpha: float | torch.Tensor, beta: float = 1.0) -> torch.Tensor:
+def residual_add(x: torch.Tensor, branch: torch.Tensor, alpha: float | torch.Tensor, beta: float = 1.0,
+                 update: Update | None = None) -> torch.Tensor:
     """``alpha * x + beta * branch``: alpha scales the identity path, beta the branch.
 
     For a fixed alpha, ``torch.add(branch, x, alpha=alpha)`` is one fused multiply-add kernel in
@@ -56,8 +58,11 @@ def residual_add(x: torch.Tensor, branch: torch.Tensor, alpha: float | torch.Ten
     elementwise scale of the identity gradient (within noise on CPU; +2.7-2.9% of an eager bf16
     ViT-B block on an H100, +2.0-4.1% on an H200; compiled, within 0.4%: benchmarks/block_overhead.py).
     A tensor alpha (a learnable formula) takes the autograd path. beta != 1 scales the branch
-    first (the Table 3b variants).
+    first (the Table 3b variants). ``update(x, branch)`` (``nn.updates``: the orthogonal update) replaces the
+    branch before the add; None (every formula but those naming an update) leaves it as it is.
     """
+    if update is not None:
+        branch = update(x, branch)
     if ADD_TAPS:  # the residual-stream diagnostics read (and may zero) the add here; empty otherwise
         return ADD_TAPS[-1](x, branch, alpha, beta, side_add)
     return side_add(x, branch, alpha, beta)
@@ -127,7 +132,8 @@ class BlockFactors(NamedTuple):
 
 
 def set_block_factors(block: nn.Module, alpha_attn: float = 1.0, alpha_mlp: float = 1.0, beta_attn: float = 1.0,
-                      beta_mlp: float = 1.0, learnable_alpha: bool | tuple[bool, bool] = False) -> None:
+                      beta_mlp: float = 1.0, learnable_alpha: bool | tuple[bool, bool] = False,
+                      update: str | None = None) -> None:
     """Put a two-add block's factors where its forward (``residual_add``) and ``factors_of`` read them.
 
     Args:
@@ -136,11 +142,13 @@ def set_block_factors(block: nn.Module, alpha_attn: float = 1.0, alpha_mlp: floa
         beta_attn, beta_mlp: branch factors.
         learnable_alpha: train alpha (one bool for both adds, or one per add). A trained alpha is an
             ``nn.Parameter`` (a state_dict entry); a fixed one a plain float the config records.
+        update: a registered residual update both adds apply (``nn.updates``), or None.
     """
     learn_attn, learn_mlp = (learnable_alpha, learnable_alpha) if isinstance(learnable_alpha, bool) else learnable_alpha
     block.alpha_attn = nn.Parameter(torch.tensor(float(alpha_attn))) if learn_attn else float(alpha_attn)
     block.alpha_mlp = nn.Parameter(torch.tensor(float(alpha_mlp))) if learn_mlp else float(alpha_mlp)
     block.beta_attn, block.beta_mlp = float(beta_attn), float(beta_mlp)
+    block.update, block.update_fn = update, update_named(update)  # the name (its repr), the function (its forward)
 
 
 def factors_of(block: nn.Module) -> BlockFactors:
@@ -153,7 +161,8 @@ def factors_repr(block: nn.Module) -> str:
     """``alpha_attn=..., alpha_mlp=...`` (+ the betas where not 1): a block's ``extra_repr``."""
     (a_attn, a_mlp), (b_attn, b_mlp) = factors_of(block)
     beta = f", beta_attn={b_attn:.4f}, beta_mlp={b_mlp:.4f}" if (b_attn, b_mlp) != (1.0, 1.0) else ""
-    return f"alpha_attn={a_attn:.4f}, alpha_mlp={a_mlp:.4f}{beta}"
+    update = f", update={block.update}" if getattr(block, "update", None) else ""
+    return f"alpha_attn={a_attn:.4f}, alpha_mlp={a_mlp:.4f}{beta}{update}"
 
 
 # ----------------------------------------------------------------------------- the formula registry
@@ -162,11 +171,13 @@ Formula = Callable[[int, float, str, int], tuple]
 
 @dataclass(frozen=True)
 class ShortcutFormula:
-    """One registered ``model.shortcut``: its table function and whether alpha is trained."""
+    """One registered ``model.shortcut``: its table function, whether alpha is trained, and the residual update
+    its adds apply to the branch (``nn.updates``; None: the branch as it is)."""
 
     name: str
     factors: Formula  # (depth, alpha_min, schedule, adds_per_block) -> (alphas, betas)
     learnable: bool = False
+    update: str | None = None
 
 
 SHORTCUT_FORMULAS: dict[str, ShortcutFormula] = {}
@@ -174,12 +185,15 @@ _FORMULAS = Registry("shortcut formula", "register_shortcut", SHORTCUT_FORMULAS,
                      origin=lambda f: f"by {defined_at(f.factors)}", same=lambda old, new: old.factors is new.factors)
 
 
-def register_shortcut(name: str, *, learnable: bool = False, replace: bool = False) -> Callable[[Formula], Formula]:
+def register_shortcut(name: str, *, learnable: bool = False, update: str | None = None,
+                      replace: bool = False) -> Callable[[Formula], Formula]:
     """Register a shortcut formula under ``name`` (the ``model.shortcut`` value); a decorator.
 
     Args:
         name: the setting's value; a name another function holds is refused (``RegistryError``, one line).
         learnable: alpha is trained, starting from the formula's alphas (the blocks hold it as a parameter).
+        update: a registered residual update (``nn.updates.register_update``) every add applies to its branch:
+            ``alpha * x + beta * update(x, f)``.
         replace: replace the formula registered under ``name`` (e.g. a plugin re-imported in a notebook).
 
     The formula is called on the CPU (under ``torch.device("cpu")``, also while a model is being built
@@ -187,8 +201,12 @@ def register_shortcut(name: str, *, learnable: bool = False, replace: bool = Fal
     lists, numpy arrays or tensors of any dtype (converted to float64). An exception it raises is
     reported as one line naming the formula and its file.
     """
+    if update is not None and update not in RESIDUAL_UPDATES:
+        raise ConfigError(f"shortcut formula {name!r}: update {update!r} is not registered; choose one of "
+                          f"{', '.join(RESIDUAL_UPDATES)} (or register yours with resdecay.nn.updates.register_update)")
+
     def add(fn: Formula) -> Formula:
-        _FORMULAS.add(name, ShortcutFormula(name, fn, learnable), replace)
+        _FORMULAS.add(name, ShortcutFormula(name, fn, learnable, update), replace)
         return fn
     return add
 
@@ -221,6 +239,9 @@ def check_shortcut(shortcut: str, branches: str = "both", adds_per_block: int = 
                           "(or register yours with resdecay.register_shortcut)")
     if branches not in BRANCHES:
         raise ConfigError(f"{bkey} {branches!r} is unknown; choose one of {', '.join(BRANCHES)}")
+    if adds_per_block == 1 and shortcut in SHORTCUT_FORMULAS and SHORTCUT_FORMULAS[shortcut].update is not None:
+        raise ConfigError(f"{skey}={shortcut} updates the branch of a token stream; these blocks add feature maps "
+                          "(ResNet): use a formula without an update (decay, scaled_sum, ...)")
     if adds_per_block == 1 and branches != "both":
         raise ConfigError(f"{bkey}={branches} picks a transformer sub-block, but these blocks have one residual add "
                           f"(ResNet); use {bkey}=both")
@@ -239,10 +260,12 @@ class ShortcutPlan:
     alphas: torch.Tensor  # float64: identity factors (a learnable alpha's initial value)
     betas: torch.Tensor  # float64: branch factors
     learnable: torch.Tensor  # bool: alpha is trained
+    update: str | None = None  # the residual update every add applies (``nn.updates``)
 
     def block_kwargs(self) -> list[dict]:
         """Per two-add block, the keyword arguments of ``Block`` / ``AdaLNBlock``."""
-        return [dict(alpha_attn=a[0], alpha_mlp=a[1], beta_attn=b[0], beta_mlp=b[1], learnable_alpha=(la, lm))
+        extra = {} if self.update is None else {"update": self.update}
+        return [dict(alpha_attn=a[0], alpha_mlp=a[1], beta_attn=b[0], beta_mlp=b[1], learnable_alpha=(la, lm), **extra)
                 for a, b, (la, lm) in zip(self.alphas.tolist(), self.betas.tolist(), self.learnable.tolist(), strict=True)]
 
 
@@ -314,7 +337,7 @@ def shortcut_plan(depth: int, alpha_min: float, schedule: str = "linear", branch
     if branches != "both":  # the other sub-block is plain: x + f, never trained
         other = 1 if branches == "attn" else 0
         alphas[:, other], betas[:, other], trained[:, other] = 1.0, 1.0, False
-    return ShortcutPlan(alphas, betas, trained)
+    return ShortcutPlan(alphas, betas, trained, formula.update)
 
 
 def shortcut_factors(depth: int, alpha_min: float, schedule: str = "linear", branches: str = "both",
@@ -348,3 +371,15 @@ def scaled_sum(depth: int, alpha_min: float, schedule: str, adds_per_block: int)
 def scaled_branch(depth: int, alpha_min: float, schedule: str, adds_per_block: int):
     """Table 3b: ``x + sqrt(0.5) * f`` at every add."""
     return 1.0, math.sqrt(0.5)
+
+
+@register_shortcut("orthogonal", update="orthogonal")
+def orthogonal(depth: int, alpha_min: float, schedule: str, adds_per_block: int):
+    """The orthogonal residual update (``nn.updates``): ``x + (f - proj_x f)`` per token; no decay."""
+    return 1.0, 1.0
+
+
+@register_shortcut("orthogonal_decay", update="orthogonal")
+def orthogonal_decay(depth: int, alpha_min: float, schedule: str, adds_per_block: int):
+    """The decay and the orthogonal update together: ``alpha_l * x + (f - proj_x f)``, alpha as ``decay``'s."""
+    return alpha_schedule(depth, alpha_min, schedule, adds_per_block=adds_per_block), 1.0
