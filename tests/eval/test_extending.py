@@ -344,3 +344,29 @@ def test_a_source_of_pretrained_weights_in_one_file_runs_through_import_weights_
     with torch.no_grad():
         assert first["step"] == 1 and first["loss"] == pytest.approx(src.train()(seen["imgs"])[0].item(), rel=1e-6)
     assert json.loads((tmp_path / "c" / "pretrained.json").read_text())["format"] == "lab-mae"
+
+
+def test_a_residual_update_in_one_file_reaches_the_blocks():
+    """(a′): the page's file registers an update and a formula naming it; an MAE built with it adds, per token,
+    f minus half its projection on x (by hand), and the page shows the file as it is."""
+    import runpy
+
+    from resdecay.models.mae import TINY_MAE, MAEConfig
+    from resdecay.nn.residual import unregister_shortcut
+    from resdecay.nn.updates import unregister_update
+    source = (EXAMPLES / "half_orthogonal.py").read_text()
+    assert source.split('"""', 2)[2].strip() in GUIDE  # the page shows the file's code, line for line
+    runpy.run_path(str(EXAMPLES / "half_orthogonal.py"))
+    try:
+        torch.manual_seed(0)
+        model = MaskedAutoencoder(MAEConfig(**{**TINY_MAE, "shortcut": "half_orthogonal"})).eval()
+        blk, x = model.blocks[0], torch.randn(2, 5, TINY_MAE["embed_dim"])
+        with torch.no_grad():
+            f = blk.attn(blk.norm1(x))
+            h = x + f - 0.5 * ((x * f).sum(-1, keepdim=True) / ((x * x).sum(-1, keepdim=True) + 1e-6)) * x
+            g = blk.mlp(blk.norm2(h))
+            want = h + g - 0.5 * ((h * g).sum(-1, keepdim=True) / ((h * h).sum(-1, keepdim=True) + 1e-6)) * h
+            assert torch.allclose(blk(x), want, atol=1e-6)
+    finally:
+        unregister_shortcut("half_orthogonal")
+        unregister_update("half_orthogonal")

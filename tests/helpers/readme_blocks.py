@@ -30,6 +30,8 @@ PYTHON_BLOCKS: dict[str, dict[str, str] | tuple[str, str]] = {
     # EXTENDING.md's blocks are excerpts of docs/examples/extending/*.py, which these tests load and run
     "docs/EXTENDING.md: (a) A new residual formula: `x·α + f(x)·(2 − α)`": (
         EXT + "test_a_residual_formula_in_one_file_runs_through_ablate", "two_minus.py"),
+    "docs/EXTENDING.md: (a) A new residual formula: `x·α + f(x)·(2 − α)` #2": (
+        EXT + "test_a_residual_update_in_one_file_reaches_the_blocks", "half_orthogonal.py"),
     "docs/EXTENDING.md: (b) A new model family: a masked MLP-Mixer with decayed shortcuts": (
         EXT + "test_a_family_in_one_file_trains_resumes_and_is_evaluated_by_the_cli", "mixer.py"),
     "docs/EXTENDING.md: (c) A new metric: RankMe": (
