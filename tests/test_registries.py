@@ -34,6 +34,7 @@ from resdecay.nn.adapters import (
 )
 from resdecay.nn.blocks import Block
 from resdecay.nn.residual import SHORTCUT_FORMULAS, register_shortcut, shortcut_names, unregister_shortcut
+from resdecay.nn.updates import RESIDUAL_UPDATES, register_update, unregister_update
 
 
 # ----------------------------------------------------------------------------- one case per registry
@@ -58,6 +59,13 @@ def _formula(name: str, replace: bool = False):
         return 1.0, 1.0
     register_shortcut(name, replace=replace)(formula)
     return formula
+
+
+def _update(name: str, replace: bool = False):
+    def update(x, f):
+        return f
+    register_update(name, replace=replace)(update)
+    return update
 
 
 def _config_of(name: str) -> type:
@@ -106,6 +114,8 @@ CASES = {
     "formula": Case("decay", "scratch_formula", _formula, lambda n, fn: register_shortcut(n)(fn),
                     lambda n: SHORTCUT_FORMULAS[n].factors if n in SHORTCUT_FORMULAS else None,
                     lambda: list(shortcut_names()), unregister_shortcut),
+    "update": Case("orthogonal", "scratch_update", _update, lambda n, fn: register_update(n)(fn), RESIDUAL_UPDATES.get,
+                   lambda: list(RESIDUAL_UPDATES), unregister_update),
     "family": Case("mae", "scratch_family", _family,
                    lambda n, build: register_family(n, config=_config_of(n), objective=lambda m, x, y: x.sum(), build=build),
                    lambda n: FAMILIES[n].build if n in FAMILIES else None, lambda: list(FAMILIES), unregister_family),

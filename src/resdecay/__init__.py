@@ -4,6 +4,7 @@ from ._version import __version__
 from .nn.blocks import Block
 from .nn.decayify import alphas_of, decayify
 from .nn.residual import decayed_add, register_shortcut, residual_add, shortcut_names
+from .nn.updates import register_update
 from .schedule import alpha_schedule, effective_decay, solve_alpha_min
 
 # The notebook API (api.py) is loaded on first use, so ``import resdecay`` stays light.
@@ -23,5 +24,5 @@ def __getattr__(name: str):
         return getattr(interop, name)
     raise AttributeError(f"module 'resdecay' has no attribute {name!r}")
 __all__ = ["alpha_schedule", "effective_decay", "solve_alpha_min", "Block", "decayed_add", "residual_add", "register_shortcut",
-           "shortcut_names", "decayify", "alphas_of",
+           "register_update", "shortcut_names", "decayify", "alphas_of",
            "__version__", *_API, *_INTEROP]

@@ -1,5 +1,5 @@
 """Network pieces every model family is built from: the residual add and the shortcut formula
-registry (``residual``), the decayed pre-LN block and its parts (``blocks``), DiT's conditioning
+registry (``residual``), the residual updates a formula may name (``updates``: the orthogonal update), the decayed pre-LN block and its parts (``blocks``), DiT's conditioning
 pieces for the diffusion transformers (``conditioning``), and ``decayify`` for models people
 already have."""
 
@@ -14,6 +14,7 @@ from .residual import (
     shortcut_names,
     shortcut_plan,
 )
+from .updates import register_update
 
 __all__ = ["Attention", "Block", "Mlp", "PatchEmbed", "alphas_of", "block_factors", "decayed_add", "decayify", "factors_of", "patchify",
-           "register_shortcut", "residual_add", "shortcut_factors", "shortcut_names", "shortcut_plan", "unpatchify"]
+           "register_shortcut", "register_update", "residual_add", "shortcut_factors", "shortcut_names", "shortcut_plan", "unpatchify"]
