@@ -25,6 +25,7 @@ How to read the numbers
     python benchmarks/block_overhead.py                       # CPU, small shapes
     python benchmarks/block_overhead.py --device cuda         # ViT-B shapes, bf16
     python benchmarks/block_overhead.py --shape 8,197,768,12 --json out.json
+    python benchmarks/block_overhead.py --update orthogonal   # the orthogonal update (alpha 1) against the plain add
     python benchmarks/block_overhead.py --compile             # both blocks through torch.compile
                                                               # (inductor fuses the alpha scale of the
                                                               # identity gradient into a neighbouring kernel)
@@ -43,6 +44,7 @@ import time
 import torch
 
 from resdecay.nn.blocks import Block
+from resdecay.nn.updates import RESIDUAL_UPDATES, update_named
 
 ALPHA_ATTN, ALPHA_MLP = 0.9, 0.85
 # (batch, tokens, width, heads): CPU = the tiny presets' sizes, CUDA = ViT-B/16 MAE encoder
@@ -92,10 +94,13 @@ def bench_shape(shape, device, args) -> dict:
     torch.manual_seed(0)
     plain = Block(D, H).to(device)  # alphas 1.0: the standard ViT block
     decayed = copy.deepcopy(plain)  # identical weights ...
-    decayed.alpha_attn, decayed.alpha_mlp = ALPHA_ATTN, ALPHA_MLP  # ... only the shortcut factors differ
+    if args.update is None:
+        decayed.alpha_attn, decayed.alpha_mlp = ALPHA_ATTN, ALPHA_MLP  # ... only the shortcut factors differ
+    else:  # ... only the update of the branch differs (alpha 1: its cost alone)
+        decayed.update, decayed.update_fn = args.update, update_named(args.update)
     x = torch.randn(B, T, D, device=device, requires_grad=True)
     g = torch.randn(B, T, D, device=device)
-    err = check_same_weights(plain, decayed, x[:2].detach())
+    err = check_same_weights(plain, decayed, x[:2].detach()) if args.update is None else 0.0
     if err > 1e-4:
         raise SystemExit(f"decayed block does not compute {ALPHA_ATTN}*x + Attn(LN x), ... (max err {err:.2e})")
     if args.compile:  # each block gets its own compiled graph (the alphas are constants in it)
@@ -131,6 +136,8 @@ def main() -> int:
     ap.add_argument("--strict", action="store_true", help="exit 1 if any row fails the threshold")
     ap.add_argument("--compile", action="store_true", help="torch.compile both blocks (warmup includes compilation)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    ap.add_argument("--update", default=None, choices=sorted(RESIDUAL_UPDATES),
+                    help="time a block whose adds apply this residual update (alpha 1) instead of the decay")
     args = ap.parse_args()
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -149,7 +156,9 @@ def main() -> int:
     name = torch.cuda.get_device_name(device) if cuda else (platform.processor() or platform.machine())
     print(f"block_overhead | torch {torch.__version__} | {args.device} ({name}) | "
           f"{'bf16 autocast' if cuda else 'fp32'} | threads {torch.get_num_threads()} | {'compiled' if args.compile else 'eager'}")
-    print(f"decayed Block (alpha_attn={ALPHA_ATTN}, alpha_mlp={ALPHA_MLP}) vs plain Block (1.0, 1.0), same weights; "
+    what = f"Block with the {args.update} update (alpha 1)" if args.update else \
+        f"decayed Block (alpha_attn={ALPHA_ATTN}, alpha_mlp={ALPHA_MLP})"
+    print(f"{what} vs plain Block (1.0, 1.0), same weights; "
           f"forward+backward, {args.repeats} interleaved rounds x {args.iters} iters, {args.warmup} warmup")
     head = f"{'shape (B, T, D, heads)':<24} {'plain ms':>10} {'decayed ms':>11} {'ratio':>7} {'+-':>6}  verdict (<= {args.threshold})"
     print(head)
@@ -167,7 +176,7 @@ def main() -> int:
     if args.json:
         meta = {"benchmark": "block_overhead", "torch": torch.__version__, "device": args.device, "device_name": name,
                 "dtype": "bf16-autocast" if cuda else "fp32", "threads": torch.get_num_threads(), "compiled": args.compile,
-                "alpha_attn": ALPHA_ATTN, "alpha_mlp": ALPHA_MLP, "threshold": args.threshold,
+                "alpha_attn": ALPHA_ATTN, "alpha_mlp": ALPHA_MLP, "update": args.update, "threshold": args.threshold,
                 "warmup": args.warmup, "iters": args.iters, "repeats": args.repeats}
         with open(args.json, "w") as f:
             json.dump({**meta, "rows": rows}, f, indent=2)

@@ -42,6 +42,7 @@ COVERED = {
     "probing/collect.py": "test_probing_scripts_on_a_fake_tree",
     "probing/demo.sh": "test_probing_scripts_on_a_fake_tree",
     "probing/textures.py": "test_probing_textures_figure",
+    "alternatives/orthogonal_fmnist.sh": "test_alternatives_dry_run",
 }
 SCRIPT_ENV = ("ROOT", "RUNS", "QUEUE", "RESDECAY", "PYTHON", "DRY_RUN", "EXTRA", "SEG_SEEDS", "SOLVERS", "SEG_IMAGES",
               "KNN_PROBE", "STEP", "DEST", "LEVELS", "SEEDS", "WIDTH", "EPOCHS", "EVAL")
@@ -352,3 +353,19 @@ def test_probing_textures_figure(clone, tmp_path, fake_fmnist):
     """textures.py draws both generators' composites of the same garments from any Fashion-MNIST folder."""
     printed = run_script(clone, "probing/textures.py", "--fmnist", str(fake_fmnist), "--out", str(tmp_path / "t.png"))
     assert (tmp_path / "t.png").stat().st_size > 0 and printed.strip().endswith("t.png")
+
+
+def test_alternatives_dry_run(clone, capsys):
+    """RESULTS §18's four runs (plain, decay, orthogonal, both) and their evaluations, each a valid command."""
+    from resdecay.cli import main
+
+    cmds = commands(run_script(clone, "alternatives/orthogonal_fmnist.sh", "--dry-run", str(clone.parent / "r")))
+    assert [c[0] for c in cmds] == ["pretrain"] * 4 + ["eval"] * 4
+    for argv in cmds[:4]:
+        assert main([*argv, "--print-config"]) == 0, argv
+    for argv in cmds[4:]:
+        parses(argv)
+    shortcuts = [next((w for w in argv if w.startswith("model.shortcut=")), "decay") for argv in cmds[:4]]
+    assert shortcuts == ["decay", "decay", "model.shortcut=orthogonal", "model.shortcut=orthogonal_decay"]
+    assert "shortcut: orthogonal" in capsys.readouterr().out
+    assert not (clone / "runs").exists()

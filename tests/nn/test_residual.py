@@ -130,8 +130,10 @@ def with_shortcut(cfg, shortcut: str, branches: str, **extra):
 
 
 def refuses(family: str, shortcut: str, branches: str) -> bool:
-    """The combinations a family refuses: a ResNet has one add per block and holds fixed factors."""
-    return family == "resnet" and (branches != "both" or residual.SHORTCUT_FORMULAS[shortcut].learnable)
+    """The combinations a family refuses: a ResNet has one add per block, holds fixed factors and adds feature maps
+    (no token stream for a residual update)."""
+    formula = residual.SHORTCUT_FORMULAS[shortcut]
+    return family == "resnet" and (branches != "both" or formula.learnable or formula.update is not None)
 
 
 def assert_blocks_carry(blocks, plan) -> None:
@@ -142,6 +144,7 @@ def assert_blocks_carry(blocks, plan) -> None:
         if isinstance(blk, (Block, AdaLNBlock)):
             trained = tuple(isinstance(a, nn.Parameter) for a in (blk.alpha_attn, blk.alpha_mlp))
             assert trained == tuple(plan.learnable[i].tolist()), i
+            assert blk.update == plan.update, i  # the formula's residual update (orthogonal), or None
 
 
 @pytest.mark.parametrize("branches", ["both", "attn"])
