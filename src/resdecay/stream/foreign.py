@@ -25,8 +25,9 @@ import torch.nn as nn
 from ..errors import UserError, one_line
 from ..io import first_sentence
 from ..nn.decayify import alphas_of, residual_blocks
+from .record import as_tokens, first_tensor
 from .runner import model_runner
-from .sites import patch_size_of, stream_blocks
+from .sites import channels_first, patch_size_of, stream_blocks
 
 
 @dataclass
@@ -99,12 +100,6 @@ class ForeignRun:
         """The same architecture freshly initialised (seeded by the caller), wrapped as the model was."""
         m = self.model
         return ForeignEncoder(self.build(), m.source, m.weights, m.img_size, m.in_chans, m.conditioning)
-
-
-def _tokens(out) -> torch.Tensor:
-    """A block's output as (B, T, D): the first entry of a tuple, a feature map's positions as tokens."""
-    t = out[0] if isinstance(out, (tuple, list)) else out
-    return t.flatten(2).transpose(1, 2) if t.dim() == 4 else t
 
 
 def installed_decay(model: nn.Module) -> tuple[float, str]:
@@ -191,9 +186,9 @@ class ForeignEncoder(nn.Module):
         outs: dict[int, torch.Tensor] = {}
 
         def keep(i: int, out) -> None:
-            t = out[0] if isinstance(out, (tuple, list)) else out
-            self._maps = t.dim() == 4  # feature maps (B, C, H, W), read as tokens
-            outs[i] = _tokens(t)
+            t = first_tensor(out)
+            self._maps = t.dim() == 4  # feature maps, (B, C, H, W) or Swin's (B, H, W, C), read as tokens
+            outs[i] = as_tokens(t, channels_first(self._blocks[i]))
 
         handles = [self._blocks[i].register_forward_hook(lambda m, a, o, i=i: keep(i, o)) for i in sorted(set(wanted))]
         try:
