@@ -261,3 +261,26 @@ def test_a_patch_size_that_does_not_fit_the_tokens_is_refused():
     model, x, _ = mae()
     with pytest.raises(UserError, match="pass the model's patch_size"):
         diagnose(model, x, which=("pixels",), patch_size=2)  # 64 patches, 17 tokens
+
+
+def test_an_unknown_option_and_a_branch_end_that_never_runs_are_one_line_each():
+    model, x, _ = mae()
+    with pytest.raises(UserError) as e:
+        diagnose(model, x, knock_out="block")  # a misspelt DiagnoseOptions field
+    assert "\n" not in str(e.value) and "knock_out" in str(e.value) and "knockout" in str(e.value)
+    from resdecay.nn.adapters import BlockAdapter, Role, register_adapter, unregister_adapter
+    register_adapter(BlockAdapter("an adapter whose branch end never runs", (Residual,), 1, install=lambda b, a, c: None,
+                                  factors=lambda b: ((1.0,), (1.0,)), zero_init=lambda b: None,
+                                  reads=lambda b: [Role(b, b.unused)]))
+    try:
+        with pytest.raises(UserError) as e:
+            diagnose(nn.Sequential(UnusedEnd(), UnusedEnd()), torch.zeros(2, 3, 4), which=("paths",))
+    finally:
+        unregister_adapter("an adapter whose branch end never runs")
+    assert "\n" not in str(e.value) and "does not run in the forward" in str(e.value)
+
+
+class UnusedEnd(Residual):
+    def __init__(self):
+        super().__init__()
+        self.unused = nn.Identity()

@@ -110,8 +110,19 @@ class _State:
         self.current[i] = -1 if self.sites[i].at_add else 0
         if rec is not None and i not in rec.order:
             rec.order.append(i)
-            if i == 0 and x is not None and grid_of(x, self.sites[0].channels_first) is not None:
-                rec.grids[0] = grid_of(x, self.sites[0].channels_first)
+            if i == 0 and x is not None:
+                _keep_grid(rec, 0, x, self.sites[0].channels_first)
+
+    def output(self, i: int, rec: Pass, t: torch.Tensor) -> None:
+        """Block i's output ``t`` (its stream after the block) into ``rec``: as tokens, and its grid if a map."""
+        rec.outputs[i] = self.tokens(i, t)
+        _keep_grid(rec, i + 1, t, self.sites[i].channels_first)
+
+
+def _keep_grid(rec: Pass, layer: int, t: torch.Tensor, first: bool) -> None:
+    grid = grid_of(t, first)
+    if grid is not None:
+        rec.grids[layer] = grid
 
 
 def _block_pre_hook(state: _State, i: int, rec: Pass | None):
@@ -158,10 +169,7 @@ def _block_hook(site: Site, state: _State, i: int, rec: Pass | None, on_pair: Pa
         if rec is not None:
             rec.returned[i] = out
             if not site.at_add:
-                t = first_tensor(out)
-                rec.outputs[i] = state.tokens(i, t)
-                if grid_of(t, site.channels_first) is not None:
-                    rec.grids[i + 1] = grid_of(t, site.channels_first)
+                state.output(i, rec, first_tensor(out))
         for j, x, g in state.pairs[i]:  # a projection shortcut's output stands for x (it ran after the branch)
             on_pair(i, j, state.identity[i] if state.identity[i] is not None else x, g)
         state.pairs[i].clear()
@@ -194,9 +202,7 @@ def _tap(state: _State, rec: Pass | None, on_pair: PairHook | None, zero: frozen
         out = add(x, torch.zeros_like(branch) if (i, j) in zero else branch, alpha, beta)
         if j == len(site.subs) - 1:
             if rec is not None:
-                rec.outputs[i] = state.tokens(i, out)
-                if grid_of(out, site.channels_first) is not None:
-                    rec.grids[i + 1] = grid_of(out, site.channels_first)
+                state.output(i, rec, out)
             if last is not None and i == n - 1:
                 last.append(state.tokens(i, out))
         return out
