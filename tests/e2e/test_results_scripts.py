@@ -45,7 +45,7 @@ COVERED = {
     "alternatives/orthogonal_fmnist.sh": "test_alternatives_dry_run",
 }
 SCRIPT_ENV = ("ROOT", "RUNS", "QUEUE", "RESDECAY", "PYTHON", "DRY_RUN", "EXTRA", "SEG_SEEDS", "SOLVERS", "SEG_IMAGES",
-              "KNN_PROBE", "STEP", "DEST", "LEVELS", "SEEDS", "WIDTH", "EPOCHS", "EVAL")
+              "KNN_PROBE", "STEP", "STEPS", "DEST", "LEVELS", "SEEDS", "WIDTH", "EPOCHS", "EVAL")
 
 
 def scripts() -> set[str]:
@@ -365,6 +365,7 @@ def test_alternatives_dry_run(clone, capsys):
         assert main([*argv, "--print-config"]) == 0, argv
     for argv in cmds[4:]:
         parses(argv)
+        assert argv[1].endswith("/checkpoints/step_00000312.pt")  # eval takes a checkpoint file, not the run folder
     shortcuts = [next((w for w in argv if w.startswith("model.shortcut=")), "decay") for argv in cmds[:4]]
     assert shortcuts == ["decay", "decay", "model.shortcut=orthogonal", "model.shortcut=orthogonal_decay"]
     assert "shortcut: orthogonal" in capsys.readouterr().out

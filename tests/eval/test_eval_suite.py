@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -103,6 +104,8 @@ def test_eval_bad_input(tiny_checkpoints, tmp_path, capsys):
     assert_one_line_error(*run(capsys, "compare", str(tmp_path))[::2], "compare needs at least two runs")
     assert_one_line_error(*run(capsys, "eval", ck, "--probe-norm", "layernorm", *cache)[::2], "--probe-norm 'layernorm' is unknown")
     assert_one_line_error(*run(capsys, "eval", ck, "--feature", "max", *cache)[::2], "--feature 'max' is unknown")
+    run_folder = str(Path(ck).parent.parent)  # a run folder where a checkpoint file is asked for: its newest is named
+    assert_one_line_error(*run(capsys, "eval", run_folder, *cache)[::2], "is a folder, not a checkpoint file", Path(ck).name)
 
 
 def test_labels_missing_and_wrong_images_are_one_clear_line(tiny_checkpoints, tmp_path, capsys):

@@ -5,7 +5,8 @@
 # core, then ~4 minutes per evaluation.
 #
 # Usage: orthogonal_fmnist.sh [--dry-run] [RUNS]   (RUNS default <repo>/runs/alternatives)
-#   EXTRA (more key=value overrides, e.g. a toy size); ROOT, RESDECAY, DRY_RUN: docs/results/common.sh
+#   EXTRA (more key=value overrides, e.g. a toy size), STEPS (the last step, 312 at this budget);
+#   ROOT, RESDECAY, DRY_RUN: docs/results/common.sh
 set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/../common.sh" "$@"
@@ -22,6 +23,8 @@ for run in plain decay orthogonal orthogonal-decay; do
   # shellcheck disable=SC2086  # own: key=value words
   show "$RESDECAY" pretrain --preset "$preset" "${COMMON[@]}" $own "train.out_dir=$RUNS/$run" --no-progress
 done
+STEPS=${STEPS:-312}  # 78 steps per epoch x 4 epochs: the checkpoint each run ends with
 for run in plain decay orthogonal orthogonal-decay; do
-  show "$RESDECAY" eval "$RUNS/$run" --evals knn,rank --out "$RUNS/eval" --no-progress
+  show "$RESDECAY" eval "$(printf "%s/checkpoints/step_%08d.pt" "$RUNS/$run" "$STEPS")" --evals knn,rank \
+      --out "$RUNS/eval" --no-progress
 done

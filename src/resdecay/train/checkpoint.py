@@ -110,6 +110,10 @@ def load_checkpoint(path: str | Path) -> dict:
     exported = exported_folder(path)
     if exported is not None:  # else "does not exist" (the folder) or "a facebookresearch/mae checkpoint" (its weights)
         raise CheckpointError(exported_message(path, exported))
+    if path.is_dir():  # a run folder: name the checkpoint file it holds
+        newest = (list_checkpoints(path / "checkpoints") or list_checkpoints(path) or [None])[-1]
+        hint = f"pass {newest}" if newest is not None else "it holds no checkpoints/step_*.pt"
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file; {hint}")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     ckpt = safe_load(path, CheckpointError, f"{path} is not a readable resdecay checkpoint ({{reason}})")
