@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn as nn
 
 from resdecay import decayify
-from resdecay.errors import ConfigError, RegistryError
+from resdecay.errors import ConfigError, RegistryError, UserError
 from resdecay.eval.diagnostics import diagnose
 from resdecay.models.mae import TINY_MAE, MAEConfig, MaskedAutoencoder
 from resdecay.nn.blocks import Block
@@ -65,14 +66,98 @@ def test_an_mae_with_the_orthogonal_update_is_read_by_the_diagnostics():
     assert max(abs(c) for c in report["branches"]["cosine"]) < 1e-3
 
 
-def test_where_an_update_cannot_go_it_is_refused_in_one_line():
+def _tiny_timm_vit():
     import timm
-    vit = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=0)
+    torch.manual_seed(0)
+    return timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=3, num_classes=0).eval()
+
+
+def _orthogonal_by_hand(vit, x: torch.Tensor, alphas) -> torch.Tensor:
+    """timm's ViT forward with each add written out as ``alpha * x + u(x, f)`` (the orthogonal update)."""
+    h = vit.norm_pre(vit._pos_embed(vit.patch_embed(x)))
+    for b, (a1, a2) in zip(vit.blocks, alphas, strict=True):
+        h = a1 * h + orthogonal(h, b.drop_path1(b.ls1(b.attn(b.norm1(h)))))
+        h = a2 * h + orthogonal(h, b.drop_path2(b.ls2(b.mlp(b.norm2(h)))))
+    return vit.norm(h)
+
+
+@pytest.mark.parametrize("mechanism", ["fused", "hooks"])
+@pytest.mark.parametrize("shortcut", ["orthogonal", "orthogonal_decay"])
+def test_decayify_carries_the_update_into_a_timm_vit(mechanism, shortcut):
+    """Both mechanisms that reach a timm ViT's adds (the fused add, the correction hooks) add u(x, f): equal to the
+    block written out by hand, and recorded in the spec so that a reload applies it again."""
+    from resdecay.nn import alphas_of
+    from resdecay.nn.adapters.fused import hooks_only, is_fused
+
+    vit, x = _tiny_timm_vit(), torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        plain = vit.forward_features(x)
+    if mechanism == "hooks":
+        with hooks_only():
+            decayify(vit, alpha_min=0.6, shortcut=shortcut)
+    else:
+        decayify(vit, alpha_min=0.6, shortcut=shortcut)
+    assert is_fused(vit.blocks[0]) == (mechanism == "fused")
+    alphas = [a for _, a in alphas_of(vit)]
+    assert (alphas[-1][-1] == 1.0) == (shortcut == "orthogonal")
+    with torch.no_grad():
+        got, want = vit.forward_features(x), _orthogonal_by_hand(vit, x, alphas)
+    assert (got - want).abs().max() < 1e-5 and (got - plain).abs().max() > 1e-2
+    assert vit.resdecay_spec["shortcut"] == shortcut
+    decayify(vit, alpha_min=1.0)  # a second call replaces the settings: the plain model again
+    with torch.no_grad():
+        assert torch.equal(vit.forward_features(x), plain)
+
+
+@pytest.mark.parametrize("mechanism", ["fused", "hooks"])
+def test_the_diagnostics_read_the_updated_branch_of_a_decayified_timm_vit(mechanism):
+    """Where the adds are read at the branch's last module (hooks and fused blocks alike), the branch read is u(x, f):
+    orthogonal to its shortcut token by token, and the decomposition still rebuilds the stream."""
+    from resdecay.nn.adapters.fused import hooks_only
+
+    vit = _tiny_timm_vit()
+    if mechanism == "hooks":
+        with hooks_only():
+            decayify(vit, alpha_min=1.0, shortcut="orthogonal")
+    else:
+        decayify(vit, alpha_min=1.0, shortcut="orthogonal")
+    report = diagnose(vit, torch.rand(6, 3, 32, 32), which=("paths", "branches"))
+    assert max(report["paths"]["reconstruction_error"]) < 1e-4
+    assert max(abs(c) for c in report["branches"]["cosine"]) < 1e-3
+
+
+def test_the_traced_adapter_carries_the_update_and_a_feature_map_is_refused_at_its_first_add():
+    """A user's block that only tracing reaches (its branch gated inline: a replaced forward) adds u(x, f) as written
+    by hand; a feature-map stream (PoolFormer's (B, C, H, W)) is refused in one line, not projected over a wrong axis."""
+    from helpers.traced_blocks import MODELS, GatedBlock, jitter, quiet
+
+    torch.manual_seed(0)
+    stack = nn.Sequential(*[GatedBlock() for _ in range(3)]).eval()
+    x = torch.randn(3, 5, 8)
+    with torch.no_grad():
+        h = x
+        for b in stack:
+            h = 0.5 * h + orthogonal(h, torch.sigmoid(b.gate(h)) * b.f(b.norm(h)))  # eval: no dropout
+        quiet(decayify, stack, alpha_min=0.5, schedule="constant", shortcut="orthogonal_decay")
+        assert (stack(x) - h).abs().max() < 1e-6
+    pool = jitter(MODELS["timm poolformer (MetaFormerBlock)"][0]())
+    quiet(decayify, pool, alpha_min=1.0, shortcut="orthogonal")
+    with pytest.raises(UserError) as e:
+        pool(torch.rand(2, 3, 32, 32))
+    assert "\n" not in str(e.value) and "(B, T, D) token streams" in str(e.value)
+
+
+def test_where_an_update_cannot_go_it_is_refused_in_one_line():
+    from helpers.adapter_models import diffusers_dit
+
+    dit, _ = diffusers_dit()  # adaLN-Zero blocks: a replaced forward adds the branch as it is
     with pytest.raises(TypeError) as e:
-        decayify(vit, alpha_min=0.6, shortcut="orthogonal")
-    assert "\n" not in str(e.value) and "model.shortcut=orthogonal" in str(e.value)
+        decayify(dit, alpha_min=0.6, shortcut="orthogonal")
+    assert "\n" not in str(e.value) and "BasicTransformerBlock" in str(e.value) and "replaced forward" in str(e.value)
+    assert not hasattr(dit, "resdecay_spec")
+    from resdecay.models.resnet import ResNetConfig
     with pytest.raises(ConfigError) as e:
-        shortcut_plan(2, 0.6, shortcut="orthogonal", adds_per_block=1)  # a ResNet's feature maps
+        ResNetConfig(shortcut="orthogonal").validate()  # a ResNet's feature maps, refused before anything is built
     assert "\n" not in str(e.value) and "feature maps" in str(e.value)
 
 

@@ -44,7 +44,8 @@ class ResNetConfig(ModelConfig):
     def validate(self) -> None:
         check_fields(self, "model", positive=("width",))
         check_alpha_min(self.alpha_min)
-        check_shortcut(self.shortcut, self.decay_branches, adds_per_block=1, fixed_by="a ResNet (decayify's hooks)")
+        check_shortcut(self.shortcut, self.decay_branches, adds_per_block=1, fixed_by="a ResNet (decayify's hooks)",
+                       feature_maps=True)
         if len(self.layers) != 4 or min(self.layers) < 1:
             raise ConfigError("model.layers must be four positive block counts, e.g. [2, 2, 2, 2]")
         if self.num_classes < 2:

@@ -176,15 +176,17 @@ def decayify(model: nn.Module, alpha_min: float, schedule: str = "linear", zero_
     found, left = _one_add_count(found)
     skipped += left
     factors = _plan(found, alpha_min, schedule, branches, shortcut)
+    update = _update_of(shortcut, found)
     record = _library_recorder(model)  # a transformers / diffusers model: its config's record, checked first
-    if skipped and any(v != 1.0 for a, b in factors for v in (*a, *b)):
+    if skipped and (update is not None or any(v != 1.0 for a, b in factors for v in (*a, *b))):
         _say_what_was_left(model, found, skipped, why)
     planned = list(zip(found, factors, strict=True))
     planned += [(entry, ((1.0,) * entry[2].adds,) * 2) for entry in plain]
     for (_name, block, adapter), (a, b) in planned:
         _remove_hooks(block)
         unguard(block)  # a traced block's argument check, also when an adapter registered since takes it
-        adapter.install(block, a, b, **{k: v for k, v in chosen.items() if k in adapter.options})
+        given = {k: v for k, v in chosen.items() if k in adapter.options}
+        adapter.install(block, a, b, **given, **({} if update is None else {"update": update}))
         block.resdecay_alpha = a
         if zero_init:
             adapter.zero_init(block)
@@ -275,10 +277,6 @@ def _plan(found: list, alpha_min: float, schedule: str, branches: str, shortcut:
     adapters allow it) share one schedule over all their adds in depth order (paper eq. 3: alpha by the add's depth)."""
     counts = [adapter.adds for _, _, adapter in found]
     keys = ("shortcut", "branches")
-    formula = SHORTCUT_FORMULAS.get(shortcut)
-    if formula is not None and formula.update is not None:  # the hooks and replaced forwards add x + f as given
-        raise TypeError(f"decayify does not apply shortcut={shortcut} (its {formula.update} update of the branch) to "
-                        f"other libraries' blocks yet; resdecay's own families take it: model.shortcut={shortcut}")
     if len(set(counts)) == 1 and counts[0] in (1, 2):
         check_shortcut(shortcut, branches, counts[0], fixed_by="decayify (its hooks)", keys=keys)
         plan = shortcut_plan(len(found), alpha_min, schedule, branches, shortcut, counts[0])
@@ -294,6 +292,21 @@ def _plan(found: list, alpha_min: float, schedule: str, branches: str, shortcut:
         out.append((tuple(alphas[i:i + n]), tuple(betas[i:i + n])))
         i += n
     return out
+
+
+def _update_of(shortcut: str, found: list) -> str | None:
+    """The residual update the formula names (``nn.updates``), checked against the blocks' mechanisms: the correction
+    hooks, the fused add and resdecay's blocks carry one; a replaced forward or a scaled shortcut adds the branch as
+    it is, so a formula with an update is refused for those blocks (one line naming them)."""
+    formula = SHORTCUT_FORMULAS.get(shortcut)
+    if formula is None or formula.update is None:
+        return None
+    cannot = sorted({adapter.name for _, _, adapter in found if adapter.updates is None})
+    if cannot:
+        raise TypeError(f"decayify cannot apply shortcut={shortcut} (the {formula.update} update of the branch) to "
+                        f"{', '.join(cannot)} blocks: their adds are reached by a replaced forward or a scaled shortcut, "
+                        "which add the branch as it is; use a formula without an update (decay, scaled_sum, ...)")
+    return formula.update
 
 
 def _library_recorder(model: nn.Module):

@@ -86,10 +86,13 @@ ADD_TAPS: list[Callable] = []
 decayed_add = residual_add  # the older name (``resdecay.decayed_add``), kept for callers; the same function
 
 
-def residual_correction(x: torch.Tensor, branch: torch.Tensor, alpha: float, beta: float = 1.0) -> torch.Tensor:
+def residual_correction(x: torch.Tensor, branch: torch.Tensor, alpha: float, beta: float = 1.0,
+                        update: Update | None = None) -> torch.Tensor:
     """What a block that computes ``x + out`` itself must be given as ``out`` so that the sum is
-    ``residual_add(x, branch, alpha, beta)``: ``beta * branch - (1 - alpha) * x`` (equal up to
-    float rounding, since the block's own add comes last)."""
+    ``residual_add(x, branch, alpha, beta, update)``: ``beta * u(x, branch) - (1 - alpha) * x`` (equal up to
+    float rounding, since the block's own add comes last; u is the identity when ``update`` is None)."""
+    if update is not None:
+        branch = update(x, branch)
     return scale_branch(branch, beta) - (1.0 - alpha) * x
 
 
@@ -222,7 +225,8 @@ def shortcut_names() -> tuple[str, ...]:
 
 
 def check_shortcut(shortcut: str, branches: str = "both", adds_per_block: int = 2, fixed_by: str | None = None,
-                   keys: tuple[str, str] = ("model.shortcut", "model.decay_branches")) -> ShortcutFormula:
+                   keys: tuple[str, str] = ("model.shortcut", "model.decay_branches"),
+                   feature_maps: bool = False) -> ShortcutFormula:
     """The registered formula ``shortcut``, or a one-line ConfigError naming the fix.
 
     Args:
@@ -232,6 +236,8 @@ def check_shortcut(shortcut: str, branches: str = "both", adds_per_block: int = 
         fixed_by: what holds the factors when they must be fixed numbers (e.g. decayify's hooks);
             learnable formulas are then refused. None: a learnable alpha can be held.
         keys: the two settings' names as the caller's user writes them.
+        feature_maps: the blocks add (B, C, H, W) feature maps (a ResNet), where a residual update of token
+            streams (``nn.updates``) has no per-token meaning: a formula naming one is refused.
     """
     skey, bkey = keys
     if shortcut not in SHORTCUT_FORMULAS:
@@ -239,7 +245,7 @@ def check_shortcut(shortcut: str, branches: str = "both", adds_per_block: int = 
                           "(or register yours with resdecay.register_shortcut)")
     if branches not in BRANCHES:
         raise ConfigError(f"{bkey} {branches!r} is unknown; choose one of {', '.join(BRANCHES)}")
-    if adds_per_block == 1 and shortcut in SHORTCUT_FORMULAS and SHORTCUT_FORMULAS[shortcut].update is not None:
+    if feature_maps and SHORTCUT_FORMULAS[shortcut].update is not None:
         raise ConfigError(f"{skey}={shortcut} updates the branch of a token stream; these blocks add feature maps "
                           "(ResNet): use a formula without an update (decay, scaled_sum, ...)")
     if adds_per_block == 1 and branches != "both":

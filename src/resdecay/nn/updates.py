@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from ..errors import Registry, defined_at
+from ..errors import Registry, UserError, defined_at
 
 Update = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x, f) -> what the add adds (before beta)
 
@@ -52,7 +52,11 @@ def update_named(name: str | None) -> Update | None:
 
 
 def _orthogonal(x: torch.Tensor, f: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """f minus its projection on x, the inner products summed over ``dims``."""
+    """f minus its projection on x, the inner products summed over ``dims``. Token streams (B, T, D) only: a 4-D
+    tensor may be (B, C, H, W) or (B, H, W, C), and a projection over the wrong axis would run without a sign."""
+    if x.dim() != 3:
+        raise UserError(f"the orthogonal residual update is defined on (B, T, D) token streams; this add's stream has "
+                        f"shape {tuple(x.shape)} (a feature map?): use a shortcut formula without an update here")
     dot = (x * f).sum(dims, keepdim=True)
     norm2 = (x * x).sum(dims, keepdim=True) + EPS
     return f - (dot / norm2).to(x.dtype) * x

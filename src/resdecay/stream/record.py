@@ -20,6 +20,7 @@ import torch.nn as nn
 
 from ..errors import UserError
 from ..nn.residual import ADD_TAPS, scale_branch
+from ..nn.updates import update_named
 from .sites import Site
 
 PairHook = Callable[[int, int, torch.Tensor, torch.Tensor], None]  # (block, sub-block, x, branch)
@@ -90,6 +91,7 @@ class _State:
         self.sites = sites
         self.current = [0] * n
         self.x: list[torch.Tensor | None] = [None] * n
+        self.raw_x: list[torch.Tensor | None] = [None] * n  # x as the block holds it (a residual update reads it)
         self.identity: list[torch.Tensor | None] = [None] * n
         self.pairs: list[list] = [[] for _ in range(n)]
         self.running: list[int] = []
@@ -135,7 +137,7 @@ def _block_pre_hook(state: _State, i: int, rec: Pass | None):
 def _pre_hook(state: _State, i: int, j: int, rec: Pass | None):
     def hook(module, args, kwargs):
         x = args[0] if args else next(iter(kwargs.values()))
-        state.current[i], state.x[i] = j, state.tokens(i, x)
+        state.current[i], state.x[i], state.raw_x[i] = j, state.tokens(i, x), x
         if rec is not None and j == 0:
             rec.inputs[i] = state.x[i]
     return hook
@@ -147,7 +149,11 @@ def _branch_hook(site: Site, state: _State, i: int, rec: Pass | None, on_pair: P
         if rec is None and on_pair is None:  # a knock-out pass: only the zeroing
             return _zeros_like(out) if (i, j) in zero else None
         # a copy: the block may add x into this very tensor in place (torchvision's ``out += identity``)
-        g = state.tokens(i, scale_branch(first_tensor(out).clone(), site.subs[j].beta))
+        g = first_tensor(out).clone()
+        update = update_named(site.subs[j].update)
+        if update is not None:  # the branch the add adds: u(x, f), as the correction / fused add compute it
+            g = update(state.raw_x[i], g)
+        g = state.tokens(i, scale_branch(g, site.subs[j].beta))
         if rec is not None:
             rec.branches[(i, j)] = g
         if on_pair is not None:

@@ -38,12 +38,14 @@ class SubBlock:
         role: where the add is read (``Role``: modules to hook, or ``AT_RESIDUAL_ADD``).
         alpha: the identity factor the block's add uses.
         beta: the branch factor (Table 3b's variants; 1 for the method).
+        update: the residual update the add applies to the branch (``nn.updates``), or None.
     """
 
     name: str
     role: Role
     alpha: float
     beta: float
+    update: str | None = None
 
 
 @dataclass
@@ -108,8 +110,12 @@ def site_of(name: str, block: nn.Module, adapter: BlockAdapter | None) -> Site |
     roles, kind, forward = found
     alphas, betas = adapter.factors(block) if adapter is not None else factors_of(block)
     tags = ("attn", "mlp") if len(roles) == 2 else tuple(f"add{j}" for j in range(len(roles)))
-    subs = [SubBlock(f"{name}.{tag}", role, float(a), float(b))
-            for tag, role, a, b in zip(tags, roles, alphas, betas, strict=True)]
+    if adapter is not None:
+        updates = adapter.updates(block) if adapter.updates is not None else (None,) * len(roles)
+    else:  # resdecay's adaLN-Zero block: its own attribute
+        updates = (getattr(block, "update", None),) * len(roles)
+    subs = [SubBlock(f"{name}.{tag}", role, float(a), float(b), u)
+            for tag, role, a, b, u in zip(tags, roles, alphas, betas, updates, strict=True)]
     return Site(name, block, kind, subs, forward, channels_first(block))
 
 

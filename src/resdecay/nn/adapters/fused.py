@@ -45,6 +45,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from ..residual import residual_add
+from ..updates import update_named
 from . import hooks
 from .registry import adapter_for
 from .roles_check import roles_in_graph
@@ -188,7 +189,8 @@ def fused_add(x, branch, owner: nn.Module):
     """One residual add of a fused forward: ``alpha * x + beta * branch`` with the factors ``owner`` holds now
     (``hooks.correct_subblocks`` put them there; a sub-block left at 1 holds none: the plain add)."""
     factors = owner.__dict__
-    return residual_add(x, branch, factors.get("resdecay_alpha", 1.0), factors.get("resdecay_beta", 1.0))
+    return residual_add(x, branch, factors.get("resdecay_alpha", 1.0), factors.get("resdecay_beta", 1.0),
+                        update_named(factors.get("resdecay_update")))
 
 
 def _code(graph: fx.Graph, adds, owners: list[str], label: str):

@@ -45,6 +45,7 @@ import torch.nn as nn
 
 from ...errors import UserError
 from ..residual import ShortcutScale, residual_correction, scale_branch, scale_identity
+from ..updates import update_named
 
 SLOT = "_resdecay_slot"  # on the modules of one hooked sub-block: the key of their pending input
 OWNER = "_resdecay_owner"  # on a pre-norm: the module that holds its sub-block's factors
@@ -88,10 +89,12 @@ def _correct_output(post: nn.Module, args: tuple, out):
     if entry is None:  # a sub-block left at alpha 1 that shares this module
         return out
     x, owner = entry
-    alpha, beta = owner.__dict__.get("resdecay_alpha", 1.0), owner.__dict__.get("resdecay_beta", 1.0)
+    factors = owner.__dict__
+    alpha, beta = factors.get("resdecay_alpha", 1.0), factors.get("resdecay_beta", 1.0)
+    update = update_named(factors.get("resdecay_update"))
     if isinstance(out, tuple):  # an attention module returning (output, weights)
-        return (residual_correction(x, out[0], alpha, beta),) + out[1:]
-    return residual_correction(x, out, alpha, beta)
+        return (residual_correction(x, out[0], alpha, beta, update),) + out[1:]
+    return residual_correction(x, out, alpha, beta, update)
 
 
 def _scale_output(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
@@ -131,17 +134,20 @@ def install_faster_with(fuse: Callable[[nn.Module, list, list], bool]) -> None:
 
 
 def correct_subblocks(block: nn.Module, pairs: list[tuple[nn.Module, nn.Module]], alphas, betas,
-                      fuse: bool = True) -> None:
+                      fuse: bool = True, update: str | None = None) -> None:
     """Reach each (pre, post) pair of ``block``: ``pre`` receives the sub-block input x first, ``post``
-    outputs what the block adds to x. Pairs may share ``post``. Sub-blocks at (1, 1) read no factor. The fused add
-    where ``install_faster_with``'s function proves it (``fused.py``) unless ``fuse`` is False, else the hooks."""
+    outputs what the block adds to x. Pairs may share ``post``. Sub-blocks at (1, 1) without an ``update`` (a
+    registered residual update's name, ``nn.updates``) read no factor. The fused add where
+    ``install_faster_with``'s function proves it (``fused.py``) unless ``fuse`` is False, else the hooks."""
     owners, active = _owners(pairs), []
     for (pre, post), owner, a, b in zip(pairs, owners, alphas, betas, strict=True):
-        if a == 1.0 and b == 1.0:
+        if a == 1.0 and b == 1.0 and update is None:
             continue
         owner.__dict__["resdecay_alpha"] = float(a)  # plain attributes: state_dict keys unchanged
         if b != 1.0:
             owner.__dict__["resdecay_beta"] = float(b)
+        if update is not None:  # the name (deepcopy / pickle keep it); the hook looks the function up
+            owner.__dict__["resdecay_update"] = update
         active.append((pre, post, owner))
     if not active:
         return
@@ -156,6 +162,11 @@ def correct_subblocks(block: nn.Module, pairs: list[tuple[nn.Module, nn.Module]]
         pre.register_forward_pre_hook(_stash_input, with_kwargs=True)
         if not any(fn is _correct_output for fn in post._forward_hooks.values()):
             post.register_forward_hook(_correct_output)
+
+
+def subblock_updates(pairs: list[tuple[nn.Module, nn.Module]]) -> tuple[str | None, ...]:
+    """The residual update ``correct_subblocks`` installed per sub-block (None: the branch as it is)."""
+    return tuple(o.__dict__.get("resdecay_update") for o in _owners(pairs))
 
 
 def subblock_factors(pairs: list[tuple[nn.Module, nn.Module]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -194,10 +205,12 @@ def scale_branch_end(block: nn.Module, end: nn.Module, beta: float) -> None:
     _no_script(block)
 
 
-def replace_forward(block: nn.Module, forward: Callable, alphas, betas) -> None:
-    """``block.forward`` becomes ``forward(block, *args, **kwargs)``, which reads ``block.resdecay_factors``.
+def replace_forward(block: nn.Module, forward: Callable, alphas, betas, update: str | None = None) -> None:
+    """``block.forward`` becomes ``forward(block, *args, **kwargs)``, which reads ``block.resdecay_factors`` (and
+    ``block.resdecay_update``, a residual update's name, where the forward applies one: the traced adapter's).
     A bound method (not a closure), so that ``copy.deepcopy`` binds the copy's forward to the copy."""
     block.__dict__["resdecay_factors"] = (tuple(float(a) for a in alphas), tuple(float(b) for b in betas))
+    block.__dict__["resdecay_update"] = update
     forward._resdecay_forward = True  # what ``remove`` takes away, and nothing else
     block.forward = types.MethodType(forward, block)
 
@@ -235,7 +248,7 @@ def remove(block: nn.Module) -> None:
             for key in [k for k, fn in table.items() if fn in HOOKS]:
                 del table[key]
                 m._forward_pre_hooks_with_kwargs.pop(key, None)
-        for name in (SLOT, OWNER, "resdecay_alpha", "resdecay_beta", "resdecay_factors", "resdecay_options",
+        for name in (SLOT, OWNER, "resdecay_alpha", "resdecay_beta", "resdecay_update", "resdecay_factors", "resdecay_options",
                      "__prepare_scriptable__"):
             m.__dict__.pop(name, None)
         fwd = m.__dict__.get("forward")  # a replaced forward (a bound method) or a fused one (``fused.FusedForward``)

@@ -95,6 +95,9 @@ class BlockAdapter:
         reads: ``reads(block)`` -> one ``Role`` per add, where the diagnostics read it; default: from ``roles``.
         forward: the replaced forward of a ``forward_adapter`` (it calls ``residual_add``): the diagnostics install
             it at the block's own factors while they read a block that ``decayify`` left at alpha 1.
+        updates: ``updates(block)`` -> the residual update (``nn.updates``) each add applies, when the mechanism can
+            carry one (then ``install`` takes ``update=NAME``); None: it adds the branch as it is, and ``decayify``
+            refuses a formula with an update for these blocks.
     """
 
     name: str
@@ -110,6 +113,7 @@ class BlockAdapter:
     roles: Pairs | None = None
     reads: Callable[[nn.Module], list[Role]] | None = None
     forward: Callable | None = None
+    updates: Callable[[nn.Module], tuple] | None = None
 
     def stream_roles(self, block: nn.Module) -> list[Role] | None:
         """Where each add of ``block`` is read (``Role``), or None when the adapter does not say."""
@@ -170,10 +174,10 @@ def subblock_adapter(name: str, classes: tuple, pairs: Pairs, zero: Callable[[nn
     """
     return BlockAdapter(
         name, tuple(classes), adds,
-        install=lambda block, a, b: hooks.correct_subblocks(block, pairs(block), a, b),
+        install=lambda block, a, b, update=None: hooks.correct_subblocks(block, pairs(block), a, b, update=update),
         factors=lambda block: hooks.subblock_factors(pairs(block)),
         zero_init=lambda block: hooks.zero_(*zero(block)), accepts=accepts, priority=priority, mixed_adds=mixed_adds,
-        roles=pairs)
+        roles=pairs, updates=lambda block: hooks.subblock_updates(pairs(block)))
 
 
 def shortcut_adapter(name: str, classes: tuple, shortcut: str, branch_end: Callable[[nn.Module], nn.Module],

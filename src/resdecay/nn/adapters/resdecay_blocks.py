@@ -10,6 +10,6 @@ from .registry import AT_RESIDUAL_ADD, BlockAdapter, register_adapter
 
 register_adapter(BlockAdapter(
     "resdecay.nn.blocks.Block", (Block,), 2,
-    install=lambda block, a, b: set_block_factors(block, *a, *b), factors=factors_of,
+    install=lambda block, a, b, update=None: set_block_factors(block, *a, *b, update=update), factors=factors_of,
     zero_init=lambda block: block.zero_init_branches(), priority=10,
-    reads=lambda block: [AT_RESIDUAL_ADD] * 2))
+    reads=lambda block: [AT_RESIDUAL_ADD] * 2, updates=lambda block: (block.update,) * 2))

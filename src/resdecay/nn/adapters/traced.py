@@ -42,6 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..residual import residual_add
+from ..updates import update_named
 from . import hooks
 from .registry import AT_RESIDUAL_ADD, TRACED, TRACED_SEEN, BlockAdapter, traced_adapter_of
 from .traced_graph import (
@@ -194,11 +195,12 @@ def plan_block(block: nn.Module) -> TracedPlan:
 
 
 # ----------------------------------------------------------------------------- the two ways in
-def _traced_add(x, branch, factors, k: int):
-    """The k-th residual add of a replaced forward: ``alpha_k * x + beta_k * branch``, the factors read from
-    ``block.resdecay_factors`` at call time (a factor changed by hand shows in the next forward)."""
+def _traced_add(x, branch, factors, update: str | None, k: int):
+    """The k-th residual add of a replaced forward: ``alpha_k * x + beta_k * u(x, branch)``, the factors read from
+    ``block.resdecay_factors`` and the update's name from ``block.resdecay_update`` at call time (a factor changed
+    by hand shows in the next forward)."""
     alphas, betas = factors
-    return residual_add(x, branch, alphas[k], betas[k])
+    return residual_add(x, branch, alphas[k], betas[k], update_named(update))
 
 
 def _compile(graph: fx.Graph, adds, names: list[str], label: str):
@@ -211,10 +213,11 @@ def _compile(graph: fx.Graph, adds, names: list[str], label: str):
         node.target = name
     with g.inserting_after(places[-1]):
         factors = g.get_attr("resdecay_factors")
+        update = g.get_attr("resdecay_update")
     for k, add in enumerate(adds):
         node = by_name[add.node]
         with g.inserting_before(node):
-            new = g.call_function(_traced_add, (by_name[add.stream], by_name[add.branch], factors, k))
+            new = g.call_function(_traced_add, (by_name[add.stream], by_name[add.branch], factors, update, k))
         node.replace_all_uses_with(new)
         g.erase_node(node)
         by_name[add.node] = new  # the next add's stream operand
@@ -269,26 +272,27 @@ def traced_adapter(block: nn.Module) -> BlockAdapter:
 
         guard = hooks.call_guard(cls, stream, fixed)
 
-        def install(b: nn.Module, alphas, betas, **options) -> None:
+        def install(b: nn.Module, alphas, betas, update: str | None = None, **options) -> None:
             hooks.unguard(b)
-            hooks.correct_subblocks(b, pairs(b), alphas, betas, fuse=False)  # the library's own forward runs
-            if fixed and any(v != 1.0 for v in (*alphas, *betas)):
+            hooks.correct_subblocks(b, pairs(b), alphas, betas, fuse=False, update=update)  # the library's forward runs
+            if fixed and (update is not None or any(v != 1.0 for v in (*alphas, *betas))):
                 b.register_forward_pre_hook(guard, with_kwargs=True)
 
         return BlockAdapter(f"traced {cls}", (type(block),), adds, install=install,
                             factors=lambda b: hooks.subblock_factors(pairs(b)), zero_init=zero_init, mixed_adds=True,
-                            roles=pairs)
+                            roles=pairs, updates=lambda b: hooks.subblock_updates(pairs(b)))
 
     forward = _replaced_forward(block, plan)
     del plan  # the generated code is all the forward needs
 
-    def install_forward(b: nn.Module, alphas, betas, **options) -> None:
-        if any(v != 1.0 for v in (*alphas, *betas)):  # alpha = 1 everywhere: the library's forward, untouched
-            hooks.replace_forward(b, forward, alphas, betas)
+    def install_forward(b: nn.Module, alphas, betas, update: str | None = None, **options) -> None:
+        if update is not None or any(v != 1.0 for v in (*alphas, *betas)):  # else the library's forward, untouched
+            hooks.replace_forward(b, forward, alphas, betas, update)
 
     return BlockAdapter(f"traced {cls}", (type(block),), adds, install=install_forward,
                         factors=lambda b: b.__dict__.get("resdecay_factors", ones), zero_init=zero_init, mixed_adds=True,
-                        reads=lambda b: [AT_RESIDUAL_ADD] * adds, forward=forward)
+                        reads=lambda b: [AT_RESIDUAL_ADD] * adds, forward=forward,
+                        updates=lambda b: (b.__dict__.get("resdecay_update"),) * adds)
 
 
 # ----------------------------------------------------------------------------- which modules are candidates
