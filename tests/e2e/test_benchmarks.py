@@ -72,6 +72,19 @@ def test_block_overhead_times_both_blocks_per_shape(tmp_path, capfd, monkeypatch
     assert "(2, 8, 32, 2)" in stdout and "(2, 4, 16, 1)" in stdout
 
 
+def test_residual_designs_times_every_design_against_the_plain_step(tmp_path, capfd, monkeypatch):
+    """Every design of the table at a toy size: the plain reference first, ratios against it, extra parameters."""
+    stdout, result = run_benchmark("residual_designs.py", "--set", "model.depth=2", "--set", "model.decoder_depth=1",
+                                   "--batch-size", "2", "--warmup", "1", "--steps", "1", "--rounds", "2",
+                                   "--threads", "1", tmp_path=tmp_path, capfd=capfd, monkeypatch=monkeypatch)
+    rows = {r["design"]: r for r in result["rows"]}
+    assert result["rows"][0]["design"] == "plain" and {"decay 0.6", "orthogonal", "learnable alpha"} <= set(rows)
+    assert rows["plain"]["ratio"] == 1.0 and rows["plain"]["extra_params"] == 0
+    assert rows["learnable alpha"]["extra_params"] == 4  # one trained alpha per add, two blocks x two adds
+    assert all(r["ms"] > 0 and len(r["ms_all"]) == 2 for r in rows.values())
+    assert "orthogonal" in stdout
+
+
 def test_mae_throughput_checks_each_architecture_against_its_reference(tmp_path, capfd, monkeypatch):
     stdout, result = run_benchmark("mae_throughput.py", "--batch-size", "4", "--warmup", "1", "--steps", "1",
                                    "--rounds", "1", "--threads", "1", tmp_path=tmp_path,
