@@ -31,8 +31,8 @@ import statistics
 import sys
 
 import torch
-from _measure import bad_input, mae_config, mem_peak, mem_start, sync, timed_steps
 
+from _measure import bad_input, mae_config, mem_peak, mem_start, sync, timed_steps
 from resdecay.models import build_model
 
 # design -> its model settings on top of the preset (the reference "plain" is the preset at alpha 1)
