@@ -215,3 +215,18 @@ def test_the_run_label_names_the_settings():
     assert describe_model(tiny_config("uvit", alpha_min=0.7)) == "decay linear alpha_min 0.7, skips"
     encoder = dataclasses.asdict(tiny_config("mae", alpha_min=0.6, branch_scale="skipinit", drop_identity=0.1))
     assert describe_model(tiny_config("classifier", encoder=encoder)) == "decay linear alpha_min 0.6 + skipinit"
+
+
+def test_activation_checkpointing_recomputes_the_same_drops():
+    torch.manual_seed(0)
+    block = Block(16, 2, alpha_attn=0.9, drop_path=0.3, drop_identity=0.3, branch_scale="layerscale", layerscale_init=0.1)
+    x = torch.randn(8, 5, 16, requires_grad=True)
+    runs = []
+    for checkpointing in (False, True):
+        block.grad_checkpointing, x.grad = checkpointing, None
+        block.zero_grad()
+        torch.manual_seed(5)
+        y = block(x)
+        y.square().sum().backward()
+        runs.append((y.detach(), x.grad.clone(), block.ls1.gamma.grad.clone()))
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
