@@ -122,9 +122,9 @@ class AdaLNBlock(nn.Module):
                             self.update_fn)
 
     def open_gates(self) -> None:
-        """Start both adaLN gates at 1 (their Linear's gate rows zero, bias 1) instead of adaLN-Zero's 0: for a
-        gain that starts at 0 itself (ReZero, SkipInit; ``nn.branch_scale``), which is then the block's zero
-        start. A zero gate times a zero gain would give neither a gradient."""
+        """Start both adaLN gates at 1 instead of adaLN-Zero's 0 (the gate rows' bias set to 1; their weights keep
+        their zero init): for a gain that starts at 0 itself (ReZero, SkipInit; ``nn.branch_scale``), which is then
+        the block's zero start. A zero gate times a zero gain would give neither a gradient."""
         gates = self.adaLN_modulation[-1].bias.data.view(6, -1)  # shift, scale, gate (msa), shift, scale, gate (mlp)
         gates[2].fill_(1.0)
         gates[5].fill_(1.0)
