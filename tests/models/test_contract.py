@@ -164,7 +164,9 @@ def test_checkpoint_written_before_the_reorganisation_loads(tmp_path):
     assert {k: v for k, v in new["data"].items() if k not in old_config["data"]} == {
         "on_bad_file": "stop", "decoder": "tensor", "subset_seed": 0, "val_path": None, "image_column": "image",
         "label_column": "label", "composition": "photos"}
-    assert {k: v for k, v in new["model"].items() if k not in old_config["model"]} == {"grad_checkpointing": False}
+    assert {k: v for k, v in new["model"].items() if k not in old_config["model"]} == {
+        "grad_checkpointing": False, "branch_scale": "none", "layerscale_init": 1e-5, "drop_branch": 0.0,
+        "drop_identity": 0.0}
     assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
 
 

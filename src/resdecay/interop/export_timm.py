@@ -8,6 +8,9 @@ move key for key; what differs is handled here, and what cannot be reproduced is
     decay           re-applied with ``decayify`` from the stored spec; its per-sub-block alphas
                     are checked to equal the resdecay model's exactly (``model.shortcut`` other
                     than ``decay`` -- learnable or scaled shortcuts -- is refused)
+    branch gains    ``model.branch_scale`` is timm's LayerScale (``init_values``, keys ``ls1.gamma`` /
+                    ``ls2.gamma``); a ReZero / SkipInit scalar is written as that vector, ReZero's
+                    one per block under both keys (``nn.branch_scale``); the drops act in training only
     classifier head ``ln_linear`` on ``patch_mean`` -> timm ``global_pool='avg'`` + ``fc_norm``;
                     on ``cls`` -> ``global_pool='token'`` with the head's LayerNorm as timm's
                     ``norm``; ``bn_linear`` and ``mean`` pooling have no timm form (refused)
@@ -30,6 +33,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import CheckpointError, UserError
+from ..nn.branch_scale import branch_settings
 from ..nn.decayify import alphas_of, decayify
 from ..nn.spec import check_spec
 from .checkpoint_io import TIMM_FORMAT, exported_kwargs, load_strict, read_safetensors, source_model
@@ -63,6 +67,8 @@ def timm_kwargs(enc, head: dict | None) -> dict:
     kw = {"img_size": enc.img_size, "patch_size": enc.patch_size, "in_chans": enc.in_chans, "embed_dim": enc.embed_dim,
           "depth": enc.depth, "num_heads": enc.num_heads, "mlp_ratio": enc.mlp_ratio, "qkv_bias": True,
           "class_token": True, "num_classes": 0, "global_pool": "token", "final_norm": bool(enc.encoder_norm)}
+    if branch_settings(enc)["branch_scale"] != "none":  # timm's ls1 / ls2; the values are the checkpoint's
+        kw["init_values"] = float(branch_settings(enc)["layerscale_init"])
     if head is None:
         return kw
     if head["head"] != "ln_linear" or head["pool"] not in ("patch_mean", "cls"):
@@ -76,10 +82,15 @@ def timm_kwargs(enc, head: dict | None) -> dict:
     return kw
 
 
-def timm_state(state: dict, head: dict | None) -> dict[str, torch.Tensor]:
-    """resdecay encoder (+ head) weights under timm's names."""
+def timm_state(state: dict, head: dict | None, dim: int | None = None) -> dict[str, torch.Tensor]:
+    """resdecay encoder (+ head) weights under timm's names; ``dim``: the width a scalar branch gain (ReZero,
+    SkipInit) is spread to, as timm's LayerScale holds one value per channel."""
     enc_prefixes = ("cls_token", "pos_embed", "patch_embed.", "blocks.")
     out = {k: v for k, v in state.items() if k.startswith(enc_prefixes)}
+    for k in [k for k in out if k.endswith(".ls1.gamma") and out[k].numel() == 1]:
+        out.setdefault(k.replace(".ls1.", ".ls2."), out[k])  # ReZero: the block's one gain, read by both adds
+    for k in [k for k in out if k.endswith((".ls1.gamma", ".ls2.gamma")) and out[k].numel() == 1]:
+        out[k] = out[k].expand(dim)
     if head is None:
         out.update({k: v for k, v in state.items() if k.startswith("norm.")})  # plain MAE's final norm
     else:  # a classifier's encoder norm is unused by its forward; its head norm is timm's fc_norm or norm
@@ -125,7 +136,7 @@ def export_to_timm(checkpoint: str | Path, out: str | Path, ema: bool = False) -
     model, model_cfg = source_model(checkpoint, ema)
     enc, head = encoder_settings(model_cfg)
     spec, kwargs = spec_of(enc), timm_kwargs(enc, head)
-    vit = build_timm(kwargs, spec, timm_state(model.state_dict(), head), str(checkpoint))
+    vit = build_timm(kwargs, spec, timm_state(model.state_dict(), head, enc.embed_dim), str(checkpoint))
     got = torch.tensor([a for _, a in alphas_of(vit)], dtype=torch.float64)
     if got.shape != model.alphas.shape or not torch.equal(got, model.alphas.to(torch.float64)):
         raise UserError(f"decayify cannot reproduce the alphas of {checkpoint} exactly (schedule {spec['schedule']}, "

@@ -66,7 +66,8 @@ def rename_unet(state: dict) -> dict:
 
 def fold_layer_scale(state: dict, source: str) -> dict:
     """timm's LayerScale ``ls{1,2}.gamma`` multiplies the branch output: fold it into the branch's
-    last Linear (attn.proj / mlp.fc2), which is exact. Refuses timm features resdecay lacks."""
+    last Linear (attn.proj / mlp.fc2), which is exact (up to float rounding); so are resdecay's own branch gains
+    (``model.branch_scale``). Refuses timm features resdecay lacks."""
     bad = [k for k in state if re.search(r"\.(q_norm|k_norm|norm_pre|attn_norm|ffn_norm)\.|^(reg_token|norm_pre\.)", k)]
     if bad:
         raise CheckpointError(f"{source} uses {bad[0]}, a timm ViT feature resdecay's blocks do not have; "
@@ -74,10 +75,13 @@ def fold_layer_scale(state: dict, source: str) -> dict:
     out = dict(state)
     for key in [k for k in state if k.endswith((".ls1.gamma", ".ls2.gamma"))]:
         block, which = key.rsplit(".", 2)[0], key.split(".")[-2]
-        layer = f"{block}.attn.proj" if which == "ls1" else f"{block}.mlp.fc2"
-        gamma = out.pop(key)
-        out[f"{layer}.weight"] = out[f"{layer}.weight"] * gamma[:, None]
-        out[f"{layer}.bias"] = out[f"{layer}.bias"] * gamma
+        gamma = out.pop(key)  # (D,), or (1,) for resdecay's ReZero / SkipInit scalar (nn.branch_scale)
+        layers = [f"{block}.attn.proj" if which == "ls1" else f"{block}.mlp.fc2"]
+        if which == "ls1" and f"{block}.ls2.gamma" not in state:  # resdecay's ReZero: one gain for both adds
+            layers.append(f"{block}.mlp.fc2")
+        for layer in layers:
+            out[f"{layer}.weight"] = out[f"{layer}.weight"] * gamma[:, None]
+            out[f"{layer}.bias"] = out[f"{layer}.bias"] * gamma
     return out
 
 

@@ -37,7 +37,7 @@ class ClassifierConfig(ModelConfig):
     head: Head = "ln_linear"  # ln_linear (fine-tuning) | bn_linear (MAE's linear probe)
     pool: Pool = "patch_mean"  # patch_mean (MAE fine-tuning's global pool) | cls | mean (all tokens)
     freeze_encoder: bool = False  # linear probing: only the head trains
-    drop_path: float = 0.0  # stochastic depth rate of the last block (linear in depth)
+    drop_path: float = 0.0  # stochastic depth rate of the last block (linear in depth); replaces the encoder's drops
     layer_decay: float = 1.0  # lr of block i scaled by layer_decay^(depth + 1 - (i + 1))
     mixup: float = 0.0  # mixup alpha (timm's Mixup); 0 = off
     cutmix: float = 0.0  # cutmix alpha; 0 = off

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 
 from ..nn.blocks import Block, PatchEmbed, block_flops
+from ..nn.branch_scale import branch_block_kwargs, depth_rates
 from ..nn.residual import shortcut_plan
 from ..schedule import effective_decay
 from .common import GradCheckpointing, resolve_blocks
@@ -20,9 +21,13 @@ class ViTEncoder(GradCheckpointing, nn.Module):
     default ``decay`` is ``alpha_schedule(depth, alpha_min, schedule)``) on ``cfg.decay_branches``.
 
     ``cfg`` needs img_size, in_chans, patch_size, embed_dim, depth, num_heads, mlp_ratio,
-    alpha_min, schedule and encoder_norm (an ``MAEConfig`` has them all)."""
+    alpha_min, schedule and encoder_norm (an ``MAEConfig`` has them all); its branch gains and drops
+    (``branch_scale``, ``drop_branch``, ``drop_identity``: ``nn.branch_scale``) where it has them.
 
-    def __init__(self, cfg, drop_path: float = 0.0):
+    ``drop_path``: a classifier's own stochastic depth (fine-tuning's ``model.drop_path``, on the branches),
+    which replaces the pretraining config's drops; None: the config's."""
+
+    def __init__(self, cfg, drop_path: float | None = None):
         super().__init__()
         self.cfg = cfg
         D = cfg.embed_dim
@@ -31,9 +36,12 @@ class ViTEncoder(GradCheckpointing, nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, D), requires_grad=False)
         plan = shortcut_plan(cfg.depth, cfg.alpha_min, cfg.schedule, cfg.decay_branches, cfg.shortcut)
         self.alphas = plan.alphas  # (depth, 2): attention, MLP
-        rates = [drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # stochastic depth grows with depth (timm)
-        self.blocks = nn.ModuleList(Block(D, cfg.num_heads, cfg.mlp_ratio, drop_path=r, **factors)
-                                    for factors, r in zip(plan.block_kwargs(), rates, strict=True))
+        branch = branch_block_kwargs(cfg, cfg.depth)  # gains, and drops growing with depth (timm)
+        if drop_path is not None:  # the gains are weights and stay; pretraining's drops give way to fine-tuning's
+            rates = depth_rates(drop_path, cfg.depth)
+            branch = [dict(b, drop_path=r, drop_identity=0.0) for b, r in zip(branch, rates, strict=True)]
+        self.blocks = nn.ModuleList(Block(D, cfg.num_heads, cfg.mlp_ratio, **factors, **b)
+                                    for factors, b in zip(plan.block_kwargs(), branch, strict=True))
         # U-Net MAE: no final norm, the bottleneck is the raw last block (paper-notes §2).
         self.norm = nn.LayerNorm(D, eps=1e-6) if cfg.encoder_norm else nn.Identity()
 

@@ -28,6 +28,7 @@ from ..nn.blocks import (
     sincos_pos_embed_2d,
     unpatchify,
 )
+from ..nn.branch_scale import BranchScale, branch_block_kwargs, check_branch_settings
 from ..nn.residual import check_shortcut, shortcut_plan
 from ..schedule import Branches, Schedule, check_alpha_min
 from .common import check_patch_size
@@ -54,6 +55,11 @@ class MAEConfig(ModelConfig):
     shortcut: str = "decay"  # a registered formula: decay | learnable | scaled_sum (sqrt(.5)(x+f)) | scaled_branch (x+sqrt(.5)f)
     decay_branches: Branches = "both"  # both | attn | mlp: which sub-blocks the formula applies to (Table 3b)
     decoder_decay: bool = False  # the decoder follows shortcut/decay_branches too (own schedule to alpha_min); off: plain x + f
+    # branch gains and stochastic depth (nn.branch_scale), on the encoder (and the decoder with decoder_decay):
+    branch_scale: BranchScale = "none"  # none | rezero | layerscale | skipinit: a learned gain on every branch
+    layerscale_init: float = 1e-5  # LayerScale's initial gain epsilon (CaiT: 1e-5 deep, 0.1 shallow)
+    drop_branch: float = 0.0  # stochastic depth on the branch (DropPath): the last block's rate, linear in depth
+    drop_identity: float = 0.0  # stochastic depth on the shortcut instead: the last block's rate, linear in depth
     skips: bool = True  # encoder->decoder long skips (U-Net MAE); False = standard MAE decoder
     skip_sources: list[int] | None = None  # explicit encoder blocks for the skips (0-indexed)
     zero_init: bool = True  # zero the last layer of every branch, fusion and the pixel head
@@ -70,6 +76,7 @@ class MAEConfig(ModelConfig):
         check_fields(self, "model", positive=("depth", "decoder_depth", "embed_dim", "decoder_embed_dim", "patch_size", "img_size"))
         check_alpha_min(self.alpha_min)
         check_shortcut(self.shortcut, self.decay_branches)
+        check_branch_settings(self)
         check_patch_size(self.img_size, self.patch_size, " or resize the images")
         if not 0.0 <= self.mask_ratio < 1.0:
             raise ValueError(f"model.mask_ratio must lie in [0, 1), got {self.mask_ratio}")
@@ -184,11 +191,12 @@ class MaskedAutoencoder(ViTEncoder):
             self.mask_token = nn.Parameter(torch.zeros(1, 1, Dd))
         self.decoder_pos_embed = nn.Parameter(torch.zeros(1, N + 1, Dd), requires_grad=False)
         # The decoder is MAE's plain x + f(x) (the paper decays the encoder only) unless decoder_decay:
-        # then the formula applies to it as to the encoder, on its own depth (schedule to alpha_min).
+        # then the formula, the branch gains and the drops apply to it as to the encoder, on its own depth.
         dec = (shortcut_plan(cfg.decoder_depth, cfg.alpha_min, cfg.schedule, cfg.decay_branches, cfg.shortcut)
                if cfg.decoder_decay else shortcut_plan(cfg.decoder_depth, 1.0, cfg.schedule))
-        self.decoder_blocks = nn.ModuleList(Block(Dd, cfg.decoder_num_heads, cfg.mlp_ratio, **factors)
-                                            for factors in dec.block_kwargs())
+        branch = branch_block_kwargs(cfg, cfg.decoder_depth, enabled=cfg.decoder_decay)
+        self.decoder_blocks = nn.ModuleList(Block(Dd, cfg.decoder_num_heads, cfg.mlp_ratio, **factors, **b)
+                                            for factors, b in zip(dec.block_kwargs(), branch, strict=True))
         self.decoder_norm = nn.LayerNorm(Dd, eps=1e-6)
         self.decoder_pred = nn.Linear(Dd, p * p * cfg.in_chans)
         self.initialize_weights()

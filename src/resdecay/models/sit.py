@@ -25,6 +25,7 @@ import torch.nn as nn
 from ..diffusion.objectives import NoiseSchedule, Objective
 from ..errors import ConfigError
 from ..nn.blocks import block_flops, init_linear_xavier, init_patch_embed, sincos_pos_embed_2d, unpatchify
+from ..nn.branch_scale import BranchScale, branch_block_kwargs, check_branch_settings, starts_silent
 from ..nn.conditioning import AdaLNBlock, FinalLayer, embed_labels
 from ..nn.residual import check_shortcut, shortcut_plan
 from ..schedule import Branches, Schedule
@@ -57,6 +58,10 @@ class SiTConfig(ModelConfig):
     schedule: Schedule = "linear"  # see resdecay.schedule
     shortcut: str = "decay"  # a registered formula (resdecay.nn.residual): decay | learnable | scaled_sum | scaled_branch
     decay_branches: Branches = "both"  # both | attn | mlp: which sub-blocks the formula applies to (Table 3b)
+    branch_scale: BranchScale = "none"  # none | rezero | layerscale | skipinit: a gain on every branch (nn.branch_scale)
+    layerscale_init: float = 1e-5  # LayerScale's initial gain epsilon (CaiT: 1e-5 deep, 0.1 shallow)
+    drop_branch: float = 0.0  # stochastic depth on the branch (DropPath): the last block's rate, linear in depth
+    drop_identity: float = 0.0  # stochastic depth on the shortcut instead: the last block's rate, linear in depth
     skips: bool = True  # additive long skips between mirrored halves (paper-notes §3)
     zero_init: bool = False  # zero the skip Linears; False = the authors' xavier weights, zero bias
     #                          (adaLN-Zero and the zero final layer are always on)
@@ -68,6 +73,7 @@ class SiTConfig(ModelConfig):
     def validate(self) -> None:
         check_diffusion_config(self, "sit")
         check_shortcut(self.shortcut, self.decay_branches)
+        check_branch_settings(self)
         if self.embed_dim % 4:
             raise ConfigError(f"model.embed_dim {self.embed_dim} must be divisible by 4 (2-D sin-cos positions)")
         if self.skips and (self.depth < 2 or self.depth % 2):
@@ -88,8 +94,9 @@ class SiT(GradCheckpointing, nn.Module):
         plan = shortcut_plan(cfg.depth, cfg.alpha_min, cfg.schedule, cfg.decay_branches, cfg.shortcut)
         self.alphas = plan.alphas  # (depth, 2) over ALL blocks
         self.num_blocks = cfg.depth
-        self.blocks = nn.ModuleList(AdaLNBlock(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, gelu=cfg.gelu, **factors)
-                                    for factors in plan.block_kwargs())
+        branch = branch_block_kwargs(cfg, cfg.depth)  # gains and drops (nn.branch_scale)
+        self.blocks = nn.ModuleList(AdaLNBlock(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, gelu=cfg.gelu, **factors, **b)
+                                    for factors, b in zip(plan.block_kwargs(), branch, strict=True))
         # Long skips (paper-notes §3): decoder block j (second half) adds Linear(D->D) of the output
         # of encoder block depth/2-1-j to its input, U-Net style (deepest encoder block first).
         self.half = cfg.depth // 2
@@ -116,6 +123,11 @@ class SiT(GradCheckpointing, nn.Module):
                     self.final_layer.linear):
             nn.init.zeros_(mod.weight)
             nn.init.zeros_(mod.bias)
+        # A gain that starts at 0 (model.branch_scale rezero / skipinit) is the blocks' zero start instead:
+        # its gates start at 1, since a zero gate times a zero gain gives neither a gradient (nn.branch_scale).
+        if starts_silent(self.blocks[0]):
+            for blk in self.blocks:
+                blk.open_gates()
         # 3. zero_init (an option, not the authors' default): the skip Linears start silent, so the
         #    skips join the network gradually and cannot carry a shortcut around the decay at init.
         if cfg.zero_init:

@@ -27,6 +27,7 @@ import torch.nn as nn
 from ..diffusion.objectives import NoiseSchedule, Objective
 from ..errors import ConfigError
 from ..nn.blocks import Block, block_flops, init_linear_xavier, init_patch_embed, unpatchify
+from ..nn.branch_scale import BranchScale, branch_block_kwargs, check_branch_settings
 from ..nn.conditioning import embed_labels
 from ..nn.residual import check_shortcut, shortcut_plan
 from ..schedule import Branches, Schedule
@@ -59,6 +60,10 @@ class UViTConfig(ModelConfig):
     schedule: Schedule = "linear"  # see resdecay.schedule
     shortcut: str = "decay"  # a registered formula (resdecay.nn.residual): decay | learnable | scaled_sum | scaled_branch
     decay_branches: Branches = "both"  # both | attn | mlp: which sub-blocks the formula applies to (Table 3b)
+    branch_scale: BranchScale = "none"  # none | rezero | layerscale | skipinit: a gain on every branch (nn.branch_scale)
+    layerscale_init: float = 1e-5  # LayerScale's initial gain epsilon (CaiT: 1e-5 deep, 0.1 shallow)
+    drop_branch: float = 0.0  # stochastic depth on the branch (DropPath): the last block's rate, linear in depth
+    drop_identity: float = 0.0  # stochastic depth on the shortcut instead: the last block's rate, linear in depth
     skips: bool = True  # U-ViT's concatenating long skips
     zero_init: bool = True  # zero each block's branch output layer (attn proj, MLP fc2)
     objective: Objective = "ddpm-eps"  # stored for the loss/sampler module: ddpm-eps (U-ViT's) | interp-v
@@ -68,6 +73,7 @@ class UViTConfig(ModelConfig):
     def validate(self) -> None:
         check_diffusion_config(self, "uvit")
         check_shortcut(self.shortcut, self.decay_branches)
+        check_branch_settings(self)
         if self.depth < 3 or self.depth % 2 == 0:
             raise ConfigError(f"model.depth {self.depth} must be odd and >= 3 for U-ViT "
                               "((depth-1)/2 in blocks, 1 mid block, (depth-1)/2 out blocks), e.g. 7, 13, 17")
@@ -87,8 +93,9 @@ class UViT(GradCheckpointing, nn.Module):
         plan = shortcut_plan(cfg.depth, cfg.alpha_min, cfg.schedule, cfg.decay_branches, cfg.shortcut)
         self.alphas = plan.alphas  # (depth, 2) over ALL blocks
         self.num_blocks = cfg.depth
-        self.blocks = nn.ModuleList(Block(D, cfg.num_heads, cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, **factors)
-                                    for factors in plan.block_kwargs())
+        branch = branch_block_kwargs(cfg, cfg.depth)  # gains and drops (nn.branch_scale)
+        self.blocks = nn.ModuleList(Block(D, cfg.num_heads, cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, **factors, **b)
+                                    for factors, b in zip(plan.block_kwargs(), branch, strict=True))
         self.num_in = (cfg.depth - 1) // 2  # in blocks; the mid block is blocks[num_in]
         self.skip_linears = nn.ModuleList(nn.Linear(2 * D, D) for _ in range(self.num_in if cfg.skips else 0))
         self.norm = nn.LayerNorm(D)

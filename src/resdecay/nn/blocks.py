@@ -17,19 +17,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .branch_scale import drop_path_module as drop_path_module  # re-exported: its older home
+from .branch_scale import set_branch_scale, starts_silent
 from .residual import decayed_add as decayed_add  # re-exported: the add's older name, kept for callers
 from .residual import factors_repr, residual_add, set_block_factors
-
-
-def drop_path_module(rate: float) -> nn.Module:
-    """timm's DropPath for ``rate > 0``, else the identity. timm is imported here, not at module level:
-    ``import timm`` loads all of timm's models and data code (about 2 s of every command's start-up),
-    and only fine-tuning uses stochastic depth."""
-    if rate <= 0:
-        return nn.Identity()
-    from timm.layers import DropPath
-
-    return DropPath(rate)
 
 
 class Attention(nn.Module):
@@ -68,10 +59,11 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """Pre-LN transformer block with decayed identity shortcuts::
 
-        x = alpha_attn * x + beta_attn * DropPath(Attn(LN(x)))
-        x = alpha_mlp  * x + beta_mlp  * DropPath(MLP(LN(x)))
+        x = alpha_attn * x + beta_attn * DropPath(ls1(Attn(LN(x))))
+        x = alpha_mlp  * x + beta_mlp  * DropPath(ls2(MLP(LN(x))))
 
-    With ``alpha_attn = alpha_mlp = 1`` this is the standard ViT block (timm's ``Block``).
+    With ``alpha_attn = alpha_mlp = 1`` this is the standard ViT block (timm's ``Block``); ``ls1`` / ``ls2`` are
+    the branch gains (identities unless ``branch_scale``; ``nn.branch_scale``).
 
     Args:
         dim: token width D.
@@ -82,13 +74,16 @@ class Block(nn.Module):
         alpha_mlp: shortcut factor of the MLP sub-block.
         norm_eps: LayerNorm epsilon (1e-6 as MAE).
         zero_init: zero the last layer of both branches (paper §3, ``zero_init_branches``).
-        drop_path: stochastic-depth rate of the branches; the decayed shortcut is never dropped.
+        drop_path: stochastic-depth rate of the branches (``model.drop_branch`` at this depth).
         learnable_alpha: make the alphas trained scalars (Table 3a), both (True) or per add
             ``(attn, mlp)``; otherwise they are plain Python floats recorded by the model's config,
             so a checkpoint rebuilds the same network.
         beta_attn: branch factor of the attention sub-block (Table 3b's sqrt(0.5) variants).
         beta_mlp: branch factor of the MLP sub-block.
         update: a registered residual update both adds apply to their branch (``nn.updates``: ``orthogonal``).
+        branch_scale: none | rezero | layerscale | skipinit: a learned gain on each branch (``nn.branch_scale``).
+        layerscale_init: LayerScale's initial gain (epsilon).
+        drop_identity: stochastic-depth rate of the shortcut (per sample, training only).
     """
 
     def __init__(
@@ -106,6 +101,9 @@ class Block(nn.Module):
         beta_attn: float = 1.0,
         beta_mlp: float = 1.0,
         update: str | None = None,
+        branch_scale: str = "none",
+        layerscale_init: float = 1e-5,
+        drop_identity: float = 0.0,
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
@@ -113,8 +111,7 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
         set_block_factors(self, alpha_attn, alpha_mlp, beta_attn, beta_mlp, learnable_alpha, update)
-        # stochastic depth on the branches (fine-tuning); the decayed shortcut is never dropped
-        self.drop_path = drop_path_module(drop_path)
+        set_branch_scale(self, dim, branch_scale, layerscale_init, drop_path, drop_identity)
         if zero_init:
             self.zero_init_branches()
 
@@ -126,8 +123,10 @@ class Block(nn.Module):
         return self._residual_adds(x)
 
     def _residual_adds(self, x: torch.Tensor) -> torch.Tensor:
-        x = residual_add(x, self.drop_path(self.attn(self.norm1(x))), self.alpha_attn, self.beta_attn, self.update_fn)
-        return residual_add(x, self.drop_path(self.mlp(self.norm2(x))), self.alpha_mlp, self.beta_mlp, self.update_fn)
+        x = residual_add(x, self.drop_path(self.ls1(self.attn(self.norm1(x)))), self.drop_identity(self.alpha_attn, x),
+                         self.beta_attn, self.update_fn)
+        return residual_add(x, self.drop_path(self.ls2(self.mlp(self.norm2(x)))), self.drop_identity(self.alpha_mlp, x),
+                            self.beta_mlp, self.update_fn)
 
 
     def zero_init_branches(self) -> None:
@@ -135,7 +134,11 @@ class Block(nn.Module):
 
         Paper §3 ("residual zero initialization"): without it feature norms explode for
         alpha_min <= 0.7, because the branches learn to out-shout the decayed shortcut.
+        A gain that starts at 0 (ReZero, SkipInit) is already that start; zeroing the layer too would leave
+        both factors of the branch without a gradient, so the layers keep their init.
         """
+        if starts_silent(self):
+            return
         for layer in (self.attn.proj, self.mlp.fc2):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)

@@ -14,6 +14,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from .blocks import Attention, Mlp
+from .branch_scale import set_branch_scale
 from .residual import factors_repr, residual_add, set_block_factors
 
 
@@ -85,12 +86,16 @@ class AdaLNBlock(nn.Module):
     same start the paper's branch zero-init gives a pre-LN block (paper-notes §1). The MLP's GELU
     is the tanh approximation by default, as DiT's and SiT's (``gelu="exact"`` for erf's).
     The factors (alpha, beta, learnable alpha) mean what they mean for ``Block``; the model's
-    ``shortcut`` formula chooses them (``resdecay.nn.residual``).
+    ``shortcut`` formula chooses them (``resdecay.nn.residual``). So do the branch gains and drops
+    (``branch_scale``, ``layerscale_init``, ``drop_path``, ``drop_identity``; ``nn.branch_scale``): a gain
+    multiplies the gated branch, ``ls1(gate_msa * Attn(...))``, and DropPath then drops it.
     """
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True,
                  alpha_attn: float = 1.0, alpha_mlp: float = 1.0, gelu: str = "tanh", beta_attn: float = 1.0,
-                 beta_mlp: float = 1.0, learnable_alpha: bool | tuple[bool, bool] = False, update: str | None = None):
+                 beta_mlp: float = 1.0, learnable_alpha: bool | tuple[bool, bool] = False, update: str | None = None,
+                 branch_scale: str = "none", layerscale_init: float = 1e-5, drop_path: float = 0.0,
+                 drop_identity: float = 0.0):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.attn = Attention(dim, num_heads, qkv_bias)
@@ -98,6 +103,7 @@ class AdaLNBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), gelu)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
         set_block_factors(self, alpha_attn, alpha_mlp, beta_attn, beta_mlp, learnable_alpha, update)
+        set_branch_scale(self, dim, branch_scale, layerscale_init, drop_path, drop_identity)
 
     grad_checkpointing = False  # nn.blocks.set_grad_checkpointing
 
@@ -108,10 +114,20 @@ class AdaLNBlock(nn.Module):
 
     def _residual_adds(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=1)
-        x = residual_add(x, gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa)),
-                         self.alpha_attn, self.beta_attn, self.update_fn)
-        return residual_add(x, gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp)),
-                            self.alpha_mlp, self.beta_mlp, self.update_fn)
+        attn = gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa))
+        x = residual_add(x, self.drop_path(self.ls1(attn)), self.drop_identity(self.alpha_attn, x), self.beta_attn,
+                         self.update_fn)
+        mlp = gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+        return residual_add(x, self.drop_path(self.ls2(mlp)), self.drop_identity(self.alpha_mlp, x), self.beta_mlp,
+                            self.update_fn)
+
+    def open_gates(self) -> None:
+        """Start both adaLN gates at 1 instead of adaLN-Zero's 0 (the gate rows' bias set to 1; their weights keep
+        their zero init): for a gain that starts at 0 itself (ReZero, SkipInit; ``nn.branch_scale``), which is then
+        the block's zero start. A zero gate times a zero gain would give neither a gradient."""
+        gates = self.adaLN_modulation[-1].bias.data.view(6, -1)  # shift, scale, gate (msa), shift, scale, gate (mlp)
+        gates[2].fill_(1.0)
+        gates[5].fill_(1.0)
 
     def extra_repr(self) -> str:
         return factors_repr(self)

@@ -10,12 +10,14 @@ plugin needs no declaration, and a knob set away from its neutral value but igno
 
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 
 import torch
 
 from ..errors import ConfigError
 from ..schedule import SCHEDULES
+from .branch_scale import describe_branch
 from .residual import SHORTCUT_FORMULAS, ShortcutFormula, evaluate_formula
 
 PROBE_DEPTH = 4  # deep enough for every schedule to differ from the others
@@ -89,10 +91,16 @@ def shortcut_settings(model_cfg) -> dict:
 
 
 def describe_model(model_cfg, skips: bool | None = None) -> str:
-    """``describe_shortcut`` of a model config, with ``, skips`` for a U-Net MAE's long skips (``skips``,
-    default the config's own): the label of a run in tables and legends."""
+    """``describe_shortcut`` of a model config, its branch gains and drops where set (``nn.branch_scale``:
+    ``decay linear alpha_min 0.6 + layerscale 1e-05 + drop_identity 0.1``), and ``, skips`` for a U-Net MAE's
+    long skips (``skips``, default the config's own): the label of a run in tables and legends. A classifier's
+    gains are its encoder's; its drops are fine-tuning's own, so none of the encoder's is named."""
     skips = getattr(model_cfg, "skips", None) if skips is None else skips
-    return describe_shortcut(**shortcut_settings(model_cfg)) + (", skips" if skips else "")
+    if hasattr(model_cfg, "encoder_config"):
+        branch = describe_branch(dataclasses.replace(model_cfg.encoder_config(), drop_branch=0.0, drop_identity=0.0))
+    else:
+        branch = describe_branch(model_cfg)
+    return describe_shortcut(**shortcut_settings(model_cfg)) + branch + (", skips" if skips else "")
 
 
 def knob_warnings(shortcut: str, alpha_min: float, schedule: str, adds_per_block: int = 2,
