@@ -43,6 +43,11 @@ DESIGNS: dict[str, list[str]] = {
     "sqrt(0.5) (x + f)": ["model.shortcut=scaled_sum"],
     "orthogonal": ["model.alpha_min=1.0", "model.shortcut=orthogonal"],
     "orthogonal + decay 0.6": ["model.alpha_min=0.6", "model.shortcut=orthogonal_decay"],
+    "LayerScale": ["model.alpha_min=1.0", "model.branch_scale=layerscale"],
+    "ReZero": ["model.alpha_min=1.0", "model.branch_scale=rezero"],
+    "SkipInit": ["model.alpha_min=1.0", "model.branch_scale=skipinit"],
+    "drop branch 0.1": ["model.alpha_min=1.0", "model.drop_branch=0.1"],
+    "drop identity 0.1": ["model.alpha_min=1.0", "model.drop_identity=0.1"],
 }
 
 
