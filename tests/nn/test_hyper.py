@@ -194,3 +194,27 @@ def test_the_diagnostics_refuse_streams_in_one_line():
     with pytest.raises(UserError, match=r"one residual stream, but this model mixes 2 \(model.hyper_streams=2") as e:
         diagnose(model, torch.randn(4, 3, 16, 16), which=("paths",))
     assert "\n" not in str(e.value)
+
+
+def test_the_stability_monitor_sees_every_block_through_its_streams():
+    from resdecay.train.stability import BlockNormMonitor
+
+    model = _model("mae", hyper_streams=2).train()
+    monitor = BlockNormMonitor(model)
+    monitor.arm()
+    model(get_family("mae").example_batch(model, 2).images)
+    rms = monitor.read()
+    assert rms is not None and len(rms) == model.cfg.depth + model.cfg.decoder_depth
+    assert all(r > 0 for r in rms)
+
+
+def test_the_one_stream_weight_formats_refuse_streams():
+    from resdecay.interop.export_timm import spec_of
+    from resdecay.interop.hf_vitmae import vitmae_config
+
+    cfg = tiny_config("mae")
+    cfg.hyper_streams, cfg.skips, cfg.encoder_norm = 4, False, True
+    with pytest.raises(UserError, match="model.hyper_streams=4 \\(hyper-connections\\) has no timm form"):
+        spec_of(cfg)
+    with pytest.raises(UserError, match="this MAE has model.hyper_streams=4 \\(hyper-connections\\), which ViTMAE cannot"):
+        vitmae_config(cfg)
