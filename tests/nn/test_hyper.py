@@ -218,3 +218,12 @@ def test_the_one_stream_weight_formats_refuse_streams():
         spec_of(cfg)
     with pytest.raises(UserError, match="this MAE has model.hyper_streams=4 \\(hyper-connections\\), which ViTMAE cannot"):
         vitmae_config(cfg)
+
+
+def test_a_runs_label_names_its_streams():
+    from resdecay.nn.shortcut_info import describe_model
+
+    cfg = tiny_config("mae")
+    plain = describe_model(cfg)
+    cfg.hyper_streams, cfg.hyper_variant = 4, "mhc"
+    assert describe_model(cfg) == plain + ", mhc x4 streams"

@@ -90,9 +90,13 @@ def shortcut_settings(model_cfg) -> dict:
 
 def describe_model(model_cfg, skips: bool | None = None) -> str:
     """``describe_shortcut`` of a model config, with ``, skips`` for a U-Net MAE's long skips (``skips``,
-    default the config's own): the label of a run in tables and legends."""
+    default the config's own) and ``, hc x4 streams`` for hyper-connections (``nn.hyper``): the label of a run in
+    tables and legends."""
     skips = getattr(model_cfg, "skips", None) if skips is None else skips
-    return describe_shortcut(**shortcut_settings(model_cfg)) + (", skips" if skips else "")
+    cfg = model_cfg.encoder_config() if hasattr(model_cfg, "encoder_config") else model_cfg
+    streams = getattr(cfg, "hyper_streams", 1)
+    hyper = f", {getattr(cfg, 'hyper_variant', 'hc')} x{streams} streams" if streams > 1 else ""
+    return describe_shortcut(**shortcut_settings(model_cfg)) + (", skips" if skips else "") + hyper
 
 
 def knob_warnings(shortcut: str, alpha_min: float, schedule: str, adds_per_block: int = 2,
