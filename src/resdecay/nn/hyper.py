@@ -68,8 +68,8 @@ def package():
     try:
         import hyper_connections
     except ImportError:
-        raise ConfigError("model.hyper_streams > 1 needs the hyper-connections package: pip install "
-                          "hyper-connections (or set model.hyper_streams=1)") from None
+        raise ConfigError("model.hyper_streams > 1 needs the hyper-connections package: pip install hyper-connections "
+                          "(or pip install 'resdecay[hyper]'), or set model.hyper_streams=1") from None
     return hyper_connections
 
 
