@@ -48,6 +48,10 @@ DESIGNS: dict[str, list[str]] = {
     "SkipInit": ["model.alpha_min=1.0", "model.branch_scale=skipinit"],
     "drop branch 0.1": ["model.alpha_min=1.0", "model.drop_branch=0.1"],
     "drop identity 0.1": ["model.alpha_min=1.0", "model.drop_identity=0.1"],
+    "hyper-connections n=2": ["model.alpha_min=1.0", "model.hyper_streams=2"],
+    "hyper-connections n=4": ["model.alpha_min=1.0", "model.hyper_streams=4"],
+    "mHC n=4": ["model.alpha_min=1.0", "model.hyper_streams=4", "model.hyper_variant=mhc"],
+    "hyper-connections n=4 + decay 0.6": ["model.alpha_min=0.6", "model.hyper_streams=4"],
 }
 
 

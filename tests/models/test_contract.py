@@ -39,12 +39,19 @@ MIXER = Path(__file__).parent.parent.parent / "docs" / "examples" / "extending" 
 load_plugins([])
 
 
-def check_contract(family: str) -> None:
-    """The model contract for one registered family at its tiny size; everything family-specific
-    (its tiny size, what its forward takes, its loss) comes from its registration."""
+def _tiny(family: str, overrides: dict):
+    cfg = tiny_config(family)
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def check_contract(family: str, **overrides) -> None:
+    """The model contract for one registered family at its tiny size (with ``overrides`` of its config);
+    everything family-specific (its tiny size, what its forward takes, its loss) comes from its registration."""
     spec = get_family(family)
     torch.manual_seed(0)
-    cfg = tiny_config(family)
+    cfg = _tiny(family, overrides)
     assert isinstance(cfg, ModelConfig) and isinstance(cfg.warnings(), list)
     model = build_model(cfg)
     assert isinstance(model, ResidualModel), f"{family} lacks {missing_members(model)}"
@@ -75,7 +82,7 @@ def check_contract(family: str) -> None:
                 model.forward_intermediates(x, *cond, indices=bad)
             assert "\n" not in str(e.value)
     # state_dict round-trips into a fresh model of the same config
-    other = build_model(tiny_config(family)).eval()
+    other = build_model(_tiny(family, overrides)).eval()
     other.load_state_dict(model.state_dict())
     with torch.no_grad():
         a = model.forward_intermediates(x, *cond, indices=[-1])[0]
@@ -87,6 +94,12 @@ def check_contract(family: str) -> None:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_model_contract(family):
     check_contract(family)
+
+
+@pytest.mark.parametrize("family", ["mae", "sit", "uvit"])
+@pytest.mark.parametrize("variant", ["hc", "mhc"])
+def test_model_contract_with_hyper_connections(family, variant):
+    check_contract(family, hyper_streams=2, hyper_variant=variant)  # nn.hyper: n residual streams, reduced reads
 
 
 def test_a_family_registered_in_a_users_file_is_checked_unchanged(tmp_path):
@@ -166,7 +179,7 @@ def test_checkpoint_written_before_the_reorganisation_loads(tmp_path):
         "label_column": "label", "composition": "photos"}
     assert {k: v for k, v in new["model"].items() if k not in old_config["model"]} == {
         "grad_checkpointing": False, "branch_scale": "none", "layerscale_init": 1e-5, "drop_branch": 0.0,
-        "drop_identity": 0.0}
+        "drop_identity": 0.0, "hyper_streams": 1, "hyper_variant": "hc"}
     assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
 
 

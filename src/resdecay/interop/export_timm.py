@@ -55,6 +55,9 @@ def encoder_settings(cfg) -> tuple[object, dict | None]:
 
 def spec_of(enc) -> dict:
     """The ``decayify`` spec that reproduces an encoder config's shortcuts, or a one-line refusal."""
+    if getattr(enc, "hyper_streams", 1) > 1:  # nn.hyper: timm's ViT carries one residual stream
+        raise UserError(f"model.hyper_streams={enc.hyper_streams} (hyper-connections) has no timm form: timm's ViT carries "
+                        "one residual stream; export it --to hf (resdecay.from_pretrained)")
     if getattr(enc, "shortcut", "decay") != "decay":
         raise UserError(f"model.shortcut={enc.shortcut} has no decayify form (only fixed decayed shortcuts do); "
                         "export a model trained with model.shortcut=decay")

@@ -243,8 +243,9 @@ def vitmae_config(mae_config) -> dict:
     if c.skips:
         raise UserError("a U-Net MAE (model.skips=true) has no ViTMAE form: transformers' ViTMAE has no encoder->decoder "
                         "skips; export it --to hf (resdecay.from_pretrained) or --to timm (its encoder)")
-    if not c.encoder_norm or c.shortcut != "decay":
-        what = "no final encoder norm" if not c.encoder_norm else f"model.shortcut={c.shortcut}"
+    if not c.encoder_norm or c.shortcut != "decay" or getattr(c, "hyper_streams", 1) > 1:
+        what = ("no final encoder norm" if not c.encoder_norm else f"model.shortcut={c.shortcut}" if c.shortcut != "decay"
+                else f"model.hyper_streams={c.hyper_streams} (hyper-connections)")
         raise UserError(f"this MAE has {what}, which ViTMAE cannot express; export it --to hf instead")
     hidden, dec_hidden = c.embed_dim * c.mlp_ratio, c.decoder_embed_dim * c.mlp_ratio
     if hidden != int(hidden) or dec_hidden != int(dec_hidden):

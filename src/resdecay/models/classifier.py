@@ -118,7 +118,8 @@ def classifier_param_groups(model: EncoderClassifier, weight_decay: float) -> li
 class EncoderClassifier(ViTEncoder):
     def __init__(self, cfg: ClassifierConfig):
         cfg.validate()
-        super().__init__(cfg.encoder_config(), drop_path=cfg.drop_path)
+        enc = cfg.encoder_config()
+        super().__init__(enc, drop_path=cfg.drop_path, tokens=1 + (enc.img_size // enc.patch_size) ** 2)  # all tokens
         self.head_cfg = cfg
         D = self.cfg.embed_dim
         self.fc_norm = nn.LayerNorm(D, eps=1e-6) if cfg.head == "ln_linear" else nn.BatchNorm1d(D, affine=False, eps=1e-6)

@@ -10,6 +10,7 @@ import torch.nn as nn
 
 from ..nn.blocks import Block, PatchEmbed, block_flops
 from ..nn.branch_scale import branch_block_kwargs, depth_rates
+from ..nn.hyper import expand_streams, hyper_streams, reduce_streams, run_block
 from ..nn.residual import shortcut_plan
 from ..schedule import effective_decay
 from .common import GradCheckpointing, resolve_blocks
@@ -22,12 +23,15 @@ class ViTEncoder(GradCheckpointing, nn.Module):
 
     ``cfg`` needs img_size, in_chans, patch_size, embed_dim, depth, num_heads, mlp_ratio,
     alpha_min, schedule and encoder_norm (an ``MAEConfig`` has them all); its branch gains and drops
-    (``branch_scale``, ``drop_branch``, ``drop_identity``: ``nn.branch_scale``) where it has them.
+    (``branch_scale``, ``drop_branch``, ``drop_identity``: ``nn.branch_scale``) where it has them. With
+    ``cfg.hyper_streams`` > 1 the blocks run on that many residual streams (``nn.hyper``, ``self.hyper``); every
+    block output read here is the streams' sum.
 
     ``drop_path``: a classifier's own stochastic depth (fine-tuning's ``model.drop_path``, on the branches),
-    which replaces the pretraining config's drops; None: the config's."""
+    which replaces the pretraining config's drops; None: the config's. ``tokens``: the tokens a block sees per
+    sample, for the FLOPs estimate (default: an MAE's visible ones)."""
 
-    def __init__(self, cfg, drop_path: float | None = None):
+    def __init__(self, cfg, drop_path: float | None = None, tokens: int | None = None):
         super().__init__()
         self.cfg = cfg
         D = cfg.embed_dim
@@ -42,6 +46,9 @@ class ViTEncoder(GradCheckpointing, nn.Module):
             branch = [dict(b, drop_path=r, drop_identity=0.0) for b, r in zip(branch, rates, strict=True)]
         self.blocks = nn.ModuleList(Block(D, cfg.num_heads, cfg.mlp_ratio, **factors, **b)
                                     for factors, b in zip(plan.block_kwargs(), branch, strict=True))
+        if tokens is None:
+            tokens = 1 + int(self.patch_embed.num_patches * (1 - getattr(cfg, "mask_ratio", 0.0)))
+        self.hyper = hyper_streams(cfg, self.blocks, tokens)  # None: one residual stream
         # U-Net MAE: no final norm, the bottleneck is the raw last block (paper-notes §2).
         self.norm = nn.LayerNorm(D, eps=1e-6) if cfg.encoder_norm else nn.Identity()
 
@@ -66,10 +73,11 @@ class ViTEncoder(GradCheckpointing, nn.Module):
         """Unmasked encoder block outputs (B, 1+N, D) in image order, raw (no norm), for the
         requested 0-indexed blocks (negative counts from the end; default: the last)."""
         wanted = resolve_blocks(indices, len(self.blocks))
-        x = self.embed(imgs)
+        x = expand_streams(self.hyper, self.embed(imgs))
         out = {}
         for i, blk in enumerate(self.blocks[: max(wanted) + 1]):
-            x = out[i] = blk(x)
+            x = run_block(self.hyper, i, blk, x)
+            out[i] = reduce_streams(self.hyper, x)
         return [out[i] for i in wanted]
 
     def forward_features(self, imgs: torch.Tensor, layer: int = -1) -> torch.Tensor:
@@ -78,5 +86,6 @@ class ViTEncoder(GradCheckpointing, nn.Module):
         return self.forward_intermediates(imgs, [layer])[0]
 
     def encoder_flops(self, tokens: int) -> float:
-        """Forward matmul FLOPs of the blocks on ``tokens`` tokens (2 per multiply-add)."""
-        return self.cfg.depth * block_flops(tokens, self.cfg.embed_dim, self.cfg.mlp_ratio)
+        """Forward matmul FLOPs of the blocks on ``tokens`` tokens (2 per multiply-add), hyper-connections included."""
+        hyper = 0.0 if self.hyper is None else self.hyper.flops_per_sample(tokens)
+        return self.cfg.depth * block_flops(tokens, self.cfg.embed_dim, self.cfg.mlp_ratio) + hyper

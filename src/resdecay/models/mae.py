@@ -29,6 +29,7 @@ from ..nn.blocks import (
     unpatchify,
 )
 from ..nn.branch_scale import BranchScale, branch_block_kwargs, check_branch_settings
+from ..nn.hyper import HyperVariant, check_hyper, expand_streams, reduce_streams, run_block
 from ..nn.residual import check_shortcut, shortcut_plan
 from ..schedule import Branches, Schedule, check_alpha_min
 from .common import check_patch_size
@@ -67,6 +68,8 @@ class MAEConfig(ModelConfig):
     mask_ratio: float = 0.75
     norm_pix_loss: bool = True  # per-patch normalised pixel targets (MAE's best setting)
     grad_checkpointing: bool = False  # recompute block activations in the backward pass (memory; same gradients)
+    hyper_streams: int = 1  # residual streams of the encoder blocks (hyper-connections, nn.hyper); 1 = off, the plain stream
+    hyper_variant: HyperVariant = "hc"  # hc (Zhu et al.) | mhc (Sinkhorn-constrained stream mixing, Xie et al.)
 
     @property
     def token_grid(self) -> tuple[int, int]:
@@ -77,6 +80,7 @@ class MAEConfig(ModelConfig):
         check_alpha_min(self.alpha_min)
         check_shortcut(self.shortcut, self.decay_branches)
         check_branch_settings(self)
+        check_hyper(self.hyper_streams, self.hyper_variant, self.shortcut, self.drop_identity)
         check_patch_size(self.img_size, self.patch_size, " or resize the images")
         if not 0.0 <= self.mask_ratio < 1.0:
             raise ValueError(f"model.mask_ratio must lie in [0, 1), got {self.mask_ratio}")
@@ -257,12 +261,13 @@ class MaskedAutoencoder(ViTEncoder):
         x = self.patch_embed(imgs) + self.pos_embed[:, 1:]  # (B, N, D)
         x, mask, ids_restore = self.random_masking(x, mask_ratio)  # (B, K, D)
         x = torch.cat([self.cls_with_pos(x.shape[0]), x], dim=1)  # (B, 1+K, D)
+        x = expand_streams(self.hyper, x)  # hyper-connections: ((B n), 1+K, D); the decoder sees the streams' sum
         wanted, skips = set(self.skip_sources), []
         for i, blk in enumerate(self.blocks):
-            x = blk(x)
+            x = run_block(self.hyper, i, blk, x)
             if i in wanted:
-                skips.append(x)
-        return self.norm(x), mask, ids_restore, skips
+                skips.append(reduce_streams(self.hyper, x))
+        return self.norm(reduce_streams(self.hyper, x)), mask, ids_restore, skips
 
     def forward_decoder(self, latent: torch.Tensor, ids_restore: torch.Tensor, skips: list[torch.Tensor]) -> torch.Tensor:
         """-> per-patch pixel predictions (B, N, p*p*C)."""

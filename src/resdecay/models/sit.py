@@ -27,6 +27,7 @@ from ..errors import ConfigError
 from ..nn.blocks import block_flops, init_linear_xavier, init_patch_embed, sincos_pos_embed_2d, unpatchify
 from ..nn.branch_scale import BranchScale, branch_block_kwargs, check_branch_settings, starts_silent
 from ..nn.conditioning import AdaLNBlock, FinalLayer, embed_labels
+from ..nn.hyper import HyperVariant, check_hyper, expand_streams, hyper_streams, reduce_streams, run_block
 from ..nn.residual import check_shortcut, shortcut_plan
 from ..schedule import Branches, Schedule
 from .common import (
@@ -69,11 +70,14 @@ class SiTConfig(ModelConfig):
     objective: Objective = "interp-v"  # stored for the loss/sampler module: ddpm-eps | interp-v (SiT's)
     noise_schedule: NoiseSchedule = "linear"  # stored only: linear | cosine (DDPM betas / interpolant path)
     grad_checkpointing: bool = False  # recompute block activations in the backward pass (memory; same gradients)
+    hyper_streams: int = 1  # residual streams (hyper-connections, nn.hyper); 1 = off, the plain stream
+    hyper_variant: HyperVariant = "hc"  # hc (Zhu et al.) | mhc (Sinkhorn-constrained stream mixing, Xie et al.)
 
     def validate(self) -> None:
         check_diffusion_config(self, "sit")
         check_shortcut(self.shortcut, self.decay_branches)
         check_branch_settings(self)
+        check_hyper(self.hyper_streams, self.hyper_variant, self.shortcut, self.drop_identity)
         if self.embed_dim % 4:
             raise ConfigError(f"model.embed_dim {self.embed_dim} must be divisible by 4 (2-D sin-cos positions)")
         if self.skips and (self.depth < 2 or self.depth % 2):
@@ -97,6 +101,7 @@ class SiT(GradCheckpointing, nn.Module):
         branch = branch_block_kwargs(cfg, cfg.depth)  # gains and drops (nn.branch_scale)
         self.blocks = nn.ModuleList(AdaLNBlock(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, gelu=cfg.gelu, **factors, **b)
                                     for factors, b in zip(plan.block_kwargs(), branch, strict=True))
+        self.hyper = hyper_streams(cfg, self.blocks, N)  # None: one residual stream
         # Long skips (paper-notes §3): decoder block j (second half) adds Linear(D->D) of the output
         # of encoder block depth/2-1-j to its input, U-Net style (deepest encoder block first).
         self.half = cfg.depth // 2
@@ -145,19 +150,20 @@ class SiT(GradCheckpointing, nn.Module):
         """(B, C, H, W) noisy input, (B,) timesteps, (B,) labels -> (B, C, H, W) prediction."""
         x = self.patch_embed(x) + self.pos_embed  # (B, N, D)
         c = self.condition(t, y, x.shape[0], force_drop_ids)  # (B, D)
-        skips = []
+        skips, x = [], expand_streams(self.hyper, x)
         for i, blk in enumerate(self.blocks):
             x = self.block(i, blk, x, c, skips)
-        return unpatchify(self.final_layer(x, c), self.cfg.patch_size, self.cfg.in_chans)
+        return unpatchify(self.final_layer(reduce_streams(self.hyper, x), c), self.cfg.patch_size, self.cfg.in_chans)
 
     def block(self, i: int, blk: AdaLNBlock, x: torch.Tensor, c: torch.Tensor, skips: list) -> torch.Tensor:
         """Run block i with its long skip: decoder block j (second half) adds Linear(D->D) of the
-        deepest remaining encoder output to its input; encoder blocks push theirs."""
+        deepest remaining encoder output to its input; encoder blocks push theirs. With hyper-connections x is
+        the streams: a skip source is their sum, and its Linear enters every stream as the input did (expand)."""
         if self.cfg.skips and i >= self.half:
-            x = x + self.skip_linears[i - self.half](skips.pop())
-        x = blk(x, c)
+            x = x + expand_streams(self.hyper, self.skip_linears[i - self.half](skips.pop()))
+        x = run_block(self.hyper, i, blk, x, c)
         if self.cfg.skips and i < self.half:
-            skips.append(x)
+            skips.append(reduce_streams(self.hyper, x))
         return x
 
     def forward_intermediates(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None,
@@ -166,9 +172,10 @@ class SiT(GradCheckpointing, nn.Module):
         wanted = resolve_blocks(indices, self.num_blocks)
         x = self.patch_embed(x) + self.pos_embed
         c = self.condition(t, y, x.shape[0])
-        skips, out = [], {}
+        skips, out, x = [], {}, expand_streams(self.hyper, x)
         for i, blk in enumerate(self.blocks[: max(wanted) + 1]):
-            x = out[i] = self.block(i, blk, x, c, skips)
+            x = self.block(i, blk, x, c, skips)
+            out[i] = reduce_streams(self.hyper, x)
         return [out[i] for i in wanted]
 
     @property
@@ -189,6 +196,7 @@ class SiT(GradCheckpointing, nn.Module):
         f += 2 * (self.t_embedder.freq_dim * D + D * D)  # timestep MLP
         f += cfg.depth * block + len(self.skip_linears) * 2 * N * D * D
         f += 2 * D * 2 * D + 2 * N * D * out  # final adaLN + linear
+        f += 0.0 if self.hyper is None else self.hyper.flops_per_sample()  # the streams' mixing (nn.hyper)
         return float(f)
 
 

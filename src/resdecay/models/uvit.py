@@ -29,6 +29,7 @@ from ..errors import ConfigError
 from ..nn.blocks import Block, block_flops, init_linear_xavier, init_patch_embed, unpatchify
 from ..nn.branch_scale import BranchScale, branch_block_kwargs, check_branch_settings
 from ..nn.conditioning import embed_labels
+from ..nn.hyper import HyperVariant, check_hyper, expand_streams, hyper_streams, reduce_streams, run_block
 from ..nn.residual import check_shortcut, shortcut_plan
 from ..schedule import Branches, Schedule
 from .common import (
@@ -69,11 +70,14 @@ class UViTConfig(ModelConfig):
     objective: Objective = "ddpm-eps"  # stored for the loss/sampler module: ddpm-eps (U-ViT's) | interp-v
     noise_schedule: NoiseSchedule = "linear"  # stored only: linear | cosine
     grad_checkpointing: bool = False  # recompute block activations in the backward pass (memory; same gradients)
+    hyper_streams: int = 1  # residual streams (hyper-connections, nn.hyper); 1 = off, the plain stream
+    hyper_variant: HyperVariant = "hc"  # hc (Zhu et al.) | mhc (Sinkhorn-constrained stream mixing, Xie et al.)
 
     def validate(self) -> None:
         check_diffusion_config(self, "uvit")
         check_shortcut(self.shortcut, self.decay_branches)
         check_branch_settings(self)
+        check_hyper(self.hyper_streams, self.hyper_variant, self.shortcut, self.drop_identity)
         if self.depth < 3 or self.depth % 2 == 0:
             raise ConfigError(f"model.depth {self.depth} must be odd and >= 3 for U-ViT "
                               "((depth-1)/2 in blocks, 1 mid block, (depth-1)/2 out blocks), e.g. 7, 13, 17")
@@ -98,6 +102,9 @@ class UViT(GradCheckpointing, nn.Module):
                                     for factors, b in zip(plan.block_kwargs(), branch, strict=True))
         self.num_in = (cfg.depth - 1) // 2  # in blocks; the mid block is blocks[num_in]
         self.skip_linears = nn.ModuleList(nn.Linear(2 * D, D) for _ in range(self.num_in if cfg.skips else 0))
+        T = self.num_prefix_tokens + N
+        # None: one residual stream; with n streams each skip Linear runs once per stream (see ``block``)
+        self.hyper = hyper_streams(cfg, self.blocks, T, per_stream_flops=len(self.skip_linears) * 2 * T * 2 * D * D)
         self.norm = nn.LayerNorm(D)
         self.decoder_pred = nn.Linear(D, cfg.patch_size**2 * cfg.in_chans)
         self.final_layer = nn.Conv2d(cfg.in_chans, cfg.in_chans, 3, padding=1)  # U-ViT's final 3x3 conv
@@ -133,21 +140,24 @@ class UViT(GradCheckpointing, nn.Module):
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None,
                 force_drop_ids: torch.Tensor | None = None) -> torch.Tensor:
         """(B, C, H, W) noisy input, (B,) timesteps, (B,) labels -> (B, C, H, W) prediction."""
-        x = self.embed(x, t, y, force_drop_ids)  # (B, E+N, D)
+        x = expand_streams(self.hyper, self.embed(x, t, y, force_drop_ids))  # (B, E+N, D); ((B n), E+N, D) with streams
         skips = []
         for i, blk in enumerate(self.blocks):
             x = self.block(i, blk, x, skips)
-        pred = self.decoder_pred(self.norm(x)[:, self.num_prefix_tokens:])  # (B, N, p*p*C); prefix dropped
+        pred = self.decoder_pred(self.norm(reduce_streams(self.hyper, x))[:, self.num_prefix_tokens:])  # (B, N, p*p*C); prefix dropped
         return self.final_layer(unpatchify(pred, self.cfg.patch_size, self.cfg.in_chans))
 
     def block(self, i: int, blk: Block, x: torch.Tensor, skips: list) -> torch.Tensor:
         """Run block i with U-ViT's long skip: out block j = i - num_in - 1 first concatenates the
-        output of in block num_in-1-j and maps it back with Linear(2D -> D); in blocks push theirs."""
+        output of in block num_in-1-j and maps it back with Linear(2D -> D); in blocks push theirs. With
+        hyper-connections x is the streams: a skip source is their sum, joined to every stream, and the Linear maps
+        each stream on its own, so the streams stay distinct through the skips."""
         if self.cfg.skips and i > self.num_in:
-            x = self.skip_linears[i - self.num_in - 1](torch.cat([x, skips.pop()], dim=-1))
-        x = blk(x)
+            skip = expand_streams(self.hyper, skips.pop())
+            x = self.skip_linears[i - self.num_in - 1](torch.cat([x, skip], dim=-1))
+        x = run_block(self.hyper, i, blk, x)
         if self.cfg.skips and i < self.num_in:
-            skips.append(x)
+            skips.append(reduce_streams(self.hyper, x))
         return x
 
     def forward_intermediates(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None,
@@ -155,10 +165,11 @@ class UViT(GradCheckpointing, nn.Module):
         """Outputs (B, E+N, D) of the requested blocks (0-indexed in network order: in, mid, out),
         prefix tokens included (``num_prefix_tokens`` of them, first)."""
         wanted = resolve_blocks(indices, self.num_blocks)
-        x = self.embed(x, t, y)
+        x = expand_streams(self.hyper, self.embed(x, t, y))
         skips, out = [], {}
         for i, blk in enumerate(self.blocks[: max(wanted) + 1]):
-            x = out[i] = self.block(i, blk, x, skips)
+            x = self.block(i, blk, x, skips)
+            out[i] = reduce_streams(self.hyper, x)
         return [out[i] for i in wanted]
 
     @property
@@ -181,6 +192,7 @@ class UViT(GradCheckpointing, nn.Module):
         f += len(self.skip_linears) * 2 * T * 2 * D * D
         f += 2 * N * D * p * p * C  # decoder_pred on the patch tokens
         f += 2 * cfg.img_size**2 * C * C * 9  # final 3x3 conv
+        f += 0.0 if self.hyper is None else self.hyper.flops_per_sample()  # the streams' mixing (nn.hyper)
         return float(f)
 
 

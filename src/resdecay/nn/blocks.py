@@ -123,10 +123,20 @@ class Block(nn.Module):
         return self._residual_adds(x)
 
     def _residual_adds(self, x: torch.Tensor) -> torch.Tensor:
-        x = residual_add(x, self.drop_path(self.ls1(self.attn(self.norm1(x)))), self.drop_identity(self.alpha_attn, x),
-                         self.beta_attn, self.update_fn)
-        return residual_add(x, self.drop_path(self.ls2(self.mlp(self.norm2(x)))), self.drop_identity(self.alpha_mlp, x),
-                            self.beta_mlp, self.update_fn)
+        attn, mlp = self.branches()
+        x = residual_add(x, attn(x), self.drop_identity(self.alpha_attn, x), self.beta_attn, self.update_fn)
+        return residual_add(x, mlp(x), self.drop_identity(self.alpha_mlp, x), self.beta_mlp, self.update_fn)
+
+    def branches(self) -> tuple:
+        """The two branches f(x) as the adds receive them (gain, then stochastic depth): what the block's own
+        adds and hyper-connections' streams (``nn.hyper``) both run."""
+        return self._attn_branch, self._mlp_branch
+
+    def _attn_branch(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop_path(self.ls1(self.attn(self.norm1(x))))
+
+    def _mlp_branch(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop_path(self.ls2(self.mlp(self.norm2(x))))
 
 
     def zero_init_branches(self) -> None:

@@ -113,13 +113,22 @@ class AdaLNBlock(nn.Module):
         return self._residual_adds(x, c)
 
     def _residual_adds(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        attn, mlp = self.branches(c)
+        x = residual_add(x, attn(x), self.drop_identity(self.alpha_attn, x), self.beta_attn, self.update_fn)
+        return residual_add(x, mlp(x), self.drop_identity(self.alpha_mlp, x), self.beta_mlp, self.update_fn)
+
+    def branches(self, c: torch.Tensor) -> tuple:
+        """The two branches f(x) under conditioning c, as the adds receive them (adaLN gate, gain, stochastic
+        depth): what the block's own adds and hyper-connections' streams (``nn.hyper``) both run."""
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=1)
-        attn = gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa))
-        x = residual_add(x, self.drop_path(self.ls1(attn)), self.drop_identity(self.alpha_attn, x), self.beta_attn,
-                         self.update_fn)
-        mlp = gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
-        return residual_add(x, self.drop_path(self.ls2(mlp)), self.drop_identity(self.alpha_mlp, x), self.beta_mlp,
-                            self.update_fn)
+
+        def attn(x: torch.Tensor) -> torch.Tensor:
+            return self.drop_path(self.ls1(gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa))))
+
+        def mlp(x: torch.Tensor) -> torch.Tensor:
+            return self.drop_path(self.ls2(gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))))
+
+        return attn, mlp
 
     def open_gates(self) -> None:
         """Start both adaLN gates at 1 instead of adaLN-Zero's 0 (the gate rows' bias set to 1; their weights keep

@@ -92,15 +92,19 @@ def shortcut_settings(model_cfg) -> dict:
 
 def describe_model(model_cfg, skips: bool | None = None) -> str:
     """``describe_shortcut`` of a model config, its branch gains and drops where set (``nn.branch_scale``:
-    ``decay linear alpha_min 0.6 + layerscale 1e-05 + drop_identity 0.1``), and ``, skips`` for a U-Net MAE's
-    long skips (``skips``, default the config's own): the label of a run in tables and legends. A classifier's
-    gains are its encoder's; its drops are fine-tuning's own, so none of the encoder's is named."""
+    ``decay linear alpha_min 0.6 + layerscale 1e-05 + drop_identity 0.1``), ``, skips`` for a U-Net MAE's long
+    skips (``skips``, default the config's own) and ``, hc x4 streams`` for hyper-connections (``nn.hyper``): the
+    label of a run in tables and legends. A classifier's gains are its encoder's; its drops are fine-tuning's own,
+    so none of the encoder's is named."""
     skips = getattr(model_cfg, "skips", None) if skips is None else skips
     if hasattr(model_cfg, "encoder_config"):
-        branch = describe_branch(dataclasses.replace(model_cfg.encoder_config(), drop_branch=0.0, drop_identity=0.0))
+        cfg = model_cfg.encoder_config()
+        branch = describe_branch(dataclasses.replace(cfg, drop_branch=0.0, drop_identity=0.0))
     else:
-        branch = describe_branch(model_cfg)
-    return describe_shortcut(**shortcut_settings(model_cfg)) + branch + (", skips" if skips else "")
+        cfg, branch = model_cfg, describe_branch(model_cfg)
+    streams = getattr(cfg, "hyper_streams", 1)
+    hyper = f", {getattr(cfg, 'hyper_variant', 'hc')} x{streams} streams" if streams > 1 else ""
+    return describe_shortcut(**shortcut_settings(model_cfg)) + branch + (", skips" if skips else "") + hyper
 
 
 def knob_warnings(shortcut: str, alpha_min: float, schedule: str, adds_per_block: int = 2,

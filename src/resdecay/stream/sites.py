@@ -26,6 +26,7 @@ from ..errors import UserError
 from ..nn.adapters import AT_RESIDUAL_ADD, BlockAdapter, Role
 from ..nn.conditioning import AdaLNBlock
 from ..nn.decayify import COVERAGE, block_adapters
+from ..nn.hyper import refuse_streams
 from ..nn.residual import factors_of
 
 
@@ -122,6 +123,7 @@ def site_of(name: str, block: nn.Module, adapter: BlockAdapter | None) -> Site |
 def _candidates(model: nn.Module) -> list[tuple[str, nn.Module, BlockAdapter | None]]:
     """(name, block, adapter) of every residual block decayify finds, and resdecay's adaLN-Zero blocks (no adapter),
     in module order."""
+    refuse_streams(model, "the residual-stream reader")
     found = {id(m): (n, m, a) for n, m, a in block_adapters(model)}
     for n, m in model.named_modules():
         if isinstance(m, AdaLNBlock):

@@ -21,14 +21,16 @@ import torch
 import torch.nn as nn
 
 from ..models import ResidualModel
+from ..nn.hyper import block_steps
 
 FIX = "usual fixes: raise model.alpha_min (e.g. 0.6 -> 0.7), keep model.zero_init=true, lower train.base_lr"
 
 
 def named_blocks(model: ResidualModel) -> list[tuple[str, nn.Module]]:
     """The residual blocks of any resdecay family (the model contract's ``blocks``, encoder /
-    backbone, and ``decoder_blocks``, empty but for the MAE), named as a user would look them up."""
-    encoder = list(model.blocks)
+    backbone, and ``decoder_blocks``, empty but for the MAE), named as a user would look them up. With
+    hyper-connections (``nn.hyper``) a block runs through its ``HyperStep``, whose output is the block's n streams."""
+    encoder = block_steps(model)
     decoder = list(model.decoder_blocks)
     if not decoder:
         return [(f"block {i}", b) for i, b in enumerate(encoder)]

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ...io import atomic_write_text
+from ...nn.hyper import hyper_summary
 from ...nn.shortcut_info import describe_model, shortcut_settings
 from ...schedule import effective_decay
 from .. import distributed as dist_env
@@ -30,6 +31,11 @@ def announce(run, resume: str | None) -> None:
         f"| alpha_min {cfg.model.alpha_min} | shortcut {describe_model(cfg.model)} | alpha_eff {effective_decay(run.raw.alphas):.3g}")
     say(f"data {cfg.data.name}: {len(data.samples)} images | device {env.device} x {env.world_size} | "
         f"precision {run.amp_dtype or torch.float32} | params {sum(p.numel() for p in run.raw.parameters()) / 1e6:.2f} M")
+    hyper = hyper_summary(run.raw)
+    if hyper is not None:
+        flops = f"{hyper['flops_fraction']:+.1%} of the model's" if hyper["flops_fraction"] is not None else "of the model's"
+        say(f"hyper-connections {hyper['variant']} x {hyper['streams']} streams: +{hyper['params']} params "
+            f"({hyper['params_fraction']:+.2%}), +{hyper['flops_per_sample'] / 1e6:.3g} MFLOPs/sample forward ({flops})")
     if data.normalization:
         say(f"normalised with {data.normalization}")
     say(f"base lr {tc.base_lr:.2e} | effective batch {data.eff_batch} = {tc.batch_size} per device x {tc.accum_steps} accum "
@@ -49,14 +55,16 @@ def run_summary(run, seconds: float | None) -> dict:
     JSON null, when no row was logged); ``train_time_s``: ``seconds``, summed over every launch of the run."""
     cfg, data, last_loss = run.cfg, run.data, run.last_loss
     last_loss = last_loss if last_loss is not None and math.isfinite(last_loss) else None  # never NaN in JSON
-    return {"preset": cfg.preset, "out_dir": str(run.out), "steps": run.step, "epochs": cfg.train.epochs,
-            "images": len(data.samples), "effective_batch": data.eff_batch, "lr": data.peak_lr, "final_loss": last_loss,
-            "train_time_s": seconds, "alpha_min": cfg.model.alpha_min, "skips": cfg.model.skips,
-            # the formula by name and the run's label (``nn.shortcut_info``): what compare, plot and ablate show
-            "shortcut": shortcut_settings(cfg.model)["shortcut"], "shortcut_label": describe_model(cfg.model),
-            "alpha_eff": effective_decay(run.raw.alphas), "checkpoint": str(run.last_ckpt) if run.last_ckpt else None,
-            "resumed_from": str(run.resumed_from) if run.resumed_from else None,
-            "numerics": numerics_environment()}  # threads, CPU kernels, builds: what the exact numbers depend on
+    summary = {"preset": cfg.preset, "out_dir": str(run.out), "steps": run.step, "epochs": cfg.train.epochs,
+               "images": len(data.samples), "effective_batch": data.eff_batch, "lr": data.peak_lr, "final_loss": last_loss,
+               "train_time_s": seconds, "alpha_min": cfg.model.alpha_min, "skips": cfg.model.skips,
+               # the formula by name and the run's label (``nn.shortcut_info``): what compare, plot and ablate show
+               "shortcut": shortcut_settings(cfg.model)["shortcut"], "shortcut_label": describe_model(cfg.model),
+               "alpha_eff": effective_decay(run.raw.alphas), "checkpoint": str(run.last_ckpt) if run.last_ckpt else None,
+               "resumed_from": str(run.resumed_from) if run.resumed_from else None,
+               "numerics": numerics_environment()}  # threads, CPU kernels, builds: what the exact numbers depend on
+    hyper = hyper_summary(run.raw)  # n residual streams: their extra parameters and FLOPs (nn.hyper); absent with one
+    return summary if hyper is None else {**summary, "hyper_connections": hyper}
 
 
 def summary_scalars(summary: dict) -> dict[str, float]:
