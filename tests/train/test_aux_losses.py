@@ -158,6 +158,16 @@ def test_repa_resumes_exactly(tmp_path, vit_folder):
     assert ref["final_loss"] == part["final_loss"]
 
 
+def test_uvit_aligns_its_patch_tokens_only(tmp_path, vit_folder):
+    """U-ViT's sequence is [time, label, patches]: the two prefix tokens are dropped before the projector."""
+    uvit = [a.replace("model.depth=4", "model.depth=3") for a in SIT]
+    cfg = load_config("uvit-tiny-fmnist", [*uvit, "train.aux=repa", f"train.aux_target={vit_folder}",
+                                           f"train.out_dir={tmp_path / 'run'}"])
+    summary = train(cfg, progress=False, aux_target=load_aux_target(cfg))
+    assert summary["aux"]["layer"] == 0 and summary["aux"]["grid"] == 4
+    assert all(-1 <= r["loss_aux"] <= 1 for r in _rows(tmp_path / "run"))
+
+
 def test_repa_with_a_resdecay_mae_checkpoint(tmp_path, tiny_checkpoints):
     cfg = load_config("sit-tiny-fmnist", [*SIT, "train.aux=repa", f"train.aux_target={tiny_checkpoints['decayed']}",
                                           f"train.out_dir={tmp_path / 'run'}"])
