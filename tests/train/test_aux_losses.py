@@ -100,10 +100,11 @@ def _untimed(rows):
     return [{k: v for k, v in r.items() if k not in ("img_per_s", "time_s", "peak_mem_mb", "aux_target_s")} for r in rows]
 
 
-def test_dispersive_trains_and_logs_both_parts(tmp_path):
+def test_dispersive_trains_and_logs_both_parts(tmp_path, capsys):
     cfg = load_config("sit-tiny-fmnist", [*SIT, "train.aux=dispersive", "train.aux_tau=0.5",
-                                          f"train.out_dir={tmp_path / 'run'}"])
+                                          "train.aux_target=timm:vit_tiny_patch16_224", f"train.out_dir={tmp_path / 'run'}"])
     summary = train(cfg, progress=False)
+    assert "train.aux_target* name REPA's frozen encoder, but train.aux=dispersive reads none" in capsys.readouterr().out
     rows = _rows(tmp_path / "run")
     assert [r["step"] for r in rows] == [2, 4]
     for r in rows:  # loss = main + 0.25 * aux (Disperse-Loss's weight), over the same window

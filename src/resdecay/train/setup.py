@@ -109,6 +109,9 @@ def settings_warnings(cfg: RunConfig, data: Data) -> list[str]:
         out.append(f"warning: an effective batch of {data.eff_batch} fits {len(data.samples) // data.eff_batch} time(s) into "
                    f"the {len(data.samples)} training images: {dropped} ({100 * dropped / len(data.samples):.0f}%) are left "
                    f"out of every epoch (a different subset each epoch); lower train.batch_size to {better} or less")
+    if tc.aux != "repa" and (tc.aux_target or tc.aux_target_weights or tc.aux_target_args):
+        out.append(f"warning: train.aux_target* name REPA's frozen encoder, but train.aux={tc.aux} reads none; set "
+                   "train.aux=repa or drop them")
     knobs = shortcut_settings(cfg.model)  # e.g. model.alpha_min=0.6 beside a formula that never reads it
     out += knob_warnings(knobs["shortcut"], knobs["alpha_min"], knobs["schedule"], knobs["adds_per_block"])
     return out + cfg.model.warnings()
