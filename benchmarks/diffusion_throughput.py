@@ -5,6 +5,10 @@ residual alpha = 1, no long skips), i.e. what the method costs. A torch.compile 
 
     python benchmarks/diffusion_throughput.py                          # CPU: uvit-tiny-fmnist, sit-tiny-fmnist
     python benchmarks/diffusion_throughput.py --device cuda --preset sit-xl2 --batch-size 256 --compile
+    python benchmarks/diffusion_throughput.py --preset sit-tiny-fmnist --repa-target timm:vit_tiny_patch16_224
+
+--repa-target SPEC (a pixel-space preset) adds a row: the decayed network's step with REPA (train.aux=repa, its
+projector and frozen encoder) and, timed apart on the same batch, the frozen encoder's forward alone.
 
 Sampling: a fixed-step sampler, so rows compare like with like (dpm-solver++ for DDPM eps models,
 euler-maruyama for velocity models; not the adaptive dopri5) with --sample-steps steps, no guidance, batch = --sample-n. bf16 autocast on CUDA.
@@ -21,10 +25,12 @@ import time
 import torch
 
 from _measure import MEM_LABEL, mem_peak, mem_start, sync, timed_steps
+from resdecay.commands.aux_target import load_aux_target
 from resdecay.diffusion import diffusion_loss
 from resdecay.diffusion.samplers import sample
-from resdecay.models import build_model
+from resdecay.models import build_model, get_family
 from resdecay.train import param_groups
+from resdecay.train.aux_objective import AuxObjective
 from resdecay.train.config import load_config
 from resdecay.train.log.runlog import peak_flops
 
@@ -50,6 +56,45 @@ def train_row(model, cfg, batch: int, args, device) -> dict:
     step_s = statistics.median(times)
     return {"steps_per_s": 1 / step_s, "img_per_s": batch / step_s, "ms_per_step": step_s * 1e3,
             "peak_mem_mb": mem_peak(device, method, base)}
+
+
+def repa_row(preset: str, batch: int, args, device) -> dict:
+    """The step with REPA beside the denoising loss, and the frozen encoder's forward alone on the same batch."""
+    weights = [f"train.aux_target_weights={args.repa_target_weights}"] if args.repa_target_weights else []
+    cfg = load_config(preset, ["train.aux=repa", f"train.aux_target={args.repa_target}", *weights])
+    m = cfg.model
+    torch.manual_seed(0)
+    model = build_model(m).to(device)
+    half = (0.5,) * m.in_chans  # the images are random: any pixel statistics do
+    aux = AuxObjective(cfg.train, model, load_aux_target(cfg), half, half, device)
+    aux.attach(model)
+    x = torch.randn(batch, m.in_chans, m.img_size, m.img_size, device=device)
+    y = torch.randint(0, max(m.num_classes, 1), (batch,), device=device)
+    opt = torch.optim.AdamW([*param_groups(model, cfg.train.weight_decay), *param_groups(aux.projector, 0.0)], lr=1e-4)
+    objective = get_family(m.family).objective
+    model.train()
+
+    def step():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = aux.loss(objective, model, x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        aux.step_parts = {}
+        return loss.detach()
+
+    def encoder():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            return aux.target_tokens(x).float().mean()
+
+    step_s = statistics.median(timed_steps(step, args.warmup, args.steps, device)[0])
+    encoder_s = statistics.median(timed_steps(encoder, args.warmup, args.steps, device)[0])
+    aux.remove()
+    t = aux.target
+    return {"preset": preset, "row": f"resdecay + REPA ({args.repa_target})", "batch": batch,
+            "params": sum(p.numel() for p in model.parameters()) + sum(p.numel() for p in aux.parameters()),
+            "steps_per_s": 1 / step_s, "img_per_s": batch / step_s, "ms_per_step": step_s * 1e3,
+            "encoder_ms_per_step": encoder_s * 1e3, "encoder_side": t.side, "encoder_grid": t.grid}
 
 
 def sample_row(model, cfg, args, device) -> dict:
@@ -80,6 +125,8 @@ def main() -> int:
     ap.add_argument("--sample-n", type=int, default=None, help="images per sampling run (default cpu 64, cuda 256)")
     ap.add_argument("--sample-steps", type=int, default=None, help="sampler steps (default cpu 10, cuda 50)")
     ap.add_argument("--compile", action="store_true", help="add a torch.compile row (training only)")
+    ap.add_argument("--repa-target", metavar="SPEC", help="add a REPA row with this frozen encoder (train.aux_target)")
+    ap.add_argument("--repa-target-weights", metavar="FILE", help="its weights file (train.aux_target_weights)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args()
@@ -130,6 +177,12 @@ def main() -> int:
         ours, ref = results[-len(variants)], results[-len(variants) + 1]
         print(f"decayed + skips vs plain: training {ours['img_per_s'] / ref['img_per_s']:.2f}x, "
               f"sampling {ours['sample_img_per_s'] / ref['sample_img_per_s']:.2f}x the reference's speed")
+        if args.repa_target:
+            r = repa_row(preset, batch, args, device)
+            print(f"{r['row']:<44} {r['params'] / 1e6:>8.2f}M {r['steps_per_s']:>8.2f} {r['img_per_s']:>9.1f}")
+            print(f"REPA: {r['ms_per_step']:.1f} ms a step ({ours['ms_per_step']:.1f} without), of which the frozen encoder's "
+                  f"forward alone takes {r['encoder_ms_per_step']:.1f} ms ({r['encoder_side']} px, {r['encoder_grid']}^2 tokens)")
+            results.append(r)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"benchmark": "diffusion_throughput", "torch": torch.__version__, "device": args.device, "device_name": name,

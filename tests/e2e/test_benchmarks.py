@@ -112,6 +112,21 @@ def test_diffusion_throughput_rows_decayed_and_plain_per_preset(tmp_path, capfd,
         assert decayed["params"] > plain["params"]  # the long skips' fusion layers are the only extra parameters
 
 
+def test_diffusion_throughput_times_the_repa_step_and_its_encoder_apart(tmp_path, capfd, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path / "vit"  # a grey ViT on 28-px images in 4-px patches: sit-tiny-fmnist's 7x7 grid
+    config = transformers.ViTConfig(image_size=28, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=1,
+                                    num_attention_heads=2, intermediate_size=32)
+    transformers.ViTModel(config, add_pooling_layer=False).save_pretrained(folder)
+    stdout, result = run_benchmark("diffusion_throughput.py", "--preset", "sit-tiny-fmnist", "--batch-size", "4",
+                                   "--warmup", "1", "--steps", "1", "--sample-n", "2", "--sample-steps", "2", "--threads",
+                                   "1", "--repa-target", str(folder), tmp_path=tmp_path, capfd=capfd, monkeypatch=monkeypatch)
+    repa = result["rows"][-1]
+    assert repa["row"].startswith("resdecay + REPA") and (repa["encoder_side"], repa["encoder_grid"]) == (28, 7)
+    assert 0 < repa["encoder_ms_per_step"] and repa["img_per_s"] == pytest.approx(repa["batch"] * repa["steps_per_s"])
+    assert "frozen encoder's forward alone takes" in stdout
+
+
 def test_eval_speed_sections_agree_with_their_references(tmp_path, capfd, monkeypatch):
     """The script named undefined names at HEAD (issue 23.1: `bank`, `queries`, `x` in closures after `del`)."""
     stdout, result = run_benchmark("eval_speed.py", "--bank", "2000", "--queries", "200", "--probe-epochs", "1",

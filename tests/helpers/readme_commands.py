@@ -139,6 +139,14 @@ PLANS: dict[str, Plan] = {
         add=(*FMNIST, "train.epochs=2", "train.online_eval_size=32")),
     "resdecay pretrain --preset uvit-tiny-fmnist alpha_min=0.7": Plan(add=UVIT),
     "resdecay pretrain --preset sit-tiny-fmnist": Plan(add=SIT),
+    # docs/diffusion.md: REPA and the dispersive loss (train.aux); vit.pth is ViT-S's heads at 32 px in 8-px patches
+    "resdecay pretrain --preset sit-tiny-fmnist train.aux=dispersive": Plan(add=SIT, expect=("{tmp}/run/log.jsonl::loss_aux",)),
+    "resdecay pretrain --preset sit-tiny-fmnist train.aux=repa train.aux_target=runs/mae-tiny-fmnist/checkpoints/step_00007020.pt":
+        Plan(add=(*SIT, "train.aux_proj_dim=64"), expect=("{tmp}/run/summary.json::aux_target_s",)),
+    "resdecay pretrain --preset sit-tiny-fmnist train.aux=repa train.aux_target=timm:vit_small_patch16_224 "
+    "train.aux_target_weights=vit.pth": Plan(
+        add=(*SIT, "train.aux_target_args={{img_size: 32, patch_size: 8, depth: 4, embed_dim: 192}}", "train.aux_proj_dim=64"),
+        expect=("{tmp}/run/summary.json::aux_target_s",)),
     "resdecay pretrain --preset sit-tiny-fmnist train.online_eval_every=1 train.online_eval_size=1000": Plan(
         add=(*SIT, "train.online_eval_size=130")),
     "torchrun --nproc_per_node 8 -m resdecay pretrain --preset mae-b16 data.path=/data/imagenet": Plan(add=IMAGENET),

@@ -16,6 +16,7 @@ from ..train.config import RunConfig, load_config
 from ..train.distributed import is_main_process
 from ..train.run.summary import forget_stale_record, read_pretrained_record, remove_pretrained_record, write_summary
 from ..viz.online_figures import online_hooks
+from .aux_target import load_aux_target
 from .check_data import check_data
 from .pretrain_from import Source, resolve_source
 
@@ -45,11 +46,12 @@ def run_pretrain(preset: str, overrides: list[str], resume: str | None = None, p
         return None
     if check and is_main_process():  # every unreadable file at once, before hours of training
         check_data(cfg.data, cfg.model.img_size, progress=progress, stop=cfg.data.on_bad_file == "stop")
+    aux_target = load_aux_target(cfg)  # REPA's frozen encoder: a bad one is one line before anything is written
     init = start.init if start is not None else forget_stale_record(cfg.out_dir)
     existed = cfg.out_dir.exists()
     try:
         summary = train(cfg, hooks=online_hooks(), resume=resume, progress=progress, overwrite=overwrite,
-                        allow_changes=allow_changes, init=init)
+                        allow_changes=allow_changes, init=init, aux_target=aux_target)
     except BaseException:
         if start is not None and start.used and is_main_process():
             drop_failed_record(cfg.out_dir, existed)

@@ -14,6 +14,9 @@ resdecay-checkpoint-v1``:
     loss_window  every rank's open log window (runlog.LossWindow), so a resumed run logs the
                  same rows as an uninterrupted one
     ema          the EMA weights, when train.ema_decay > 0
+    aux          train.aux's state (train/aux_objective.py): REPA's projector weights, every rank's open
+                 windows of the loss parts, the frozen encoder's seconds so far (never the encoder's
+                 weights: the config names it)
     config       the fully resolved run config (alpha_min and schedule included), so the network
                  can be rebuilt without the preset
 
@@ -293,8 +296,10 @@ def save_training(run, progress: dict | None = None) -> Path:
         progress: train_time_s over all launches, final_loss and the tracker runs, kept in ``train_state``.
     """
     env, step, data = run.env, run.step, run.data
-    ranks = dist_env.gather_objects(env, (rng_state(), run.window.state() if run.window is not None else None))
-    rngs = [r for r, _ in ranks]
+    aux = getattr(run, "aux", None)
+    ranks = dist_env.gather_objects(env, (rng_state(), run.window.state() if run.window is not None else None,
+                                          aux.window_state() if aux is not None else None))
+    rngs = [r for r, _, _ in ranks]
     path = checkpoint_path(run.ckpt_dir, step)  # every rank returns it; rank 0 writes it
     if env.is_main:
         state = {"model": run.raw.state_dict(), "optimizer": run.optimizer.state_dict(),
@@ -304,7 +309,9 @@ def save_training(run, progress: dict | None = None) -> Path:
                                  "images": len(data.samples), **(progress or {})},
                  "rng": rngs, "config": run.cfg.to_dict(), "plugins": loaded_plugins()}
         if run.window is not None:
-            state["loss_window"] = [w for _, w in ranks]
+            state["loss_window"] = [w for _, w, _ in ranks]
+        if aux is not None:
+            state["aux"] = aux.state([a for _, _, a in ranks])
         if run.ema is not None:
             state["ema"] = run.ema.module.state_dict()
         if run.writer is not None:
@@ -337,7 +344,7 @@ def restore_training(cfg: RunConfig, env, path: Path, raw, optimizer, scaler, sa
     ts = state["train_state"]
     progress = {"train_time_s": ts.get("train_time_s"), "final_loss": ts.get("final_loss"),
                 "loss_window": windows[env.rank] if windows and len(windows) == env.world_size else None,
-                "trackers": ts.get("trackers")}
+                "trackers": ts.get("trackers"), "aux": state.get("aux")}
     return step, state.get("ema"), progress
 
 

@@ -27,6 +27,7 @@ from .. import yaml_io
 from ..data import DataConfig
 from ..errors import ConfigError, UserError, check_choice, check_fields
 from ..models import FAMILIES, model_config_class
+from .aux_objective import AuxKind, check_aux_model, check_aux_settings
 
 Device = Literal["auto", "cpu", "cuda"]
 Logger = Literal["tensorboard", "wandb", "mlflow", "csv"]  # train/log/tracking.py's back ends
@@ -63,6 +64,15 @@ class TrainConfig:
     norm_growth_warn: float = 20.0  # warn once when a block's output token RMS grows this many times within
     norm_growth_window: int = 5     # ... this many log steps (train/stability.py); 0 = no warning, RMS still logged
     loggers: list[Logger] = field(default_factory=lambda: ["tensorboard"])  # experiment trackers: tensorboard | wandb | mlflow | csv
+    # auxiliary objective of the diffusion families beside the denoising loss (train/aux_objective.py, docs/diffusion.md)
+    aux: AuxKind = "none"  # none | repa (align a block to a frozen encoder, Yu et al. 2025) | dispersive (Wang & He 2025)
+    aux_weight: float | None = None  # its weight; None: REPA's 0.5 (repa), Disperse-Loss's 0.25 (dispersive)
+    aux_layer: int | None = None  # 0-based block index (negative: from the end); None: block depth//3 - 1 (repa), the last (dispersive)
+    aux_proj_dim: int = 2048  # REPA's projector width (build_mlp's projector_dim)
+    aux_target: str | None = None  # REPA's frozen encoder: timm:NAME | torchvision:NAME | a transformers folder | a resdecay MAE checkpoint
+    aux_target_weights: str | None = None  # its weights file (timm: / torchvision:); None: random weights drawn with seed 0
+    aux_target_args: dict = field(default_factory=dict)  # its constructor arguments, as eval's --model-arg ({img_size: 32, depth: 4})
+    aux_tau: float = 1.0  # dispersive temperature: D_ij = ||h_i - h_j||^2 / (features x tau)
 
     def validate(self) -> None:
         check_fields(self, "train", positive=("epochs", "batch_size", "accum_steps", "ckpt_every", "keep_last", "log_every"))
@@ -86,6 +96,7 @@ class TrainConfig:
             raise ConfigError("train.base_lr (and train.lr when set) must be positive")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError(f"train.ema_decay must lie in [0, 1) (0 = no EMA), got {self.ema_decay}")
+        check_aux_settings(self)
 
 
 @dataclass
@@ -111,6 +122,7 @@ class RunConfig:
             raise ConfigError(str(e)) from None
         self.data.validate()
         self.train.validate()
+        check_aux_model(self)
 
 
 # ----------------------------------------------------------------------------- presets

@@ -22,6 +22,7 @@ from ..io import progress_bar
 from ..nn.decayify import alphas_of
 from . import checkpoint as ckpt
 from . import distributed as dist_env
+from .aux_objective import AuxTarget
 from .config import RunConfig
 from .hooks import Hook, HookLike, as_hooks
 from .log.runlog import LossWindow, RunLog, peak_flops, peak_memory_mb
@@ -35,7 +36,7 @@ from .stability import FIX, BlockNormMonitor
 
 
 def train(cfg: RunConfig, hooks: Iterable[HookLike] = (), *, resume: str | None = None, progress: bool = True,
-          init=None, overwrite: bool = False, allow_changes: bool = False) -> dict:
+          init=None, overwrite: bool = False, allow_changes: bool = False, aux_target: AuxTarget | None = None) -> dict:
     """Train ``cfg``, write ``<run>/summary.json`` (rank 0) and return the summary (final loss,
     steps, time, checkpoint path). Resuming a finished run trains nothing and changes nothing; its
     summary comes back with ``already_finished: True``.
@@ -48,9 +49,14 @@ def train(cfg: RunConfig, hooks: Iterable[HookLike] = (), *, resume: str | None 
         init: ``init(model)``, called on fresh starts only, before the optimizer sees the weights.
         overwrite: a fresh start into a folder that holds a run removes that run first (else refused).
         allow_changes: resume even if batch, data, seed, lr or process count changed (no longer exact).
+        aux_target: REPA's frozen encoder (``train.aux=repa``): ``aux_objective.AuxTarget``, as
+            ``commands.aux_target.load_aux_target(cfg)`` resolves ``train.aux_target`` (``resdecay pretrain`` does).
     """
     if overwrite and resume is not None:  # contradictory: --overwrite would delete the checkpoint --resume continues
         raise UserError(f"--overwrite starts the run over but --resume {resume} continues it; give one of them")
+    if cfg.train.aux == "repa" and aux_target is None:  # before the run folder: nothing written
+        raise ConfigError(f"train.aux=repa needs its frozen encoder built: pass aux_target=load_aux_target(cfg) "
+                          f"(resdecay.commands.aux_target) for train.aux_target={cfg.train.aux_target}, as resdecay pretrain does")
     if dist_env.is_main_process():  # only rank 0 logs; a missing tracker package is one line, before anything is made
         check_installed(cfg.train.loggers)
     env = dist_env.setup(cfg.train.device)
@@ -61,7 +67,7 @@ def train(cfg: RunConfig, hooks: Iterable[HookLike] = (), *, resume: str | None 
         if env.is_main:
             check_fresh_start(out, resume, overwrite, say)  # a finished run is never overwritten silently
         dist_env.barrier(env)
-        run = build_run(cfg, env, out, say, resume, init, allow_changes)
+        run = build_run(cfg, env, out, say, resume, init, allow_changes, aux_target)
         return train_run(run, as_hooks(hooks), resume, progress)
 
 
@@ -74,6 +80,8 @@ def train_run(run: Run, hooks: list[Hook], resume: str | None, progress: bool) -
     announce(run, resume)
     for line in settings_warnings(run.cfg, run.data):
         run.say(line)
+    if run.aux is not None:
+        run.say(run.aux.describe())
     if run.cfg.train.online_eval_every > 0 and not hooks:
         raise ConfigError("train.online_eval_every needs an online evaluator: pass "
                           "hooks=resdecay.viz.online_figures.online_hooks() to train (as `resdecay pretrain` does)")
@@ -86,6 +94,10 @@ def train_run(run: Run, hooks: list[Hook], resume: str | None, progress: bool) -
         run.writer.wait()
         run.writer.raise_if_failed()  # a failed background write fails the run
         summary = run_summary(run, train_time(run))
+        if run.aux is not None:  # the settings in force and the frozen encoder's seconds, apart from the step
+            summary["aux"] = run.aux.summary()
+            if "target_s" in summary["aux"]:
+                summary["aux_target_s"] = summary["aux"]["target_s"]
         run.log.log_summary(summary_scalars(summary), run.step)
         ok = True
     except TrainingDiverged:
@@ -123,6 +135,8 @@ def close_instruments(run: Run, ok: bool = True) -> None:
     """Release the norm hooks, the checkpoint thread, the bar and the trackers (``ok=False``: the
     launch failed or was interrupted, so tracker runs are marked failed)."""
     run.norms.remove()
+    if run.aux is not None:
+        run.aux.remove()
     run.writer.wait()  # never leave a half-written checkpoint behind a crash or Ctrl-C
     run.bar.close()
     run.log.close(ok)
@@ -138,6 +152,8 @@ def train_epochs(run: Run, hooks: list[Hook]) -> None:
     accumulated micro-batches and updates the EMA; then the log row and checkpoint it is due."""
     data, tc = run.data, run.cfg.train
     run.model.train()
+    if run.aux is not None:
+        run.aux.train()
     epoch, in_epoch = divmod(run.step, data.steps_per_epoch)
     while run.step < data.total_steps:
         # The sampler restarts mid-epoch after a resume: skip the micro-batches already seen.
@@ -204,11 +220,14 @@ def log_row(run: Run, lr: float) -> None:
     earlier = run.so_far.get("train_time_s") or 0.0
     row = {"step": step, "epoch": step / data.steps_per_epoch, "loss": window_loss, "lr": lr, "img_per_s": img_s,
            "peak_mem_mb": peak_memory_mb(env.device), "time_s": earlier + now - run.started, **norm_fields}
+    if run.aux is not None:  # the main and the (unweighted) aux loss beside their weighted sum, "loss"
+        row.update(run.aux.row(env))
     if run.gpu_peak:
         row["mfu"] = run.flops_per_image * img_s / env.world_size / run.gpu_peak
     run.bad_seen = note_bad_files(data.bad_files, run.bad_seen, row, run.say)
     run.log.write(row)
-    run.bar.set_postfix(loss=f"{window_loss:.4f}", lr=f"{lr:.2e}", img_s=f"{img_s:.0f}")
+    aux = {"aux": f"{row['loss_aux']:.4f}"} if "loss_aux" in row else {}
+    run.bar.set_postfix(loss=f"{window_loss:.4f}", **aux, lr=f"{lr:.2e}", img_s=f"{img_s:.0f}")
     run.timed_steps, run.window_started = 0, now
 
 
@@ -229,13 +248,22 @@ def train_step(run: Run, batches) -> torch.Tensor:
         sync = contextlib.nullcontext() if last or not env.distributed else run.model.no_sync()
         with sync, torch.autocast(**autocast):
             # divided so the accumulated gradient is the mean over the effective batch
-            loss = run.family.objective(run.model, images, labels.to(env.device, non_blocking=True)) / tc.accum_steps
+            labels = labels.to(env.device, non_blocking=True)
+            if run.aux is None:
+                loss = run.family.objective(run.model, images, labels) / tc.accum_steps
+            else:  # main + weight * aux, from the same forward
+                loss = run.aux.loss(run.family.objective, run.model, images, labels, 1 / tc.accum_steps)
         # the scaler multiplies fp16 losses so small gradients do not underflow (no-op otherwise)
         run.scaler.scale(loss).backward()
         step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+    extra = []
+    if run.aux is not None:
+        run.aux.end_step()
+        run.aux.sync_gradients(env)
+        extra = run.aux.parameters()  # REPA's projector is clipped with the network, as one model
     if tc.grad_clip:
         run.scaler.unscale_(run.optimizer)  # clip the true gradients, not the scaled ones
-        torch.nn.utils.clip_grad_norm_(run.raw.parameters(), tc.grad_clip)
+        torch.nn.utils.clip_grad_norm_([*run.raw.parameters(), *extra], tc.grad_clip)
     run.scaler.step(run.optimizer)  # skips the step if fp16 gradients overflowed
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)  # set_to_none frees the memory until the next backward

@@ -34,6 +34,7 @@ from ..nn.shortcut_info import knob_warnings, shortcut_settings
 from . import checkpoint as ckpt
 from . import distributed as dist_env
 from .async_checkpoint import CheckpointWriter
+from .aux_objective import AuxObjective, AuxTarget
 from .config import RunConfig
 from .log.runlog import LossWindow, RunLog
 from .lr_sched import peak_lr
@@ -55,6 +56,7 @@ class Data:
     peak_lr: float
     bad_files: Path | None = None  # <run>/bad_files.txt under data.on_bad_file=skip
     normalization: str = ""  # which mean/std normalise the images, in words (the run header says it)
+    pixel_stats: tuple = ((), ())  # (mean, std) per channel: the images are (pixels in [0, 1] - mean) / std
 
 
 def build_data(cfg: RunConfig, env: dist_env.DistEnv, out: Path | None = None) -> Data:
@@ -87,7 +89,8 @@ def build_data(cfg: RunConfig, env: dist_env.DistEnv, out: Path | None = None) -
     eff_batch = tc.batch_size * tc.accum_steps * env.world_size
     return Data(samples, sampler, loader, steps_per_epoch, tc.epochs * steps_per_epoch,
                 int(round(tc.warmup_epochs * steps_per_epoch)), eff_batch,
-                peak_lr(tc.base_lr, eff_batch, tc.lr), bad_files, normalization_card(cfg.data, info))
+                peak_lr(tc.base_lr, eff_batch, tc.lr), bad_files, normalization_card(cfg.data, info),
+                (tuple(info.mean), tuple(info.std)))
 
 
 def settings_warnings(cfg: RunConfig, data: Data) -> list[str]:
@@ -106,6 +109,9 @@ def settings_warnings(cfg: RunConfig, data: Data) -> list[str]:
         out.append(f"warning: an effective batch of {data.eff_batch} fits {len(data.samples) // data.eff_batch} time(s) into "
                    f"the {len(data.samples)} training images: {dropped} ({100 * dropped / len(data.samples):.0f}%) are left "
                    f"out of every epoch (a different subset each epoch); lower train.batch_size to {better} or less")
+    if tc.aux != "repa" and (tc.aux_target or tc.aux_target_weights or tc.aux_target_args):
+        out.append(f"warning: train.aux_target* name REPA's frozen encoder, but train.aux={tc.aux} reads none; set "
+                   "train.aux=repa or drop them")
     knobs = shortcut_settings(cfg.model)  # e.g. model.alpha_min=0.6 beside a formula that never reads it
     out += knob_warnings(knobs["shortcut"], knobs["alpha_min"], knobs["schedule"], knobs["adds_per_block"])
     return out + cfg.model.warnings()
@@ -158,6 +164,7 @@ class Run:
     window_started: float = 0.0  # perf_counter when the open log window began
     timed_steps: int = 0  # steps in the open log window
     bad_seen: int = 0  # unreadable images replaced so far (data.on_bad_file=skip)
+    aux: AuxObjective | None = None  # train.aux: REPA / the dispersive loss beside the main loss (aux_objective.py)
 
     @property
     def ckpt_dir(self) -> Path:
@@ -166,7 +173,7 @@ class Run:
 
 
 def build_run(cfg: RunConfig, env: dist_env.DistEnv, out: Path, say, resume: str | None = None, init=None,
-              allow_changes: bool = False) -> Run:
+              allow_changes: bool = False, aux_target: AuxTarget | None = None) -> Run:
     """The data, then the network (built once; ``init`` on fresh starts), its optimizer and scaler,
     a resumed run's state, the EMA and the compiled / DDP wrappers.
 
@@ -174,6 +181,7 @@ def build_run(cfg: RunConfig, env: dist_env.DistEnv, out: Path, say, resume: str
         resume: None (fresh run), "auto" (newest readable checkpoint in ``out``, if any) or a path.
         init: ``init(model)``, called on fresh starts only, before the optimizer sees the weights.
         allow_changes: resume even if settings changed that make the run differ from an uninterrupted one.
+        aux_target: REPA's frozen encoder (``train.aux=repa``), resolved by the command that trains.
     """
     tc = cfg.train
     data = build_data(cfg, env, out)
@@ -188,6 +196,11 @@ def build_run(cfg: RunConfig, env: dist_env.DistEnv, out: Path, say, resume: str
     if init is not None and resumed_from is None:
         init(raw)  # e.g. pretrained encoder weights for fine-tuning; a resumed run has its own
     groups = (family.param_groups or param_groups)(raw, tc.weight_decay)
+    aux = None
+    if tc.aux != "none":  # REPA's projector is trained: its groups follow the network's (checkpoints keep the order)
+        aux = AuxObjective(tc, raw, aux_target, *data.pixel_stats, env.device)
+        if aux.projector is not None:
+            groups = [*groups, *param_groups(aux.projector, tc.weight_decay)]
     optimizer = make_optimizer(groups, tc.optimizer, data.peak_lr, (tc.beta1, tc.beta2))
     amp_dtype = autocast_dtype(tc.precision, env.device)
     scaler = torch.amp.GradScaler(env.device.type, enabled=amp_dtype == torch.float16)
@@ -196,6 +209,9 @@ def build_run(cfg: RunConfig, env: dist_env.DistEnv, out: Path, say, resume: str
         step, ema_state, so_far = ckpt.restore_training(cfg, env, resumed_from, raw, optimizer, scaler, say,
                                                         len(data.samples), allow_changes, state)
     del state  # the weights are in the model now; do not hold a second copy through training
+    if aux is not None:
+        aux.load(so_far.pop("aux", None), env.rank, env.world_size)
+        aux.broadcast(env)
     ema = None
     if tc.ema_decay > 0:  # an exponential moving average of the weights, used for sampling (DiT, SiT, U-ViT)
         from timm.utils import ModelEmaV3
@@ -205,10 +221,12 @@ def build_run(cfg: RunConfig, env: dist_env.DistEnv, out: Path, say, resume: str
             ema.module.load_state_dict(ema_state)
         elif resumed_from is not None:
             say(f"note: {resumed_from} has no EMA weights; the EMA starts from the resumed weights")
+    if aux is not None:  # hooked after the EMA's deep copy, which must not carry the hook
+        aux.attach(raw)
     model = torch.compile(raw) if tc.compile else raw
     if env.distributed:
         model = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
                     gradient_as_bucket_view=True)  # gradients live in the all-reduce buckets: no copy in or out
     autocast = dict(device_type=env.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None)
     return Run(cfg, env, out, say, data, raw, model, family, optimizer, scaler, amp_dtype, autocast, ema, step,
-               resumed_from, so_far, last_loss=so_far.get("final_loss"), last_ckpt=resumed_from)
+               resumed_from, so_far, last_loss=so_far.get("final_loss"), last_ckpt=resumed_from, aux=aux)
