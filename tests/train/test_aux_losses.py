@@ -228,6 +228,7 @@ def coarse_vit(tmp_path):
     (["train.aux=dispersive", "train.aux_tau=0"], ["train.aux_tau", "> 0"]),
     (["train.aux=repa", "train.aux_target=timm:vit_tiny_patch16_224", "train.aux_proj_dim=0"], ["train.aux_proj_dim"]),
     (["train.aux=reap"], ["train.aux", "repa"]),
+    (["train.aux=dispersive", "model.hyper_streams=2"], ["model.hyper_streams=2", "set model.hyper_streams=1"]),
 ])
 def test_bad_aux_settings_are_one_line(capsys, tmp_path, extra, fragments):
     out = tmp_path / "run"

@@ -188,6 +188,11 @@ def run_block(hyper: HyperStreams | None, i: int, blk: nn.Module, x: torch.Tenso
     return blk(x, *cond) if hyper is None else hyper.block(i, blk, x, *cond)
 
 
+def streams_of(model_cfg) -> int:
+    """The residual streams a model config builds (``model.hyper_streams``; 1 for a family without the setting)."""
+    return getattr(model_cfg, "hyper_streams", 1)
+
+
 def block_steps(model: nn.Module) -> list[nn.Module]:
     """The modules whose outputs are a model's block outputs: its ``blocks``, or with hyper-connections each block's
     ``HyperStep`` (whose output is the block's n streams)."""

@@ -40,6 +40,7 @@ from ..diffusion.aux_losses import (
 )
 from ..errors import ConfigError
 from ..models import FAMILIES
+from ..nn.hyper import streams_of
 from .log.runlog import LossWindow
 
 AuxKind = Literal["none", "repa", "dispersive"]
@@ -68,7 +69,10 @@ def check_aux_settings(tc) -> None:
 
 def model_depth(model_cfg) -> int | None:
     """Blocks of the network a model config describes (what ``train.aux_layer`` indexes)."""
-    depth = getattr(model_cfg, "depth", None)
+    try:
+        depth = model_cfg.num_blocks  # the model contract's count (ModelConfig.num_blocks)
+    except (AttributeError, TypeError):  # a plugin family's config that cannot count before it is built
+        return None
     return int(depth) if isinstance(depth, int) else None
 
 
@@ -86,6 +90,9 @@ def check_aux_model(cfg) -> None:
     if tc.aux_layer is not None and depth is not None and not -depth <= tc.aux_layer < depth:
         raise ConfigError(f"train.aux_layer={tc.aux_layer} is outside the network's {depth} blocks: valid are "
                           f"0..{depth - 1} (0-based; or -{depth}..-1 from the end)")
+    if streams_of(cfg.model) > 1:  # a block then runs on n streams inside its HyperStep, not by itself
+        raise ConfigError(f"train.aux={tc.aux} reads one block's output tokens, but model.hyper_streams="
+                          f"{streams_of(cfg.model)} runs the blocks on mixed streams; set model.hyper_streams=1")
     if tc.aux == "repa" and cfg.data.name == "latents":
         raise ConfigError("train.aux=repa feeds the training images to its frozen encoder, but data.name=latents holds "
                           "VAE latents, not pixels; train on pixels or use train.aux=dispersive")
@@ -174,7 +181,7 @@ class AuxObjective:
     dispersive loss's tau), the loss parts' log windows and the encoder's timer.
 
     Args:
-        tc: the ``TrainConfig``; model: the bare network (``blocks``, ``embed_dim``, ``num_prefix_tokens``,
+        tc: the ``TrainConfig``; model: the bare network (``blocks``, ``embed_dim``,
             ``patch_embed.grid``); target: REPA's encoder (None for the dispersive loss).
         pixel_mean, pixel_std: the data's normalisation (the training images are ``(pixels - mean) / std``).
         device: the training device.
@@ -183,8 +190,7 @@ class AuxObjective:
     def __init__(self, tc, model: nn.Module, target: AuxTarget | None, pixel_mean, pixel_std, device: torch.device):
         self.kind, self.weight, self.tau = tc.aux, aux_weight(tc), tc.aux_tau
         self.layer = aux_layer(tc, len(model.blocks))
-        self.prefix = int(getattr(model, "num_prefix_tokens", 0))
-        self.grid = int(model.patch_embed.grid)
+        self.grid = int(model.patch_embed.grid)  # the patch tokens are the last grid**2 of a block's output
         self.device, self.target = device, target
         self.pixel_mean = torch.tensor(pixel_mean, device=device).view(1, -1, 1, 1)
         self.pixel_std = torch.tensor(pixel_std, device=device).view(1, -1, 1, 1)
@@ -256,7 +262,7 @@ class AuxObjective:
         hidden, self.hidden = self.hidden, None
         if hidden is None:
             raise RuntimeError(f"block {self.layer} did not run in the training forward; train.aux needs it to")
-        tokens = hidden[:, self.prefix:]  # U-ViT: [time, (label), patches]
+        tokens = hidden[:, hidden.shape[1] - self.grid**2:]  # U-ViT: [time, (label), patches]
         if self.projector is not None:
             aux = repa_loss(self.projector(tokens), target)
         else:

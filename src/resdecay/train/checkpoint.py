@@ -296,7 +296,7 @@ def save_training(run, progress: dict | None = None) -> Path:
         progress: train_time_s over all launches, final_loss and the tracker runs, kept in ``train_state``.
     """
     env, step, data = run.env, run.step, run.data
-    aux = getattr(run, "aux", None)
+    aux = run.aux
     ranks = dist_env.gather_objects(env, (rng_state(), run.window.state() if run.window is not None else None,
                                           aux.window_state() if aux is not None else None))
     rngs = [r for r, _, _ in ranks]
