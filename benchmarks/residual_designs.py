@@ -144,11 +144,11 @@ def main() -> int:
     Design("plain", args, device)  # thrown away: the process's first build and steps pay one-off allocations
     designs = [Design(n, args, device) for n in names]
     rows = measure(designs, args)
-    head = f"{'design':<26} {'params':>9} {'extra':>7} {'ms/step':>9} {'ratio':>7} {'+-':>6} {'peak MB':>8}"
+    head = f"{'design':<34} {'params':>9} {'extra':>7} {'ms/step':>9} {'ratio':>7} {'+-':>6} {'peak MB':>8}"
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['design']:<26} {r['params']:>9,} {r['extra_params']:>+7,} {r['ms']:>9.2f} {r['ratio']:>7.3f} "
+        print(f"{r['design']:<34} {r['params']:>9,} {r['extra_params']:>+7,} {r['ms']:>9.2f} {r['ratio']:>7.3f} "
               f"{r['ratio_noise']:>6.3f} {r['peak_mb']:>8.1f}", flush=True)
     if args.json:
         meta = {"benchmark": "residual_designs", "torch": torch.__version__, "device": args.device, "device_name": where,
