@@ -208,3 +208,21 @@ def source_model(checkpoint: str | Path, ema: bool) -> tuple[nn.Module, object]:
                         "drop --ema to export its weights")
     model, cfg = load_model(checkpoint, ema=ema, state=state)
     return model, cfg.model
+
+
+def fold_branch_gains(state: dict) -> dict:
+    """A block's branch gain ``ls{1,2}.gamma`` (timm's LayerScale, resdecay's ``model.branch_scale``) multiplies the
+    branch output: folded into the branch's last Linear (attn.proj / mlp.fc2), exactly up to float rounding, for a
+    format whose blocks have no gain. A single ``ls1.gamma`` without ``ls2`` is resdecay's ReZero, one gain for both adds."""
+    out = dict(state)
+    for key in [k for k in state if k.endswith((".ls1.gamma", ".ls2.gamma"))]:
+        block, which = key.rsplit(".", 2)[0], key.split(".")[-2]
+        gamma = out.pop(key)  # (D,), or (1,) for resdecay's ReZero / SkipInit scalar (nn.branch_scale)
+        layers = [f"{block}.attn.proj" if which == "ls1" else f"{block}.mlp.fc2"]
+        if which == "ls1" and f"{block}.ls2.gamma" not in state:  # resdecay's ReZero: one gain for both adds
+            layers.append(f"{block}.mlp.fc2")
+        for layer in layers:
+            out[f"{layer}.weight"] = out[f"{layer}.weight"] * gamma[:, None]
+            out[f"{layer}.bias"] = out[f"{layer}.bias"] * gamma
+    return out
+

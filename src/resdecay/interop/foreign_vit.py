@@ -18,6 +18,7 @@ import torch
 
 from ..errors import CheckpointError, UserError
 from ..models.mae import choose_skip_sources
+from .checkpoint_io import fold_branch_gains
 
 
 def _count(state: dict, prefix: str) -> int:
@@ -65,24 +66,13 @@ def rename_unet(state: dict) -> dict:
 
 
 def fold_layer_scale(state: dict, source: str) -> dict:
-    """timm's LayerScale ``ls{1,2}.gamma`` multiplies the branch output: fold it into the branch's
-    last Linear (attn.proj / mlp.fc2), which is exact (up to float rounding); so are resdecay's own branch gains
-    (``model.branch_scale``). Refuses timm features resdecay lacks."""
+    """timm's LayerScale ``ls{1,2}.gamma`` folded into the branches' last Linears (``checkpoint_io.fold_branch_gains``);
+    refuses timm features resdecay lacks."""
     bad = [k for k in state if re.search(r"\.(q_norm|k_norm|norm_pre|attn_norm|ffn_norm)\.|^(reg_token|norm_pre\.)", k)]
     if bad:
         raise CheckpointError(f"{source} uses {bad[0]}, a timm ViT feature resdecay's blocks do not have; "
                               "only plain pre-LN ViTs (optionally with LayerScale) import")
-    out = dict(state)
-    for key in [k for k in state if k.endswith((".ls1.gamma", ".ls2.gamma"))]:
-        block, which = key.rsplit(".", 2)[0], key.split(".")[-2]
-        gamma = out.pop(key)  # (D,), or (1,) for resdecay's ReZero / SkipInit scalar (nn.branch_scale)
-        layers = [f"{block}.attn.proj" if which == "ls1" else f"{block}.mlp.fc2"]
-        if which == "ls1" and f"{block}.ls2.gamma" not in state:  # resdecay's ReZero: one gain for both adds
-            layers.append(f"{block}.mlp.fc2")
-        for layer in layers:
-            out[f"{layer}.weight"] = out[f"{layer}.weight"] * gamma[:, None]
-            out[f"{layer}.bias"] = out[f"{layer}.bias"] * gamma
-    return out
+    return fold_branch_gains(state)
 
 
 def _timm_head(state: dict, source: str) -> tuple[dict, dict | None]:

@@ -40,9 +40,8 @@ import torch
 
 from ..errors import CheckpointError, UserError
 from ..nn.config_record import VERSION, parse
-from .checkpoint_io import Stated, read_weights_file, source_model, state_dict_of
+from .checkpoint_io import Stated, fold_branch_gains, read_weights_file, source_model, state_dict_of
 from .files import check_out_file, read_json_object, write_bytes_atomically
-from .foreign_vit import fold_layer_scale
 
 RESDECAY_EPS = 1e-6
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -288,7 +287,7 @@ def mae_to_vitmae_state(state: dict, mae_config, *, layout: str = "v5") -> tuple
                       "without them (other outputs): the decay is kept under \"resdecay\" in config.json, and "
                       "resdecay.interop.restore(model) after from_pretrained (or resdecay import-weights --format "
                       "hf-vitmae) re-applies it", DecayDroppedWarning, stacklevel=2)
-    state = fold_layer_scale(state, "this MAE")  # ViTMAE has no branch gains (model.branch_scale): into the Linears
+    state = fold_branch_gains(state)  # ViTMAE has no branch gains (model.branch_scale): into the Linears
     out = {theirs: state[ours] for theirs, ours in _FLAT.items()}
     out.update(_blocks_to_hf(state, "blocks", "vit.layers", mae_config.depth, layout == "v4"))
     out.update(_blocks_to_hf(state, "decoder_blocks", "decoder.decoder_layers", mae_config.decoder_depth, layout == "v4"))
