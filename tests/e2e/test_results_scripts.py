@@ -46,6 +46,7 @@ COVERED = {
     "alternatives/grid_fmnistm.sh": "test_alternatives_grid_dry_run",
     "alternatives/grid_sit.sh": "test_alternatives_sit_grid_dry_run",
     "alternatives/collect_sit.py": "test_alternatives_sit_collector",
+    "alternatives/collect_grid.py": "test_alternatives_grid_collector",
 }
 SCRIPT_ENV = ("ROOT", "RUNS", "QUEUE", "RESDECAY", "PYTHON", "DRY_RUN", "EXTRA", "SEG_SEEDS", "SOLVERS", "SEG_IMAGES",
               "KNN_PROBE", "STEP", "STEPS", "DEST", "LEVELS", "SEEDS", "WIDTH", "EPOCHS", "EVAL", "CELLS", "VARIANTS",
@@ -428,4 +429,24 @@ def test_alternatives_sit_collector(clone, tmp_path):
     table = json.loads((tmp_path / "o" / "sit_grid.json").read_text())
     assert table["decay0.8 + repa"]["online_proxy_fid"]["mean"] == 32.0
     assert table["decay0.8 + repa"]["loss"]["values"] == [1.0, 2.0] and "32.00 ± 2.83 (n=2)" in printed
+
+
+def test_alternatives_grid_collector(clone, tmp_path):
+    """collect_grid.py: per design the mean ± std over the seeds that finished and the paired Δ against the plain MAE
+    of the same seed, read from eval.json (it never trains)."""
+    def write(seed: int, folder: str, knn: float) -> None:
+        run = tmp_path / "runs" / "clean" / f"seed{seed}" / folder / "eval"
+        run.mkdir(parents=True)
+        results = [{"metric": "knn", "values": {"top1": knn}}, {"metric": "probe", "values": {"top1": knn + 0.01}},
+                   {"metric": "rank", "values": {"effective_rank": 1.0}}]
+        (run / "eval.json").write_text(json.dumps({"results": results}))
+
+    for seed, (plain, ortho) in enumerate(((0.70, 0.75), (0.72, 0.71))):
+        write(seed, "plain-mae", plain)
+        write(seed, "orthogonal", ortho)
+    printed = run_script(clone, "alternatives/collect_grid.py", str(tmp_path / "runs"), "--out", str(tmp_path / "o"))
+    table = json.loads((tmp_path / "o" / "grid.json").read_text())["clean"]
+    assert set(table) == {"plain MAE", "orthogonal"} and table["plain MAE"]["d_knn"] is None
+    assert abs(table["orthogonal"]["d_knn"]["mean"] - 0.02) < 1e-9 and table["orthogonal"]["wins_knn"] == "1/2"
+    assert "| orthogonal | 0.730 ± 0.028 (n=2)" in printed
 

@@ -32,7 +32,9 @@ fi
 TARGET_CKPT=$(find "$TARGET/checkpoints" -name 'step_*.pt' 2>/dev/null | sort | tail -1)
 TARGET_CKPT=${TARGET_CKPT:-$TARGET/checkpoints/step_LAST.pt}  # (a dry run: not trained yet)
 declare -A DECAY=([plain]=sit-tiny-fmnist-plain [decay0.8]=sit-tiny-fmnist)
-declare -A AUX=([none]="train.aux=none" [repa]="train.aux=repa train.aux_target=$TARGET_CKPT"
+# REPA's projector at the toy's scale: 256 wide for a 96-wide SiT (REPA's 2048 is for SiT-XL's 1152; at 2048 the
+# projector's three matmuls on every token cost this toy ~10x its own step)
+declare -A AUX=([none]="train.aux=none" [repa]="train.aux=repa train.aux_target=$TARGET_CKPT train.aux_proj_dim=256"
                 [dispersive]="train.aux=dispersive")
 for seed in $SEEDS; do
   for decay in plain decay0.8; do

@@ -1,0 +1,90 @@
+"""RESULTS §19 (a): the table of grid_fmnistm.sh's runs, read from each finished variant's eval.json — per cell and
+design, kNN top-1, linear-probe top-1 and effective rank (cls) as mean ± sample std over the seeds that finished, the
+paired difference against the plain MAE of the same seed, and how many seeds the design is ahead in.
+
+    python docs/results/alternatives/collect_grid.py [RUNS] [--out DIR]   (RUNS default runs/alternatives/grid;
+                                                                            DIR default docs/results/alternatives/grid)
+writes DIR/grid.json and DIR/grid.md and prints the tables. It reads, never trains (unlike `ablate --seeds`, which
+would train a missing seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from resdecay.commands.ablate import load_grid, slug
+
+GRID = "alternatives-fmnistm"
+BASELINE = "plain MAE"
+CELLS = {"all": "all four nuisances", "clean": "clean garments"}
+
+
+def measures(eval_json: Path) -> dict:
+    """kNN and probe top-1 and the cls token's effective rank (the first rank row is the cls feature's)."""
+    results = json.loads(eval_json.read_text())["results"]
+    knn = next(r["values"]["top1"] for r in results if r["metric"] == "knn")
+    probe = next(r["values"]["top1"] for r in results if r["metric"] == "probe")
+    rank = next(r["values"]["effective_rank"] for r in results if r["metric"] == "rank")
+    return {"knn": knn, "probe": probe, "rank": rank}
+
+
+def spread(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
+            "n": len(values)}
+
+
+def collect_cell(folder: Path, names: list[str]) -> dict:
+    seeds = {p.name: p for p in sorted(folder.glob("seed*"))}
+    runs = {name: {s: measures(p / slug(name) / "eval" / "eval.json") for s, p in seeds.items()
+                   if (p / slug(name) / "eval" / "eval.json").is_file()} for name in names}
+    table = {}
+    for name, by_seed in runs.items():
+        if not by_seed:
+            continue
+        row = {m: spread([v[m] for v in by_seed.values()]) for m in ("knn", "probe", "rank")}
+        paired = [s for s in by_seed if s in runs[BASELINE]] if name != BASELINE else []
+        for m in ("knn", "probe"):
+            deltas = [by_seed[s][m] - runs[BASELINE][s][m] for s in paired]
+            row[f"d_{m}"] = spread(deltas) if deltas else None
+            row[f"wins_{m}"] = f"{sum(d > 0 for d in deltas)}/{len(deltas)}"
+        row["seeds"] = sorted(by_seed)
+        table[name] = row
+    return table
+
+
+def fmt(s: dict | None, signed: bool = False) -> str:
+    if s is None:
+        return "-"
+    mean = f"{s['mean']:+.3f}" if signed else f"{s['mean']:.3f}"
+    return mean + (f" ± {s['std']:.3f}" if s["std"] is not None else "") + f" (n={s['n']})"
+
+
+def markdown(cell: str, table: dict) -> str:
+    lines = [f"**{CELLS.get(cell, cell)}**", "",
+             "| design | kNN | probe | rank (cls) | Δ kNN (wins) | Δ probe (wins) |", "|---|---|---|---|---|---|"]
+    for name, r in table.items():
+        deltas = ["-" if r[f"d_{m}"] is None else f"{fmt(r[f'd_{m}'], True)} ({r[f'wins_{m}']})" for m in ("knn", "probe")]
+        lines.append(f"| {name} | {fmt(r['knn'])} | {fmt(r['probe'])} | {fmt(r['rank'])} | {deltas[0]} | {deltas[1]} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="?", default="runs/alternatives/grid")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "grid"))
+    args = ap.parse_args()
+    names = [v["name"] for v in load_grid(GRID)["variants"]]
+    tables = {cell: collect_cell(Path(args.runs) / cell, names) for cell in CELLS if (Path(args.runs) / cell).is_dir()}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "grid.json").write_text(json.dumps(tables, indent=2))
+    text = "\n\n".join(markdown(cell, t) for cell, t in tables.items())
+    (out / "grid.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
