@@ -1,0 +1,100 @@
+"""docs/results/alternatives/: RESULTS §18's orthogonal-update runs and §19's two grids (dry runs: every command a
+valid one) and their collectors (on fake run trees)."""
+
+from __future__ import annotations
+
+import json
+
+from test_results_scripts import commands, parses, run_script
+
+
+def test_alternatives_dry_run(clone, capsys):
+    """RESULTS §18's four runs (plain, decay, orthogonal, both) and their evaluations, each a valid command."""
+    from resdecay.cli import main
+
+    cmds = commands(run_script(clone, "alternatives/orthogonal_fmnist.sh", "--dry-run", str(clone.parent / "r")))
+    assert [c[0] for c in cmds] == ["pretrain"] * 4 + ["eval"] * 4
+    for argv in cmds[:4]:
+        assert main([*argv, "--print-config"]) == 0, argv
+    for argv in cmds[4:]:
+        parses(argv)
+        assert argv[1].endswith("/checkpoints/step_00000312.pt")  # eval takes a checkpoint file, not the run folder
+    shortcuts = [next((w for w in argv if w.startswith("model.shortcut=")), "decay") for argv in cmds[:4]]
+    assert shortcuts == ["decay", "decay", "model.shortcut=orthogonal", "model.shortcut=orthogonal_decay"]
+    assert "shortcut: orthogonal" in capsys.readouterr().out
+    assert not (clone / "runs").exists()
+
+
+def test_alternatives_grid_dry_run(clone):
+    """RESULTS §19 (a): one ablate run per (cell, seed, variant), every variant of the grid, each config valid (the
+    alternatives' settings included); --collect reads back each cell's seeds."""
+    from resdecay.commands.ablate import plan_grid
+
+    cmds = commands(run_script(clone, "alternatives/grid_fmnistm.sh", "--dry-run", str(clone.parent / "r")))
+    plan = plan_grid("alternatives-fmnistm", out=str(clone.parent / "p"))
+    names = [v["name"] for v in plan.grid["variants"]]
+    assert len(names) == 11 and len(cmds) == 2 * 3 * len(names)
+    assert sorted({c[c.index("--only") + 1] for c in cmds}) == sorted(names)
+    assert {next(w for w in c if w.startswith("data.nuisances=")) for c in cmds} == {
+        "data.nuisances=[background,colour,scale,position]", "data.nuisances=[]"}
+    settings = {name: cfg.model for name, cfg in plan.cfgs.items()}
+    assert settings["hyper-connections n=4"].hyper_streams == 4 and settings["ReZero"].branch_scale == "rezero"
+    assert settings["orthogonal"].shortcut == "orthogonal" and settings["drop identity 0.1"].drop_identity == 0.1
+    for argv in cmds:
+        parses(argv)
+    collect = commands(run_script(clone, "alternatives/grid_fmnistm.sh", "--dry-run", "--collect", str(clone.parent / "r")))
+    assert [c[c.index("--seeds") + 1] for c in collect] == ["0,1,2", "0,1,2"]
+    assert not (clone / "runs").exists()
+
+
+def test_alternatives_sit_grid_dry_run(clone, capsys):
+    """RESULTS §19 (b): the REPA target first, then decay {off, 0.8} x aux {none, repa, dispersive} x 3 seeds, each a
+    valid pretrain command ending with the online evaluation."""
+    from resdecay.cli import main
+
+    cmds = commands(run_script(clone, "alternatives/grid_sit.sh", "--dry-run", str(clone.parent / "r")))
+    assert len(cmds) == 1 + 2 * 3 * 3 and cmds[0][cmds[0].index("--preset") + 1] == "mae-tiny-fmnist-plain"
+    auxes = [next(w for w in c if w.startswith("train.aux=")) for c in cmds[1:]]
+    assert sorted(set(auxes)) == ["train.aux=dispersive", "train.aux=none", "train.aux=repa"]
+    for argv in cmds[1:4]:
+        parses(argv)
+        assert "train.online_eval_every=4" in argv
+    assert main([*cmds[1], "--print-config"]) == 0
+    assert any(w.startswith("train.aux_target=") and w.endswith(".pt") for w in cmds[2])
+    assert not (clone / "runs").exists()
+
+
+def test_alternatives_sit_collector(clone, tmp_path):
+    """collect_sit.py: mean ± std over the seeds of each (decay, aux) cell, read from the runs' logs."""
+    for seed, fid in ((0, 30.0), (1, 34.0)):
+        run = tmp_path / "runs" / "decay0.8-repa" / f"seed{seed}"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text("{}")
+        rows = [{"step": 10, "loss": 1.0 + seed, "loss_main": 0.9, "loss_aux": -0.5},
+                {"step": 10, "online_proxy_fid": fid, "online_probe_best_top1": 0.5}]
+        (run / "log.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    printed = run_script(clone, "alternatives/collect_sit.py", str(tmp_path / "runs"), "--out", str(tmp_path / "o"))
+    table = json.loads((tmp_path / "o" / "sit_grid.json").read_text())
+    assert table["decay0.8 + repa"]["online_proxy_fid"]["mean"] == 32.0
+    assert table["decay0.8 + repa"]["loss"]["values"] == [1.0, 2.0] and "32.00 ± 2.83 (n=2)" in printed
+
+
+def test_alternatives_grid_collector(clone, tmp_path):
+    """collect_grid.py: per design the mean ± std over the seeds that finished and the paired Δ against the plain MAE
+    of the same seed, read from eval.json (it never trains)."""
+    def write(seed: int, folder: str, knn: float) -> None:
+        run = tmp_path / "runs" / "clean" / f"seed{seed}" / folder / "eval"
+        run.mkdir(parents=True)
+        results = [{"metric": "knn", "values": {"top1": knn}}, {"metric": "probe", "values": {"top1": knn + 0.01}},
+                   {"metric": "rank", "values": {"effective_rank": 1.0}}]
+        (run / "eval.json").write_text(json.dumps({"results": results}))
+
+    for seed, (plain, ortho) in enumerate(((0.70, 0.75), (0.72, 0.71))):
+        write(seed, "plain-mae", plain)
+        write(seed, "orthogonal", ortho)
+    printed = run_script(clone, "alternatives/collect_grid.py", str(tmp_path / "runs"), "--out", str(tmp_path / "o"))
+    table = json.loads((tmp_path / "o" / "grid.json").read_text())["clean"]
+    assert set(table) == {"plain MAE", "orthogonal"} and table["plain MAE"]["d_knn"] is None
+    assert abs(table["orthogonal"]["d_knn"]["mean"] - 0.02) < 1e-9 and table["orthogonal"]["wins_knn"] == "1/2"
+    assert "| orthogonal | 0.730 ± 0.028 (n=2)" in printed
+
