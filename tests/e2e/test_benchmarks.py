@@ -206,6 +206,9 @@ def test_grad_checkpointing_rows_pair_each_preset_with_and_without(tmp_path, cap
     ("startup.py", ["--warmup", "-1"], "--warmup must be 0 or more"),
     ("grad_checkpointing.py", ["--warmup", "0"], "--warmup must be at least 1"),
     ("grad_checkpointing.py", ["--presets", "mae-giant"], "mae-giant"),
+    ("residual_designs.py", ["--designs", "plain,nope"], "--designs: unknown nope"),
+    ("residual_designs.py", ["--rounds", "0"], "--rounds must be >= 1"),
+    ("residual_designs.py", ["--set", "model.hyper_streams=0"], "model.hyper_streams must be an integer >= 1"),
 ])
 def test_bad_arguments_are_one_line_exit_2(script, args, needle, capfd, monkeypatch):
     """Run in this process: a bad argument is answered before any work, so the check needs no fresh interpreter
