@@ -228,8 +228,14 @@ def load_failure(path: str | Path, exc: Exception) -> str:
 
 
 def file_sha256(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 4 MiB chunks (checkpoints are large)."""
+    """Hex SHA-256 of a file, read in 4 MiB chunks (checkpoints are large); of a folder (a sharded DCP
+    checkpoint), over its files' relative names and hashes in name order."""
     h = hashlib.sha256()
+    path = Path(path)
+    if path.is_dir():
+        for p in sorted(q for q in path.rglob("*") if q.is_file()):
+            h.update(f"{p.relative_to(path).as_posix()}\0{file_sha256(p)}\0".encode())
+        return h.hexdigest()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             h.update(chunk)

@@ -33,6 +33,7 @@ from .metric_flags import add_metric_flags
 from .parents import data_options, device_option, progress_option, run_folder_options, run_overrides, source_options
 from .plugins import ENV as PLUGIN_ENV
 from .plugins import load_plugins
+from .checkpoint import add_checkpoint_command
 from .shard import add_shard_command
 from .submit import add_submit_command
 
@@ -238,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                   progress=not a.no_progress))
 
     add_shard_command(sub)  # cli/shard.py: an ImageFolder as tar shards (data.name=wds)
+
+    add_checkpoint_command(sub)  # cli/checkpoint.py: a sharded (DCP) checkpoint as one file
 
     add_interop_commands(sub)
 

@@ -201,18 +201,20 @@ def cached_objective(cfg, device) -> DDPM | LinearInterpolant:
     return _CACHE[key]
 
 
-def diffusion_loss(model, images: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+def diffusion_loss(model, images: torch.Tensor, labels: torch.Tensor | None = None, *,
+                   t: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
     """The training loop's loss: (model, images, labels) -> scalar, objective read from ``model.cfg``.
 
     ``model`` may be wrapped (DDP, torch.compile); it is called as given so DDP still syncs grads.
-    Labels are passed only to class-conditional models (cfg.num_classes > 0).
+    Labels are passed only to class-conditional models (cfg.num_classes > 0); ``t`` and ``noise`` (drawn
+    here when None) as the objective's ``loss`` takes them.
     """
     cfg = model_config(model)
     y = labels if cfg.num_classes > 0 else None
     if cfg.num_classes > 0 and labels is None:
         raise UserError(f"model is class-conditional (model.num_classes={cfg.num_classes}) but the batch has no "
                         "labels; use a labelled dataset or set model.num_classes=0")
-    return cached_objective(cfg, images.device).loss(model, images, y)
+    return cached_objective(cfg, images.device).loss(model, images, y, t=t, noise=noise)
 
 
 __all__ = ["DDPM", "LinearInterpolant", "NOISE_SCHEDULES", "NUM_TIMESTEPS", "NoiseSchedule", "OBJECTIVES", "Objective", "beta_schedule", "cached_objective",

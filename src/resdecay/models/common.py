@@ -12,10 +12,11 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-from ..diffusion.objectives import diffusion_loss, objective_for
+from ..diffusion.objectives import cached_objective, diffusion_loss, model_config, objective_for
 from ..errors import ConfigError, check_fields
 from ..nn.blocks import PatchEmbed
 from ..nn.checkpointing import set_grad_checkpointing
+from ..nn import noise
 from ..nn.conditioning import LabelEmbedder, TimestepEmbedder
 from ..schedule import check_alpha_min
 from .registry import ExampleBatch, image_batch
@@ -70,8 +71,14 @@ def diffusion_stem(model: nn.Module, cfg) -> None:
 
 def diffusion_objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Denoising loss of the model's own objective (``model.cfg.objective``: DDPM eps or SiT velocity);
-    the noise and the time live in ``resdecay.diffusion``, not in the backbone (DiT's split)."""
-    return diffusion_loss(model, images, labels)
+    the noise and the time live in ``resdecay.diffusion``, not in the backbone (DiT's split). Under
+    ``train.noise_scope=global`` the time and the noise are the effective batch's rows (``nn/noise.py``)."""
+    if not noise.active():
+        return diffusion_loss(model, images, labels)
+    objective, B = cached_objective(model_config(model), images.device), images.shape[0]
+    t = noise.draw(lambda n: objective.sample_t(n, images.device), B)
+    eps = noise.draw(lambda n: torch.randn((n, *images.shape[1:]), device=images.device, dtype=images.dtype), B)
+    return diffusion_loss(model, images, labels, t=t, noise=eps)
 
 
 def diffusion_batch(model: nn.Module, batch: int) -> ExampleBatch:

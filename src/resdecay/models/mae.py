@@ -29,6 +29,7 @@ from ..nn.blocks import (
     unpatchify,
 )
 from ..nn.branch_scale import BranchScale, branch_block_kwargs, check_branch_settings
+from ..nn.noise import draw
 from ..nn.hyper import HyperVariant, check_hyper, expand_streams, reduce_streams, run_block
 from ..nn.residual import check_shortcut, shortcut_plan
 from ..schedule import Branches, Schedule, check_alpha_min
@@ -246,7 +247,7 @@ class MaskedAutoencoder(ViTEncoder):
         """
         B, N, D = x.shape
         keep = int(N * (1 - mask_ratio))
-        noise = torch.rand(B, N, device=x.device)
+        noise = draw(lambda n: torch.rand(n, N, device=x.device), B)  # per rank, or the effective batch's (nn/noise.py)
         ids_shuffle = torch.argsort(noise, dim=1)  # ascending: small noise is kept
         ids_restore = torch.argsort(ids_shuffle, dim=1)
         kept = torch.gather(x, 1, ids_shuffle[:, :keep].unsqueeze(-1).expand(B, keep, D))

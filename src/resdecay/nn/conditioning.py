@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .blocks import Attention, Mlp
 from .branch_scale import set_branch_scale
+from .noise import draw
 from .residual import factors_repr, residual_add, set_block_factors
 
 
@@ -52,7 +53,7 @@ class LabelEmbedder(nn.Module):
         if force_drop_ids is not None:
             labels = torch.where(force_drop_ids == 1, self.num_classes, labels)
         elif train and self.dropout > 0:
-            drop = torch.rand(labels.shape[0], device=labels.device) < self.dropout
+            drop = draw(lambda n: torch.rand(n, device=labels.device), labels.shape[0]) < self.dropout
             labels = torch.where(drop, self.num_classes, labels)
         return self.embedding_table(labels)  # (B, D)
 

@@ -20,7 +20,9 @@ resdecay-checkpoint-v1``:
     config       the fully resolved run config (alpha_min and schedule included), so the network
                  can be rebuilt without the preset
 
-Only tensors and plain Python values: no pickled classes, so old files keep loading.
+Only tensors and plain Python values: no pickled classes, so old files keep loading. Runs with
+``train.parallel=fsdp2 | hsdp`` write the same parts as a DCP folder ``step_<step>/`` instead
+(``sharded_checkpoint.py``); ``load_checkpoint`` reads either.
 """
 
 from __future__ import annotations
@@ -39,12 +41,14 @@ from ..errors import CheckpointError
 from ..io import atomic_save, first_sentence, safe_load
 from ..models import FAMILIES, build_model, model_config_class
 from . import distributed as dist_env
+from . import sharded_checkpoint as sharded
+from .parallel import is_sharded
 from .config import RunConfig, from_dict
 from .import_formats import ImportFormat, SourceFile, detect_import_format, register_import_format
 from .run.previous_run import HARMLESS, check_resume_changes, inexact_changes
 
 FORMAT = "resdecay-checkpoint-v1"
-_STEP_FILE = re.compile(r"^step_(\d{8,})\.pt$")
+_STEP_FILE = re.compile(r"^step_(\d{8,})(\.pt)?$")  # a file, or a DCP folder (sharded runs)
 
 
 def rng_state() -> dict:
@@ -79,7 +83,8 @@ def list_checkpoints(ckpt_dir: Path) -> list[Path]:
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := _STEP_FILE.match(p.name))]
+    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir()
+             if (m := _STEP_FILE.match(p.name)) and (m.group(2) or sharded.is_dcp_folder(p))]
     return [p for _, p in sorted(found)]
 
 
@@ -113,6 +118,11 @@ def load_checkpoint(path: str | Path) -> dict:
     exported = exported_folder(path)
     if exported is not None:  # else "does not exist" (the folder) or "a facebookresearch/mae checkpoint" (its weights)
         raise CheckpointError(exported_message(path, exported))
+    if sharded.is_dcp_folder(path):  # a sharded run's checkpoint: read whole, as the single file would hold it
+        state = sharded.consolidate(path, sharded.read_meta(path, FORMAT))
+        upgrade_config(state.get("config") or {})
+        check_plugins(state, path)
+        return state
     if path.is_dir():  # a run folder: name the checkpoint file it holds
         newest = (list_checkpoints(path / "checkpoints") or list_checkpoints(path) or [None])[-1]
         hint = f"pass {newest}" if newest is not None else "it holds no checkpoints/step_*.pt"
@@ -177,7 +187,7 @@ def resolve_resume(resume: str | None, ckpt_dir: Path) -> Path | None:
         found = list_checkpoints(ckpt_dir)
         return found[-1] if found else None
     path = Path(resume)
-    if path.is_dir():
+    if path.is_dir() and not sharded.is_dcp_folder(path):
         found = list_checkpoints(path / "checkpoints") or list_checkpoints(path)
         if not found:
             raise CheckpointError(f"--resume {path}: the folder holds no step_*.pt checkpoint")
@@ -203,11 +213,11 @@ def load_resume(resume: str | None, ckpt_dir: Path, say=print) -> tuple[Path | N
     if path is None:
         return None, None
     if resume != "auto":
-        return path, load_checkpoint(path)
+        return path, resume_state(path)
     skipped = []
     for candidate in reversed(list_checkpoints(ckpt_dir)):
         try:
-            state = load_checkpoint(candidate)
+            state = resume_state(candidate)
         except PluginNeeded:  # readable: an older checkpoint would need the plugin too
             raise
         except CheckpointError as e:
@@ -218,6 +228,15 @@ def load_resume(resume: str | None, ckpt_dir: Path, say=print) -> tuple[Path | N
         return candidate, state
     raise CheckpointError(f"--resume auto: no checkpoint in {ckpt_dir} can be read (newest: {skipped[0][1]}); "
                           "start over with --overwrite, or pass --resume <a good step_*.pt>")
+
+
+def resume_state(path: Path) -> dict:
+    """A checkpoint file loaded whole, or a DCP folder's non-tensor parts (each rank reads its own shards later)."""
+    if not sharded.is_dcp_folder(path):
+        return load_checkpoint(path)
+    state = sharded.read_meta(path, FORMAT)
+    check_plugins(state, path)
+    return state
 
 
 # model settings that change how a step is computed, not the function: a run may resume with them changed
@@ -301,9 +320,9 @@ def save_training(run, progress: dict | None = None) -> Path:
                                           aux.window_state() if aux is not None else None))
     rngs = [r for r, _, _ in ranks]
     path = checkpoint_path(run.ckpt_dir, step)  # every rank returns it; rank 0 writes it
+    state = None
     if env.is_main:
-        state = {"model": run.raw.state_dict(), "optimizer": run.optimizer.state_dict(),
-                 "scaler": run.scaler.state_dict(),
+        state = {"scaler": run.scaler.state_dict(),
                  "train_state": {"step": step, "epoch": step // data.steps_per_epoch,
                                  "step_in_epoch": step % data.steps_per_epoch, "world_size": env.world_size,
                                  "images": len(data.samples), **(progress or {})},
@@ -312,6 +331,12 @@ def save_training(run, progress: dict | None = None) -> Path:
             state["loss_window"] = [w for _, w, _ in ranks]
         if aux is not None:
             state["aux"] = aux.state([a for _, _, a in ranks])
+    if is_sharded(run.raw):  # every rank writes its shards of the weights, optimizer and EMA
+        tensors = sharded.sharded_state(run.raw, run.optimizer, run.ema.module if run.ema is not None else None)
+        return sharded.save_sharded(path.with_suffix(""), tensors, state and {"format": FORMAT, **state}, env.is_main,
+                                    run.cfg.train.keep_last)
+    if env.is_main:
+        state.update(model=run.raw.state_dict(), optimizer=run.optimizer.state_dict())
         if run.ema is not None:
             state["ema"] = run.ema.module.state_dict()
         if run.writer is not None:
@@ -323,16 +348,21 @@ def save_training(run, progress: dict | None = None) -> Path:
 
 
 def restore_training(cfg: RunConfig, env, path: Path, raw, optimizer, scaler, say, images: int | None = None,
-                     allow_changes: bool = False, state: dict | None = None) -> tuple[int, dict | None, dict]:
+                     allow_changes: bool = False, state: dict | None = None, ema_module=None
+                     ) -> tuple[int, dict | None, dict]:
     """Load a checkpoint of the same model into this run: weights, optimizer, scaler and this rank's
-    RNG. Refuses another model, and (unless ``allow_changes``) settings that would make the resumed
+    RNG (a sharded run: its DCP folder, resharded to this run's ranks, the EMA into ``ema_module``).
+    Refuses another model, and (unless ``allow_changes``) settings that would make the resumed
     run differ from an uninterrupted one.
 
     Returns (step, EMA weights or None, the run so far: ``setup.Run.so_far``)."""
-    state = load_checkpoint(path) if state is None else state
+    state = resume_state(path) if state is None else state
     check_resumable(cfg, env, path, state, say, images, allow_changes)
-    raw.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    if "sharded" in state:
+        sharded.restore_sharded(Path(state["sharded"]), raw, optimizer, ema_module)
+    else:
+        raw.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
     scaler.load_state_dict(state["scaler"])
     step = int(state["train_state"]["step"])
     rngs, windows = state["rng"], state.get("loss_window")
@@ -351,12 +381,13 @@ def restore_training(cfg: RunConfig, env, path: Path, raw, optimizer, scaler, sa
 def check_resumable(cfg: RunConfig, env, path: Path, state: dict, say, images: int | None, allow_changes: bool) -> None:
     """Refuse a checkpoint of another model or, unless allowed, of inexact settings; note harmless
     changes (device, workers, logging, ...) and a training set that changed size."""
-    if not all(k in state for k in ("optimizer", "scaler", "train_state", "rng")):
+    check_same_layout(cfg, path, state)
+    if not all(k in state for k in ("scaler", "train_state", "rng")) or not ("optimizer" in state or "sharded" in state):
         raise CheckpointError(f"{path} holds model weights only (written by import-weights or export), not a training "
                               f"run's checkpoint, so there is no optimizer state to resume; evaluate it (resdecay eval "
                               f"{path}), fine-tune from it (resdecay finetune {path}) or continue pretraining it as a new "
                               f"run (resdecay pretrain --preset PRESET --from {path})")
-    saved_images = state["train_state"].get("images")
+    saved_images = state["train_state"].get("images")  # (below: the layout is known to match)
     if images is not None and saved_images is not None and saved_images != images:
         say(f"note: the training set has {images} images now but had {saved_images} when {path.name} was written; "
             "the data order from here on differs from the original run's")
@@ -371,3 +402,16 @@ def check_resumable(cfg: RunConfig, env, path: Path, state: dict, say, images: i
         for k, v in now[section].items():
             if k in HARMLESS[section] and state["config"][section].get(k, v) != v:
                 say(f"note: {section}.{k} changed since the checkpoint ({state['config'][section].get(k)!r} -> {v!r})")
+
+
+def check_same_layout(cfg: RunConfig, path: Path, state: dict) -> None:
+    """A sharded run resumes DCP folders, a DDP run single files: mixing them is one line naming the way across."""
+    parallel, was_sharded = cfg.train.parallel, "sharded" in state
+    if was_sharded and parallel == "ddp":
+        raise CheckpointError(f"{path} is a sharded (DCP) checkpoint, but train.parallel=ddp resumes single files; resume "
+                              f"with train.parallel=fsdp2 (or hsdp), or convert it first: resdecay checkpoint consolidate "
+                              f"{path} --out {path}.pt, then --resume {path}.pt")
+    if not was_sharded and parallel != "ddp" and "optimizer" in state:
+        raise CheckpointError(f"{path} is a single-file (DDP) checkpoint, but train.parallel={parallel} resumes sharded "
+                              "DCP folders; resume it with train.parallel=ddp, or start the sharded run over "
+                              "(--from it with resdecay pretrain to keep the weights)")

@@ -53,7 +53,13 @@ class TrainConfig:
     seed: int = 0
     device: Device = "auto"  # auto | cpu | cuda
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp16 | fp32
-    compile: bool = False  # torch.compile the model
+    compile: bool = False  # torch.compile the model (under fsdp2 / hsdp: each block, before it is sharded)
+    # how the ranks share the model (train/parallel.py, docs/training.md "Past DDP")
+    parallel: Literal["ddp", "fsdp2", "hsdp"] = "ddp"  # ddp (replicas) | fsdp2 (sharded) | hsdp (sharded per node)
+    reshard_after_forward: bool = True  # fsdp2 / hsdp: free gathered block weights after the forward (less memory)
+    hsdp_nodes: int | None = None  # hsdp: the nodes replicated across; None: WORLD_SIZE / LOCAL_WORLD_SIZE (torchrun)
+    noise_scope: Literal["rank", "global"] = "rank"  # rank: each process draws its own masks / noise | global: drawn
+    # for the effective batch and split, so the losses do not depend on the process count (nn/noise.py)
     ckpt_every: int = 500  # optimizer steps between checkpoints (and one at the end)
     keep_last: int = 2  # checkpoints kept on disk
     log_every: int = 10  # optimizer steps between log lines
@@ -97,6 +103,11 @@ class TrainConfig:
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError(f"train.ema_decay must lie in [0, 1) (0 = no EMA), got {self.ema_decay}")
         check_aux_settings(self)
+        if self.hsdp_nodes is not None and self.hsdp_nodes < 1:
+            raise ConfigError(f"train.hsdp_nodes must be a positive integer (or null: from the launcher), got {self.hsdp_nodes}")
+        if self.parallel != "ddp" and self.aux != "none":
+            raise ConfigError(f"train.aux={self.aux} keeps its projector and windows outside the sharded model, which "
+                              f"train.parallel={self.parallel} does not checkpoint yet; use train.parallel=ddp with it")
 
 
 @dataclass
@@ -334,7 +345,7 @@ def load_config(preset: str, overrides: list[str] | None = None) -> RunConfig:
 
 # Overrides that change where or how fast a run goes, not what it computes: not part of its folder name.
 _NOT_IN_NAME = {"train.device", "train.threads", "train.log_every", "train.ckpt_every", "train.keep_last",
-                "train.compile", "data.num_workers", "data.path", "train.out_dir",
+                "train.compile", "train.parallel", "train.reshard_after_forward", "train.hsdp_nodes", "data.num_workers", "data.path", "train.out_dir",
                 "train.norm_growth_warn", "train.norm_growth_window", "train.loggers"}
 
 

@@ -60,7 +60,7 @@ def setup(device: str = "auto") -> DistEnv:
 
 def cleanup(env: DistEnv) -> None:
     """End the process group if this env's setup() started it (a group a caller keeps is left running)."""
-    if env.distributed and env.owns_group and dist.is_initialized():
+    if env.owns_group and dist.is_initialized():  # (a one-process group too: train/parallel.py)
         dist.destroy_process_group()
 
 

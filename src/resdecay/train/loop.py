@@ -20,6 +20,7 @@ from ..data.badfiles import count_bad_files
 from ..errors import ConfigError, DataError, TrainingDiverged, UserError, one_line
 from ..io import progress_bar
 from ..nn.decayify import alphas_of
+from ..nn.noise import global_batch_noise
 from . import checkpoint as ckpt
 from . import distributed as dist_env
 from .aux_objective import AuxTarget
@@ -27,6 +28,7 @@ from .config import RunConfig
 from .hooks import Hook, HookLike, as_hooks
 from .log.runlog import LossWindow, RunLog, peak_flops, peak_memory_mb
 from .log.tracking import check_installed
+from .parallel import gathered_copy, gradient_sync, is_sharded
 from .lr_sched import lr_at, set_lr
 from .run.previous_run import check_fresh_start
 from .run.run_folder import run_folder
@@ -181,6 +183,8 @@ def end_epoch(run: Run, hooks: list[Hook], epoch: int) -> None:
         device = run.env.device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             model = run.ema.module if run.ema is not None else run.raw  # the weights one samples with
+            if is_sharded(model):  # the hooks get the whole model on every rank
+                model = gathered_copy(model, run.cfg.model, device)
             for hook in hooks:
                 hook.epoch_end(model, epoch, run.step, run.log)
     checkpoint_if_due(run)
@@ -245,8 +249,8 @@ def train_step(run: Run, batches) -> torch.Tensor:
         # DDP all-reduces gradients on every backward; during accumulation only the last
         # micro-batch needs it, so the others run under no_sync.
         last = micro == tc.accum_steps - 1
-        sync = contextlib.nullcontext() if last or not env.distributed else run.model.no_sync()
-        with sync, torch.autocast(**autocast):
+        sync = gradient_sync(run.model, last, env.distributed)
+        with sync, noise_scope(run, micro), torch.autocast(**autocast):
             # divided so the accumulated gradient is the mean over the effective batch
             labels = labels.to(env.device, non_blocking=True)
             if run.aux is None:
@@ -268,6 +272,14 @@ def train_step(run: Run, batches) -> torch.Tensor:
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)  # set_to_none frees the memory until the next backward
     return step_loss
+
+
+def noise_scope(run: Run, micro: int):
+    """Where this micro-batch's masks and noise are drawn: the rank's generator, or the effective batch's."""
+    tc, env = run.cfg.train, run.env
+    if tc.noise_scope == "rank":
+        return contextlib.nullcontext()
+    return global_batch_noise(tc.seed, run.step, micro, env.rank, env.world_size)
 
 
 def note_bad_files(bad_files, seen: int, row: dict, say) -> int:

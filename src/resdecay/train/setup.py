@@ -39,6 +39,7 @@ from .config import RunConfig
 from .log.runlog import LossWindow, RunLog
 from .lr_sched import peak_lr
 from .optim import autocast_dtype, make_optimizer, param_groups
+from .parallel import SHARDED, device_mesh, one_process_group, parallelize
 from .run.capacity import refuse_if_too_big
 from .stability import BlockNormMonitor
 
@@ -195,6 +196,15 @@ def build_run(cfg: RunConfig, env: dist_env.DistEnv, out: Path, say, resume: str
     family = get_family(cfg.model.family)
     if init is not None and resumed_from is None:
         init(raw)  # e.g. pretrained encoder weights for fine-tuning; a resumed run has its own
+    amp_dtype = autocast_dtype(tc.precision, env.device)
+    ema = None
+    if tc.parallel in SHARDED:  # AC (the model's own) -> compile -> shard, before the optimizer sees the parameters
+        one_process_group(env, tc.parallel, say)
+        ema = make_ema(tc, raw)  # a copy of the whole model, then sharded like it
+        mesh = device_mesh(tc.parallel, env.world_size, env.device, tc.hsdp_nodes)
+        for module in (raw, ema.module) if ema is not None else (raw,):
+            parallelize(module, mesh, compile=tc.compile and module is raw,
+                        reshard_after_forward=tc.reshard_after_forward, param_dtype=amp_dtype)
     groups = (family.param_groups or param_groups)(raw, tc.weight_decay)
     aux = None
     if tc.aux != "none":  # REPA's projector is trained: its groups follow the network's (checkpoints keep the order)
@@ -202,31 +212,37 @@ def build_run(cfg: RunConfig, env: dist_env.DistEnv, out: Path, say, resume: str
         if aux.projector is not None:
             groups = [*groups, *param_groups(aux.projector, tc.weight_decay)]
     optimizer = make_optimizer(groups, tc.optimizer, data.peak_lr, (tc.beta1, tc.beta2))
-    amp_dtype = autocast_dtype(tc.precision, env.device)
     scaler = torch.amp.GradScaler(env.device.type, enabled=amp_dtype == torch.float16)
     step, ema_state, so_far = 0, None, {}
     if resumed_from is not None:
         step, ema_state, so_far = ckpt.restore_training(cfg, env, resumed_from, raw, optimizer, scaler, say,
-                                                        len(data.samples), allow_changes, state)
+                                                        len(data.samples), allow_changes, state,
+                                                        ema.module if ema is not None else None)
     del state  # the weights are in the model now; do not hold a second copy through training
     if aux is not None:
         aux.load(so_far.pop("aux", None), env.rank, env.world_size)
         aux.broadcast(env)
-    ema = None
-    if tc.ema_decay > 0:  # an exponential moving average of the weights, used for sampling (DiT, SiT, U-ViT)
-        from timm.utils import ModelEmaV3
-
-        ema = ModelEmaV3(raw, decay=tc.ema_decay, use_warmup=tc.ema_warmup)
+    if tc.ema_decay > 0 and tc.parallel not in SHARDED:
+        ema = make_ema(tc, raw)
         if ema_state is not None:
             ema.module.load_state_dict(ema_state)
         elif resumed_from is not None:
             say(f"note: {resumed_from} has no EMA weights; the EMA starts from the resumed weights")
     if aux is not None:  # hooked after the EMA's deep copy, which must not carry the hook
         aux.attach(raw)
-    model = torch.compile(raw) if tc.compile else raw
-    if env.distributed:
+    model = torch.compile(raw) if tc.compile and tc.parallel not in SHARDED else raw
+    if env.distributed and tc.parallel not in SHARDED:
         model = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
                     gradient_as_bucket_view=True)  # gradients live in the all-reduce buckets: no copy in or out
     autocast = dict(device_type=env.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None)
     return Run(cfg, env, out, say, data, raw, model, family, optimizer, scaler, amp_dtype, autocast, ema, step,
                resumed_from, so_far, last_loss=so_far.get("final_loss"), last_ckpt=resumed_from, aux=aux)
+
+
+def make_ema(tc, raw: torch.nn.Module):
+    """An exponential moving average of the weights, used for sampling (DiT, SiT, U-ViT); None when off."""
+    if tc.ema_decay <= 0:
+        return None
+    from timm.utils import ModelEmaV3
+
+    return ModelEmaV3(raw, decay=tc.ema_decay, use_warmup=tc.ema_warmup)

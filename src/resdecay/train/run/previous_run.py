@@ -22,14 +22,14 @@ RUN_FILES = ("checkpoints", "log.jsonl", "summary.json", PRETRAINED_RECORD, "tb"
 # they are how people extend a run; each change is still noted in one line.
 HARMLESS = {"train": {"device", "threads", "log_every", "ckpt_every", "keep_last", "out_dir", "compile",
                       "online_eval_every", "online_eval_size", "epochs", "norm_growth_warn", "norm_growth_window",
-                      "loggers"},
+                      "loggers", "parallel", "reshard_after_forward", "hsdp_nodes"},
             "data": {"num_workers", "path"}}
 
 
 def holds_run(out: Path) -> list[str]:
     """The run files already in ``out`` (empty when it holds no run)."""
     found = []
-    ckpts = sorted((out / "checkpoints").glob("step_*.pt")) if (out / "checkpoints").is_dir() else []
+    ckpts = sorted((out / "checkpoints").glob("step_*[0-9t]")) if (out / "checkpoints").is_dir() else []  # .pt or DCP
     if ckpts:
         found.append(f"{len(ckpts)} checkpoint{'s' * (len(ckpts) > 1)}")
     found += [name for name in ("log.jsonl", "summary.json") if (out / name).exists()]
@@ -58,15 +58,25 @@ def check_fresh_start(out: Path, resume: str | None, overwrite: bool, say=print)
 def inexact_changes(saved: dict, current: dict, saved_world: int | None, world: int) -> list[str]:
     """Settings that differ between a checkpoint and this run in a way that breaks exact resume."""
     changes = []
+    # train.noise_scope=global: the losses depend on the effective batch, not on how it is split (nn/noise.py)
+    split = {"batch_size", "accum_steps"} if same_effective_batch(saved, current, saved_world, world) else set()
     for section in ("data", "train"):
         for k, v in current[section].items():
-            if k in HARMLESS[section] or k not in saved.get(section, {}):
+            if k in HARMLESS[section] or k not in saved.get(section, {}) or (section == "train" and k in split):
                 continue
             if saved[section][k] != v:
                 changes.append(f"{section}.{k} {saved[section][k]!r} -> {v!r}")
-    if saved_world is not None and saved_world != world:
+    if saved_world is not None and saved_world != world and not split:
         changes.append(f"processes {saved_world} -> {world}")
     return changes
+
+
+def same_effective_batch(saved: dict, current: dict, saved_world: int | None, world: int) -> bool:
+    """Both runs draw their noise for the whole effective batch and split the same effective batch."""
+    s, c = saved.get("train", {}), current["train"]
+    if saved_world is None or s.get("noise_scope") != "global" or c.get("noise_scope") != "global":
+        return False
+    return s["batch_size"] * s["accum_steps"] * saved_world == c["batch_size"] * c["accum_steps"] * world
 
 
 def check_resume_changes(changes: list[str], allow: bool, path: Path, say=print) -> None:
