@@ -25,6 +25,7 @@ from ..commands.supervised import run_supervised
 from ..errors import TrainingDiverged, UserError, one_line
 from ..eval.metrics import FEATURES, get_metric, metric_names, registered
 from .alpha import add_alpha_command
+from .checkpoint import add_checkpoint_command
 from .diffusion import add_commands as add_diffusion_commands
 from .eval_classifier import add_eval_classifier_command
 from .examples import add_examples
@@ -33,7 +34,6 @@ from .metric_flags import add_metric_flags
 from .parents import data_options, device_option, progress_option, run_folder_options, run_overrides, source_options
 from .plugins import ENV as PLUGIN_ENV
 from .plugins import load_plugins
-from .checkpoint import add_checkpoint_command
 from .shard import add_shard_command
 from .submit import add_submit_command
 

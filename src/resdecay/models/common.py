@@ -14,9 +14,9 @@ import torch.nn as nn
 
 from ..diffusion.objectives import cached_objective, diffusion_loss, model_config, objective_for
 from ..errors import ConfigError, check_fields
+from ..nn import noise
 from ..nn.blocks import PatchEmbed
 from ..nn.checkpointing import set_grad_checkpointing
-from ..nn import noise
 from ..nn.conditioning import LabelEmbedder, TimestepEmbedder
 from ..schedule import check_alpha_min
 from .registry import ExampleBatch, image_batch

@@ -29,8 +29,8 @@ from ..nn.blocks import (
     unpatchify,
 )
 from ..nn.branch_scale import BranchScale, branch_block_kwargs, check_branch_settings
-from ..nn.noise import draw
 from ..nn.hyper import HyperVariant, check_hyper, expand_streams, reduce_streams, run_block
+from ..nn.noise import draw
 from ..nn.residual import check_shortcut, shortcut_plan
 from ..schedule import Branches, Schedule, check_alpha_min
 from .common import check_patch_size

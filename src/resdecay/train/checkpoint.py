@@ -42,9 +42,9 @@ from ..io import atomic_save, first_sentence, safe_load
 from ..models import FAMILIES, build_model, model_config_class
 from . import distributed as dist_env
 from . import sharded_checkpoint as sharded
-from .parallel import is_sharded
 from .config import RunConfig, from_dict
 from .import_formats import ImportFormat, SourceFile, detect_import_format, register_import_format
+from .parallel import is_sharded
 from .run.previous_run import HARMLESS, check_resume_changes, inexact_changes
 
 FORMAT = "resdecay-checkpoint-v1"
@@ -187,7 +187,9 @@ def resolve_resume(resume: str | None, ckpt_dir: Path) -> Path | None:
         found = list_checkpoints(ckpt_dir)
         return found[-1] if found else None
     path = Path(resume)
-    if path.is_dir() and not sharded.is_dcp_folder(path):
+    if sharded.is_dcp_folder(path):
+        return path
+    if path.is_dir():
         found = list_checkpoints(path / "checkpoints") or list_checkpoints(path)
         if not found:
             raise CheckpointError(f"--resume {path}: the folder holds no step_*.pt checkpoint")
@@ -408,9 +410,10 @@ def check_same_layout(cfg: RunConfig, path: Path, state: dict) -> None:
     """A sharded run resumes DCP folders, a DDP run single files: mixing them is one line naming the way across."""
     parallel, was_sharded = cfg.train.parallel, "sharded" in state
     if was_sharded and parallel == "ddp":
+        one = Path(path).parent.parent / f"{Path(path).name}.pt"
         raise CheckpointError(f"{path} is a sharded (DCP) checkpoint, but train.parallel=ddp resumes single files; resume "
                               f"with train.parallel=fsdp2 (or hsdp), or convert it first: resdecay checkpoint consolidate "
-                              f"{path} --out {path}.pt, then --resume {path}.pt")
+                              f"{path} --out {one}, then --resume {one}")
     if not was_sharded and parallel != "ddp" and "optimizer" in state:
         raise CheckpointError(f"{path} is a single-file (DDP) checkpoint, but train.parallel={parallel} resumes sharded "
                               "DCP folders; resume it with train.parallel=ddp, or start the sharded run over "

@@ -28,8 +28,8 @@ from .config import RunConfig
 from .hooks import Hook, HookLike, as_hooks
 from .log.runlog import LossWindow, RunLog, peak_flops, peak_memory_mb
 from .log.tracking import check_installed
-from .parallel import gathered_copy, gradient_sync, is_sharded
 from .lr_sched import lr_at, set_lr
+from .parallel import check_layout, gathered_copy, gradient_sync, is_sharded
 from .run.previous_run import check_fresh_start
 from .run.run_folder import run_folder
 from .run.summary import announce, finished_summary, run_summary, summary_scalars, write_summary
@@ -62,6 +62,7 @@ def train(cfg: RunConfig, hooks: Iterable[HookLike] = (), *, resume: str | None 
     if dist_env.is_main_process():  # only rank 0 logs; a missing tracker package is one line, before anything is made
         check_installed(cfg.train.loggers)
     env = dist_env.setup(cfg.train.device)
+    check_layout(cfg.train.parallel, env.world_size, cfg.train.hsdp_nodes)  # before the run folder: nothing written
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     say = print if env.is_main else (lambda *a, **k: None)

@@ -63,6 +63,28 @@ def broadcast_from_rank0(model: nn.Module) -> None:
                 dist.broadcast(tensor, src=0)
 
 
+def check_layout(parallel: str, world_size: int, nodes: int | None) -> None:
+    """Before anything is written: an HSDP node count that does not divide the processes is one line."""
+    if parallel == "hsdp":
+        node_count(world_size, nodes)
+
+
+def describe(parallel: str, world_size: int, nodes: int | None, reshard_after_forward: bool, noise_scope: str) -> str:
+    """The run header's line on how the ranks share the model and draw their noise."""
+    if parallel == "ddp":
+        share = f"ddp: every rank holds the whole model ({world_size} replica{'s' * (world_size > 1)})"
+    else:
+        if parallel == "hsdp":
+            n = node_count(world_size, nodes)
+            mesh = f"replicate {n} node(s) x shard {world_size // n} per node"
+        else:
+            mesh = f"shard {world_size}"
+        share = (f"{parallel}: weights, gradients, optimizer state and EMA sharded (mesh {mesh}); "
+                 f"{'re' if reshard_after_forward else 'not re'}sharded after each block's forward")
+    noise = "drawn for the effective batch" if noise_scope == "global" else "drawn per rank"
+    return f"parallel {share} | masks and noise {noise} (train.noise_scope={noise_scope})"
+
+
 def device_mesh(parallel: str, world_size: int, device: torch.device, nodes: int | None = None):
     """The mesh ``fully_shard`` shards over: 1-D over every rank (fsdp2), or (replicate=nodes, shard=per node)."""
     from torch.distributed.device_mesh import init_device_mesh

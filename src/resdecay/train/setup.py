@@ -7,6 +7,7 @@ state object of a launch). The optimizer, the lr schedule and checkpoints have t
 from __future__ import annotations
 
 import random
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -200,6 +201,8 @@ def build_run(cfg: RunConfig, env: dist_env.DistEnv, out: Path, say, resume: str
     ema = None
     if tc.parallel in SHARDED:  # AC (the model's own) -> compile -> shard, before the optimizer sees the parameters
         one_process_group(env, tc.parallel, say)
+        # the objectives never modify a model's outputs in place, which FSDP2 warns of for every view it returns
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
         ema = make_ema(tc, raw)  # a copy of the whole model, then sharded like it
         mesh = device_mesh(tc.parallel, env.world_size, env.device, tc.hsdp_nodes)
         for module in (raw, ema.module) if ema is not None else (raw,):

@@ -17,6 +17,7 @@ from ...nn.shortcut_info import describe_model, shortcut_settings
 from ...schedule import effective_decay
 from .. import distributed as dist_env
 from ..log.runlog import read_log
+from ..parallel import describe as describe_parallel
 from .environment import numerics_environment
 
 PRETRAINED_RECORD = "pretrained.json"  # in the run folder, beside summary.json
@@ -31,6 +32,8 @@ def announce(run, resume: str | None) -> None:
         f"| alpha_min {cfg.model.alpha_min} | shortcut {describe_model(cfg.model)} | alpha_eff {effective_decay(run.raw.alphas):.3g}")
     say(f"data {cfg.data.name}: {len(data.samples)} images | device {env.device} x {env.world_size} | "
         f"precision {run.amp_dtype or torch.float32} | params {sum(p.numel() for p in run.raw.parameters()) / 1e6:.2f} M")
+    if env.distributed or tc.parallel != "ddp" or tc.noise_scope != "rank":
+        say(describe_parallel(tc.parallel, env.world_size, tc.hsdp_nodes, tc.reshard_after_forward, tc.noise_scope))
     hyper = hyper_summary(run.raw)
     if hyper is not None:
         flops = f"{hyper['flops_fraction']:+.1%} of the model's" if hyper["flops_fraction"] is not None else "of the model's"
