@@ -70,8 +70,12 @@ def train(cfg: RunConfig, hooks: Iterable[HookLike] = (), *, resume: str | None 
         if env.is_main:
             check_fresh_start(out, resume, overwrite, say)  # a finished run is never overwritten silently
         dist_env.barrier(env)
-        run = build_run(cfg, env, out, say, resume, init, allow_changes, aux_target)
-        return train_run(run, as_hooks(hooks), resume, progress)
+        try:
+            run = build_run(cfg, env, out, say, resume, init, allow_changes, aux_target)
+            return train_run(run, as_hooks(hooks), resume, progress)
+        except BaseException:  # a refused resume or a failed step: no process group left behind in this process
+            dist_env.cleanup(env)
+            raise
 
 
 def train_run(run: Run, hooks: list[Hook], resume: str | None, progress: bool) -> dict:

@@ -1,0 +1,236 @@
+"""Past DDP on this machine's CPUs (gloo): ``train.parallel=fsdp2 | hsdp`` against DDP, DCP checkpoints resumed on
+another number of processes, a kill -9 of every rank, HSDP on two "nodes" of two processes, and the single-file
+conversion against the state gathered from the live shards.
+
+Every run is the same tiny digits MAE (4 blocks of width 32, 640 images, 32 per optimizer step: 20 steps, a log row
+each, checkpoints every 10) with ``train.noise_scope=global``, so its losses depend on the effective batch, not on how
+many processes share it: DDP on 2 processes is the reference of every other layout. Starting torchrun costs ~10 s of
+a 2-core machine, so the runs are module fixtures, each read by several checks.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from helpers import free_port, model_overrides
+from resdecay.errors import CheckpointError, ConfigError, UserError
+from resdecay.train import checkpoint as ckpt
+from resdecay.train import train
+from resdecay.train.config import load_config
+from resdecay.train.parallel import check_layout
+from resdecay.train.sharded_checkpoint import consolidate, read_meta
+
+pytestmark = pytest.mark.slow
+
+STEPS = 20
+COMMON = ["--preset", "mae-tiny-digits", "--no-progress", *model_overrides("mae"), "data.train_subset=640",
+          "train.epochs=1", "train.warmup_epochs=0.5", "train.log_every=1", "train.ckpt_every=10", "train.threads=1",
+          "train.noise_scope=global", "train.ema_decay=0.9"]
+
+# `resdecay ARGS` as one rank, recording what the issue's checks read: the process's RANK / LOCAL_RANK and the local
+# rank resdecay took (HSDP's two nodes), and, at every sharded save, the model gathered from its live shards.
+DRIVER = textwrap.dedent('''
+    import json, os, pathlib, sys
+    import torch
+    from resdecay.cli import main
+    from resdecay.train import checkpoint, distributed
+
+    record = pathlib.Path(sys.argv[1])
+    real_setup, real_save = distributed.setup, checkpoint.sharded.save_sharded
+
+    def setup(*a, **k):
+        env = real_setup(*a, **k)
+        ranks = {"RANK": os.environ["RANK"], "LOCAL_RANK": os.environ["LOCAL_RANK"], "local_rank": env.local_rank}
+        (record / f"rank{env.rank}.json").write_text(json.dumps(ranks))
+        return env
+
+    def save_sharded(folder, tensors, meta, is_main, keep_last):
+        gathered = {k: v.full_tensor() for k, v in tensors["model"].items()}  # a collective: every rank
+        if is_main:
+            torch.save(gathered, record / f"gathered_{pathlib.Path(folder).name}.pt")
+        return real_save(folder, tensors, meta, is_main, keep_last)
+
+    distributed.setup, checkpoint.sharded.save_sharded = setup, save_sharded
+    sys.exit(main(sys.argv[2:]))
+''')
+
+
+def launch(tmp, name, procs, *settings, nodes=1, resume=None, wait=True):
+    """``torchrun`` (``nodes`` launches of ``procs`` processes each, as two machines would) of ``COMMON`` into
+    ``tmp/name``; returns the run folder (or, ``wait=False``, the Popen of a one-node launch)."""
+    record, out = tmp / f"{name}-record", tmp / name
+    record.mkdir(exist_ok=True)
+    (record / "driver.py").write_text(DRIVER)
+    port, env = free_port(), {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = [str(record / "driver.py"), str(record), "pretrain", *COMMON, *settings, f"train.out_dir={out}",
+            *(["--resume", resume] if resume else [])]
+    procs_ = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node_rank",
+                                str(n), "--nproc_per_node", str(procs), "--master_addr", "127.0.0.1", "--master_port",
+                                str(port), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                               start_new_session=True) for n in range(nodes)]
+    if not wait:
+        return procs_[0]
+    outs = [p.communicate(timeout=600)[0] for p in procs_]
+    assert all(p.returncode == 0 for p in procs_), "\n".join(outs)[-4000:]
+    (out / "stdout.txt").write_text(outs[0])
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc: each process's parent is the 4th field of its stat)."""
+    parents = {}
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            try:
+                parents[int(stat)] = int(open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, parent in parents.items() if parent in frontier]
+        found, frontier = found + kids, kids
+    return found
+
+
+def losses(out) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in r}
+
+
+def final(out) -> dict:
+    return ckpt.load_checkpoint(ckpt.list_checkpoints(out / "checkpoints")[-1])
+
+
+def assert_same_run(run, reference, rel=1e-5, atol=1e-6):
+    a, b = losses(run), losses(reference)
+    assert a and set(a) <= set(b)
+    for step in a:
+        assert abs(a[step] - b[step]) <= rel * abs(b[step]), (step, a[step], b[step])
+    x, y = final(run), final(reference)
+    assert x["train_state"]["step"] == y["train_state"]["step"] == STEPS
+    for part in ("model", "ema"):
+        for k in y[part]:
+            torch.testing.assert_close(x[part][k], y[part][k], rtol=0, atol=atol, msg=f"{part} {k}")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fsdp2")
+    return {"ddp2": launch(tmp, "ddp2", 2, "train.batch_size=16"),
+            "fsdp2": launch(tmp, "fsdp2", 2, "train.batch_size=16", "train.parallel=fsdp2"),
+            "tmp": tmp}
+
+
+def test_fsdp2_trains_as_ddp(runs):
+    # the same losses to 1e-5 relative and the same gathered weights and EMA as DDP
+    assert_same_run(runs["fsdp2"], runs["ddp2"])
+    folders = ckpt.list_checkpoints(runs["fsdp2"] / "checkpoints")
+    assert [f.name for f in folders] == ["step_00000010", "step_00000020"] and all(f.is_dir() for f in folders)
+    assert "mesh shard 2" in (runs["fsdp2"] / "stdout.txt").read_text()
+
+
+def test_consolidated_checkpoint_equals_the_state_gathered_from_the_shards(runs, capsys):
+    folder = ckpt.list_checkpoints(runs["fsdp2"] / "checkpoints")[-1]
+    gathered = torch.load(runs["tmp"] / "fsdp2-record" / f"gathered_{folder.name}.pt", weights_only=True)
+    state = consolidate(folder, read_meta(folder, ckpt.FORMAT))
+    assert gathered.keys() == state["model"].keys()
+    assert all(torch.equal(gathered[k], state["model"][k]) for k in gathered)
+    # the command writes it as one file that loads as a training checkpoint and as a model
+    from resdecay.cli import main
+    out = runs["tmp"] / "one.pt"
+    assert main(["checkpoint", "consolidate", str(folder), "--out", str(out)]) == 0
+    one = ckpt.load_checkpoint(out)
+    assert all(torch.equal(one["model"][k], gathered[k]) for k in gathered)
+    assert sorted(one["optimizer"]["state"]) == list(range(len(one["optimizer"]["state"])))
+    model, _ = ckpt.load_model(folder)  # every command reads the folder itself too
+    assert all(torch.equal(model.state_dict()[k], gathered[k]) for k in gathered)
+    assert main(["checkpoint", "consolidate", str(folder), "--out", str(out)]) == 2  # never overwritten silently
+    assert "exists" in capsys.readouterr().err
+
+
+def test_four_processes_killed_then_resumed_on_two_continue_the_run(runs):
+    # FSDP2 on 4 processes (8 images each) is killed -9, every rank at once, once its step-10 checkpoint is on disk;
+    # --resume auto on 2 processes (16 each) finishes it: every loss, before and after, and the end state are the
+    # uninterrupted DDP run's (to 1e-5 and 1e-6: the reductions add in another order on 4 ranks)
+    out = runs["tmp"] / "killed"
+    proc = launch(runs["tmp"], "killed", 4, "train.batch_size=8", "train.parallel=fsdp2", wait=False)
+    deadline = time.time() + 300
+    while not ckpt.list_checkpoints(out / "checkpoints") and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    for pid in [proc.pid, *descendants(proc.pid)]:  # torchrun and its ranks (in sessions of their own) at once
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert ckpt.list_checkpoints(out / "checkpoints")[-1].name == "step_00000010"
+    first = losses(out)
+    assert "mesh shard 4" in proc.stdout.read() and min(first) == 1
+    launch(runs["tmp"], "killed", 2, "train.batch_size=16", "train.parallel=fsdp2", resume="auto")
+    steps = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert steps == list(range(1, STEPS + 1))  # the log continues without duplicates
+    assert "resumed from" in (out / "stdout.txt").read_text()
+    assert_same_run(out, runs["ddp2"])
+    assert all(abs(first[s] - losses(runs["ddp2"])[s]) <= 1e-5 * losses(runs["ddp2"])[s] for s in first if s <= 10)
+
+
+def test_hsdp_on_two_nodes_of_two_processes(runs):
+    out = launch(runs["tmp"], "hsdp", 2, "train.batch_size=8", "train.parallel=hsdp", nodes=2)
+    assert_same_run(out, runs["ddp2"])
+    assert "mesh replicate 2 node(s) x shard 2 per node" in (out / "stdout.txt").read_text()
+    ranks = [json.loads((runs["tmp"] / "hsdp-record" / f"rank{r}.json").read_text()) for r in range(4)]
+    # the second node's ranks 2 and 3 are its local ranks 0 and 1 (willisma/SiT#8: a device from the global rank)
+    assert [(int(r["RANK"]), r["local_rank"]) for r in ranks] == [(0, 0), (1, 1), (2, 0), (3, 1)]
+
+
+# ----------------------------------------------------------------------------- one process, bad input
+def tiny(tmp_path, *more):
+    overrides = [*COMMON[3:], *more, f"train.out_dir={tmp_path}"]
+    return load_config("mae-tiny-digits", [o for o in overrides if o != "--no-progress"])
+
+
+def test_one_process_bad_inputs(tmp_path, capsys):
+    sharded = tmp_path / "sharded"
+    train(tiny(sharded, "train.parallel=fsdp2", "train.batch_size=32"), progress=False)  # a one-rank mesh, said once
+    assert capsys.readouterr().out.count("fsdp2 on one process: nothing to shard") == 1
+    kept = ckpt.list_checkpoints(sharded / "checkpoints")
+    folder = kept[-1]
+    with pytest.raises(CheckpointError, match="sharded .DCP. checkpoint, but train.parallel=ddp"):
+        train(tiny(sharded, "train.batch_size=32", "train.epochs=2"), resume="auto", progress=False)
+    with pytest.raises(CheckpointError, match="different model .model.depth"):
+        train(tiny(sharded, "train.parallel=fsdp2", "train.batch_size=32", "model.depth=6", "train.epochs=2"),
+              resume="auto", progress=False)
+    single = tmp_path / "single"
+    train(tiny(single, "train.batch_size=32"), progress=False)
+    with pytest.raises(CheckpointError, match="single-file .DDP. checkpoint, but train.parallel=fsdp2"):
+        train(tiny(single, "train.parallel=fsdp2", "train.batch_size=32", "train.epochs=2"), resume="auto", progress=False)
+    shard = folder / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=r"incomplete: shard __0_0.distcp holds \d+ of its \d+ bytes .truncated"):
+        train(tiny(sharded, "train.parallel=fsdp2", "train.batch_size=32", "train.epochs=2"), resume=str(folder),
+              progress=False)
+    with pytest.raises(CheckpointError, match="incomplete"):
+        ckpt.load_checkpoint(folder)
+    assert ckpt.list_checkpoints(sharded / "checkpoints") == kept  # nothing lost
+
+
+def test_hsdp_nodes_must_divide_the_processes():
+    check_layout("hsdp", 4, 2)
+    with pytest.raises(ConfigError, match="2 node.s. does not divide the 3 processes"):
+        check_layout("hsdp", 3, 2)
+    with pytest.raises(ConfigError, match="hsdp_nodes must be a positive integer"):
+        load_config("mae-tiny-digits", ["train.hsdp_nodes=0"])
+    with pytest.raises(ConfigError, match="train.aux=dispersive keeps its projector"):
+        load_config("sit-tiny-fmnist", ["train.parallel=fsdp2", "train.aux=dispersive"])
+
+
+def test_consolidate_refuses_what_is_not_a_dcp_folder(tmp_path):
+    from resdecay.commands.consolidate import run_consolidate
+    with pytest.raises(CheckpointError, match="not a sharded .DCP. resdecay checkpoint"):
+        run_consolidate(str(tmp_path), str(tmp_path / "x.pt"))
+    with pytest.raises((UserError, CheckpointError)):
+        run_consolidate(str(tmp_path / "missing"), str(tmp_path / "x.pt"))
