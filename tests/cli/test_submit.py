@@ -106,6 +106,11 @@ def test_torchrun_variables_come_from_the_slurm_job_environment(monkeypatch):
                          "MASTER_ADDR": "gpu07", "MASTER_PORT": str(20000 + 734)}
     monkeypatch.setenv("MASTER_PORT", "29555")  # an exported port wins
     assert torchrun_variables(env)["MASTER_PORT"] == "29555"
+    # train.parallel=hsdp reads its nodes from them: shard over a node's 8 GPUs, replicate across the 2 nodes
+    for k, v in variables.items():
+        monkeypatch.setenv(k, v)
+    from resdecay.train.parallel import node_count
+    assert node_count(16) == 2 and node_count(16, nodes=4) == 4
 
 
 def test_one_node_uses_loopback_and_one_task_needs_no_variables():

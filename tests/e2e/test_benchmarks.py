@@ -209,6 +209,8 @@ def test_grad_checkpointing_rows_pair_each_preset_with_and_without(tmp_path, cap
     ("residual_designs.py", ["--designs", "plain,nope"], "--designs: unknown nope"),
     ("residual_designs.py", ["--rounds", "0"], "--rounds must be >= 1"),
     ("residual_designs.py", ["--set", "model.hyper_streams=0"], "model.hyper_streams must be an integer >= 1"),
+    ("fsdp_memory.py", ["--ranks", "0"], "--ranks must be >= 1"),
+    ("fsdp_memory.py", ["--presets", "mae-giant"], "--presets mae-giant"),
 ])
 def test_bad_arguments_are_one_line_exit_2(script, args, needle, capfd, monkeypatch):
     """Run in this process: a bad argument is answered before any work, so the check needs no fresh interpreter
@@ -217,6 +219,23 @@ def test_bad_arguments_are_one_line_exit_2(script, args, needle, capfd, monkeypa
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and "Traceback" not in stderr, stderr
     assert lines[0].startswith(f"{script}: error: ") and needle in lines[0], lines[0]
+
+
+def test_fsdp_memory_reads_each_ranks_share_off_the_sharded_state(tmp_path):
+    # in a process of its own: it starts torch's fake process group
+    stdout, result = run_benchmark("fsdp_memory.py", "--presets", "mae-tiny-digits,sit-tiny-fmnist", "--ranks", "4",
+                                   tmp_path=tmp_path)
+    rows = {(r["preset"], r["layout"]): r for r in result["rows"]}
+    for preset in ("mae-tiny-digits", "sit-tiny-fmnist"):
+        ddp, fsdp = rows[preset, "ddp"], rows[preset, "fsdp2"]
+        # DDP: every rank holds 4 bytes per parameter for each of weights and AdamW's two moments
+        assert abs(ddp["weights_mib"] * 2 ** 20 - 4 * ddp["params"]) < 1 and ddp["optimizer_mib"] <= 2 * ddp["weights_mib"]
+        # FSDP2: about a quarter (each parameter's dim-0 padded to a multiple of 4); buffers are not sharded
+        for part in ("weights_mib", "grads_mib", "optimizer_mib", "ema_mib"):
+            assert ddp[part] / 4 <= fsdp[part] <= ddp[part] / 4 * 1.2 + 1e-3, (preset, part)
+        assert fsdp["buffers_mib"] == ddp["buffers_mib"] and fsdp["ratio"] > 3
+    assert rows["sit-tiny-fmnist", "ddp"]["ema_mib"] > 0 == rows["mae-tiny-digits", "ddp"]["ema_mib"]
+    assert "DDP/FSDP2" in stdout
 
 
 def test_gpu_rows_refuses_an_unknown_row_before_doing_anything(tmp_path):

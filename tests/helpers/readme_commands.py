@@ -105,6 +105,7 @@ EXT = "tests/eval/test_extending.py::"
 SOURCE_TEST = "test_a_source_of_pretrained_weights_in_one_file_runs_through_import_weights_finetune_and_pretrain"
 SEG = "tests/eval/test_segmentation.py::"
 
+FSDP = "tests/train/test_fsdp2.py::"
 PLANS: dict[str, Plan] = {
     # setting up
     "python3 -m venv .venv": Plan(skip=SETUP),
@@ -164,6 +165,13 @@ PLANS: dict[str, Plan] = {
     "resdecay pretrain --preset sit-tiny-fmnist train.online_eval_every=1 train.online_eval_size=1000": Plan(
         add=(*SIT, "train.online_eval_size=130")),
     "torchrun --nproc_per_node 8 -m resdecay pretrain --preset mae-b16 data.path=/data/imagenet": Plan(add=IMAGENET),
+    # docs/training.md "Past DDP": the digits MAE of test_fsdp2.py stands for Fashion-MNIST (the same code path)
+    "torchrun --nproc_per_node 2 -m resdecay pretrain --preset mae-tiny-fmnist train.parallel=fsdp2": Plan(
+        covered=FSDP + "test_fsdp2_trains_as_ddp", needle="mesh shard 2"),
+    "torchrun --nproc_per_node 2 -m resdecay pretrain --preset mae-tiny-fmnist train.parallel=fsdp2 --resume auto": Plan(
+        covered=FSDP + "test_four_processes_killed_then_resumed_on_two_continue_the_run", needle='resume="auto"'),
+    "resdecay checkpoint consolidate runs/mae-tiny-fmnist/checkpoints/step_00000020 --out step_00000020.pt": Plan(
+        covered=FSDP + "test_consolidated_checkpoint_equals_the_state_gathered_from_the_shards", needle="consolidate"),
     "torchrun --nproc_per_node 8 -m resdecay pretrain --preset sit-xl2 data.path=/data/imagenet-latents": Plan(add=SIT_LATENT),
     # data
     "resdecay check-data --data-path /data/imagenet": Plan(add=("--no-progress",)),
@@ -318,6 +326,10 @@ PLANS: dict[str, Plan] = {
     # cluster: submitit's local executor and a fake sbatch on PATH (tests/cli/test_submit.py)
     "resdecay submit --nodes 2 --gpus-per-node 8 --partition gpu --timeout-min 240 pretrain --preset mae-b16 data.path=/data/in100":
         Plan(covered="tests/cli/test_submit.py::test_slurm_submission_writes_the_sbatch_options_and_the_job_id"),
+    "resdecay submit --nodes 2 --gpus-per-node 8 --partition gpu --timeout-min 240 pretrain --preset sit-xl2 "
+    "data.path=/data/imagenet-latents train.parallel=hsdp": Plan(
+        covered="tests/cli/test_submit.py::test_torchrun_variables_come_from_the_slurm_job_environment",
+        needle="node_count(16) == 2"),
     "resdecay ablate --list": Plan(says=("table3b-toy", "where-fmnistm-long")),
     "resdecay ablate --grid table3b-toy": Plan(add=GRID, expect=("{tmp}/grid/table.txt",)),
     "resdecay ablate --grid table3a-toy": Plan(add=GRID),

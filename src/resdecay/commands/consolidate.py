@@ -21,7 +21,7 @@ def run_consolidate(folder: str, out: str, overwrite: bool = False) -> Path:
     src, dst = Path(folder), Path(out)
     if not is_dcp_folder(src):
         hint = ("it is already a single file" if src.is_file() else
-                "a sharded checkpoint is a folder <run>/checkpoints/step_N/ holding .metadata and resdecay.pt")
+                "a sharded checkpoint is a folder <run>/checkpoints/step_N/ holding .metadata and run_state.pt")
         raise CheckpointError(f"{src} is not a sharded (DCP) resdecay checkpoint: {hint}")
     if dst.exists() and not overwrite:
         raise UserError(f"{dst} exists; choose another --out or pass --overwrite")

@@ -5,7 +5,7 @@ save on 4, resume on 2), as torchtitan and dinov3 keep theirs.
     checkpoints/step_00000020/      one checkpoint: a folder instead of step_00000020.pt
         .metadata                   DCP's index: every tensor's global shape and where its pieces are
         __<rank>_0.distcp           each rank's shards of model, optimizer (and ema) state
-        resdecay.pt                 the rest of the checkpoint format, written by rank 0 (train/checkpoint.py's
+        run_state.pt                 the rest of the checkpoint format, written by rank 0 (train/checkpoint.py's
                                     train_state, rng, loss_window, scaler, config, plugins, the format marker)
 
 Atomic like the single files: everything is written into ``.step_00000020.tmp`` and renamed once every rank
@@ -26,7 +26,7 @@ import torch.distributed.checkpoint as dcp
 from ..errors import CheckpointError
 from ..io import atomic_save, first_sentence, safe_load
 
-SIDE = "resdecay.pt"  # the non-tensor parts, beside DCP's files
+SIDE = "run_state.pt"  # the non-tensor parts, beside DCP's files
 
 
 def is_dcp_folder(path: Path) -> bool:
@@ -52,7 +52,7 @@ def sharded_state(model, optimizer=None, ema_module=None) -> dict:
 
 def save_sharded(folder: Path, tensors: dict, meta: dict | None, is_main: bool, keep_last: int) -> Path:
     """Every rank writes its shards of ``tensors`` into ``folder`` (collective); rank 0 adds ``meta``
-    (its ``resdecay.pt``), renames the finished folder into place and prunes to the last ``keep_last``."""
+    (its ``run_state.pt``), renames the finished folder into place and prunes to the last ``keep_last``."""
     folder = Path(folder)
     tmp = tmp_folder(folder)
     if is_main:
@@ -97,7 +97,7 @@ def check_complete(folder: Path) -> None:
 
 
 def read_meta(folder: Path, marker: str) -> dict:
-    """The folder's ``resdecay.pt`` (checked complete, with the format ``marker``); ``sharded`` names the folder."""
+    """The folder's ``run_state.pt`` (checked complete, with the format ``marker``); ``sharded`` names the folder."""
     folder = Path(folder)
     check_complete(folder)
     meta = safe_load(folder / SIDE, CheckpointError, f"{folder / SIDE} is not readable ({{reason}})")
