@@ -3,7 +3,8 @@ another number of processes, a kill -9 of every rank, HSDP on two "nodes" of two
 conversion against the state gathered from the live shards.
 
 Every run is the same tiny digits MAE (4 blocks of width 32, 640 images, 32 per optimizer step: 20 steps, a log row
-each, checkpoints every 10) with ``train.noise_scope=global``, so its losses depend on the effective batch, not on how
+each, checkpoints every 10) with an EMA and a learnable α (0-d parameters, which FSDP2 cannot split: kept whole on
+every rank, their gradients averaged) and ``train.noise_scope=global``, so its losses depend on the effective batch, not on how
 many processes share it: DDP on 2 processes is the reference of every other layout. Starting torchrun costs ~10 s of
 a 2-core machine, so the runs are module fixtures, each read by several checks.
 """
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.slow
 STEPS = 20
 COMMON = ["--preset", "mae-tiny-digits", "--no-progress", *model_overrides("mae"), "data.train_subset=640",
           "train.epochs=1", "train.warmup_epochs=0.5", "train.log_every=1", "train.ckpt_every=10", "train.threads=1",
-          "train.noise_scope=global", "train.ema_decay=0.9"]
+          "train.noise_scope=global", "train.ema_decay=0.9", "model.shortcut=learnable"]
 
 # `resdecay ARGS` as one rank, recording what the issue's checks read: the process's RANK / LOCAL_RANK and the local
 # rank resdecay took (HSDP's two nodes), and, at every sharded save, the model gathered from its live shards.
@@ -52,7 +53,8 @@ DRIVER = textwrap.dedent('''
         return env
 
     def save_sharded(folder, tensors, meta, is_main, keep_last):
-        gathered = {k: v.full_tensor() for k, v in tensors["model"].items()}  # a collective: every rank
+        gathered = {k: v.full_tensor() if hasattr(v, "full_tensor") else v  # a collective: every rank
+                    for k, v in tensors["model"].items()}  # (the learnable alphas are whole on every rank)
         if is_main:
             torch.save(gathered, record / f"gathered_{pathlib.Path(folder).name}.pt")
         return real_save(folder, tensors, meta, is_main, keep_last)
@@ -234,3 +236,36 @@ def test_consolidate_refuses_what_is_not_a_dcp_folder(tmp_path):
         run_consolidate(str(tmp_path), str(tmp_path / "x.pt"))
     with pytest.raises((UserError, CheckpointError)):
         run_consolidate(str(tmp_path / "missing"), str(tmp_path / "x.pt"))
+
+
+def test_parallelize_shards_a_decayified_timm_vit_per_block():
+    # the function a Lightning ModelParallelStrategy would call, on another library's model (a one-rank mesh here:
+    # the several-rank equalities are the torchrun checks above)
+    import copy
+
+    import timm
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    from resdecay import decayify
+    from resdecay.train.parallel import parallelize, shard_units
+
+    torch.manual_seed(0)
+    vit = decayify(timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=3, num_classes=0),
+                   alpha_min=0.6)
+    plain = copy.deepcopy(vit)
+    assert shard_units(vit) == list(vit.blocks)  # the blocks decayify found
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        sharded = parallelize(vit, init_device_mesh("cpu", (1,)))
+        assert all(isinstance(b, FSDPModule) for b in sharded.blocks) and isinstance(sharded, FSDPModule)
+        x = torch.randn(2, 3, 32, 32)
+        for model in (plain, sharded):
+            model(x).square().mean().backward()  # the root forward: FSDP2 gathers the root's own weights there
+        grads = {n: p.grad for n, p in plain.named_parameters()}
+        for n, p in sharded.named_parameters():
+            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            torch.testing.assert_close(g, grads[n], rtol=1e-5, atol=1e-7, msg=n)
+    finally:
+        dist.destroy_process_group()

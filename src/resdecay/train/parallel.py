@@ -11,7 +11,8 @@ block, then the root.
            all-gathers stay on the node's fast links and only the gradient all-reduce crosses nodes
 
 Nothing about the decay changes: the α table is a buffer (replicated, never sharded: every rank needs it
-whole), a learnable α is a parameter like any other and is sharded with its block.
+whole); a learnable α is a 0-d parameter, which FSDP2 cannot split, so it is kept whole on every rank with its
+gradient averaged like DDP's (``replicate_scalars``).
 """
 
 from __future__ import annotations
@@ -136,12 +137,35 @@ def parallelize(model: nn.Module, mesh, *, compile: bool = False, reshard_after_
     broadcast_from_rank0(model)
     device = torch.device(mesh.device_type)
     policy = mixed_precision(device, param_dtype)
+    scalars = replicate_scalars(model)
     for block in shard_units(model):
         if compile:
             block.compile()
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy,
+                    ignored_params=scalars)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy, ignored_params=scalars)
     return model
+
+
+def replicate_scalars(model: nn.Module) -> set[nn.Parameter]:
+    """The 0-d parameters (a learnable α, ReZero's and SkipInit's gains), which ``fully_shard`` cannot split: kept
+    whole on every rank, their gradients averaged over the ranks as each backward accumulates them (averaging the
+    running sum is exact under accumulation too: the part already averaged is the same on every rank)."""
+    import torch.distributed as dist
+
+    scalars = {p for p in model.parameters() if p.ndim == 0}
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        for p in scalars:
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(_average_gradient)
+    return scalars
+
+
+def _average_gradient(param: nn.Parameter) -> None:
+    import torch.distributed as dist
+
+    dist.all_reduce(param.grad)  # a sum (gloo has no average), then / world size
+    param.grad.div_(dist.get_world_size())
 
 
 def gradient_sync(model: nn.Module, sync: bool, distributed: bool):
