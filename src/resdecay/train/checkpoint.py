@@ -383,7 +383,7 @@ def restore_training(cfg: RunConfig, env, path: Path, raw, optimizer, scaler, sa
 def check_resumable(cfg: RunConfig, env, path: Path, state: dict, say, images: int | None, allow_changes: bool) -> None:
     """Refuse a checkpoint of another model or, unless allowed, of inexact settings; note harmless
     changes (device, workers, logging, ...) and a training set that changed size."""
-    check_same_layout(cfg, path, state)
+    sharded.check_same_layout(cfg.train.parallel, path, state)
     if not all(k in state for k in ("scaler", "train_state", "rng")) or not ("optimizer" in state or "sharded" in state):
         raise CheckpointError(f"{path} holds model weights only (written by import-weights or export), not a training "
                               f"run's checkpoint, so there is no optimizer state to resume; evaluate it (resdecay eval "
@@ -405,16 +405,3 @@ def check_resumable(cfg: RunConfig, env, path: Path, state: dict, say, images: i
             if k in HARMLESS[section] and state["config"][section].get(k, v) != v:
                 say(f"note: {section}.{k} changed since the checkpoint ({state['config'][section].get(k)!r} -> {v!r})")
 
-
-def check_same_layout(cfg: RunConfig, path: Path, state: dict) -> None:
-    """A sharded run resumes DCP folders, a DDP run single files: mixing them is one line naming the way across."""
-    parallel, was_sharded = cfg.train.parallel, "sharded" in state
-    if was_sharded and parallel == "ddp":
-        one = Path(path).parent.parent / f"{Path(path).name}.pt"
-        raise CheckpointError(f"{path} is a sharded (DCP) checkpoint, but train.parallel=ddp resumes single files; resume "
-                              f"with train.parallel=fsdp2 (or hsdp), or convert it first: resdecay checkpoint consolidate "
-                              f"{path} --out {one}, then --resume {one}")
-    if not was_sharded and parallel != "ddp" and "optimizer" in state:
-        raise CheckpointError(f"{path} is a single-file (DDP) checkpoint, but train.parallel={parallel} resumes sharded "
-                              "DCP folders; resume it with train.parallel=ddp, or start the sharded run over "
-                              "(--from it with resdecay pretrain to keep the weights)")

@@ -155,5 +155,19 @@ def save_consolidated(folder: Path, meta: dict, out: Path) -> Path:
     return Path(out)
 
 
-__all__ = ["SIDE", "check_complete", "consolidate", "is_dcp_folder", "read_meta", "restore_sharded", "save_consolidated",
+def check_same_layout(parallel: str, path: Path, state: dict) -> None:
+    """A sharded run resumes DCP folders, a DDP run single files: mixing them is one line naming the way across."""
+    was_sharded = "sharded" in state
+    if was_sharded and parallel == "ddp":
+        one = Path(path).parent.parent / f"{Path(path).name}.pt"
+        raise CheckpointError(f"{path} is a sharded (DCP) checkpoint, but train.parallel=ddp resumes single files; resume "
+                              f"with train.parallel=fsdp2 (or hsdp), or convert it first: resdecay checkpoint consolidate "
+                              f"{path} --out {one}, then --resume {one}")
+    if not was_sharded and parallel != "ddp" and "optimizer" in state:
+        raise CheckpointError(f"{path} is a single-file (DDP) checkpoint, but train.parallel={parallel} resumes sharded "
+                              "DCP folders; resume it with train.parallel=ddp, or start the sharded run over "
+                              "(--from it with resdecay pretrain to keep the weights)")
+
+
+__all__ = ["SIDE", "check_complete", "consolidate", "is_dcp_folder", "read_meta", "check_same_layout", "restore_sharded", "save_consolidated",
            "save_sharded", "sharded_state"]
