@@ -10,11 +10,12 @@
 #                                               # eager first, compiled last, fewer rounds; no JPEG rows
 #
 # Rows: mae_throughput block_overhead block_overhead_compiled batch_sweep data_throughput train_end_to_end eval_speed
+#       parallel_step (DDP vs FSDP2 on one GPU: issue 53)
 #
 # On the GPU machine, install first with its own PyTorch: pip install --no-deps -e .
 # (and pip install nvidia-dali-cuda130 for the DALI rows, where the package can be had).
 set -u
-ROWS=" mae_throughput mae_throughput_compiled block_overhead block_overhead_compiled batch_sweep data_throughput train_end_to_end eval_speed "
+ROWS=" mae_throughput mae_throughput_compiled block_overhead block_overhead_compiled batch_sweep data_throughput train_end_to_end eval_speed parallel_step "
 for name in "$@"; do
     if [[ "$ROWS" != *" $name "* ]]; then
         echo "gpu_rows.sh: error: unknown row '$name'; rows are:$ROWS" >&2
@@ -52,6 +53,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
         --json "$OUT/train_end_to_end.json"
     row eval_speed 300 $PY $B/eval_speed.py --threads 1 --bank 2000 --queries 200 --probe-epochs 1 --probe-train 2000 \
         --probe-test 500 --rank-rows 2000 --repeats 1 --json "$OUT/eval_speed.json"
+    row parallel_step 300 $PY $B/parallel_step.py --threads 1 --presets mae-tiny-digits --batch-size 8 --warmup 1 \
+        --steps 1 --rounds 1 --json "$OUT/parallel_step.json"
     exit 0
 fi
 
@@ -84,3 +87,6 @@ row train_end_to_end 570 $PY $B/train_end_to_end.py --preset mae-b16 --workers "
     --batch-size 256 --epochs 3 --log-every 4 --rounds 1 --model-only --json "$OUT/train_end_to_end.json"
 # 5. Evaluation with TF32 matmuls (the 1.28M-bank kNN).
 row eval_speed 300 $PY $B/eval_speed.py --device cuda --sections knn --json "$OUT/eval_speed.json"
+# 6. DDP vs FSDP2 on one GPU (step time, memory, MFU; issue 53): FSDP2's bookkeeping, its sharding needs more ranks.
+row parallel_step 400 $PY $B/parallel_step.py --device cuda --presets mae-b16,sit-xl2 --batch-size 64 \
+    --json "$OUT/parallel_step.json"

@@ -210,6 +210,8 @@ def test_grad_checkpointing_rows_pair_each_preset_with_and_without(tmp_path, cap
     ("residual_designs.py", ["--rounds", "0"], "--rounds must be >= 1"),
     ("residual_designs.py", ["--set", "model.hyper_streams=0"], "model.hyper_streams must be an integer >= 1"),
     ("fsdp_memory.py", ["--ranks", "0"], "--ranks must be >= 1"),
+    ("parallel_step.py", ["--rounds", "0"], "--rounds must be >= 1"),
+    ("parallel_step.py", ["--device", "cuda"], "--device cuda: no CUDA device visible"),
     ("fsdp_memory.py", ["--presets", "mae-giant"], "--presets mae-giant"),
 ])
 def test_bad_arguments_are_one_line_exit_2(script, args, needle, capfd, monkeypatch):
@@ -236,6 +238,14 @@ def test_fsdp_memory_reads_each_ranks_share_off_the_sharded_state(tmp_path):
         assert fsdp["buffers_mib"] == ddp["buffers_mib"] and fsdp["ratio"] > 3
     assert rows["sit-tiny-fmnist", "ddp"]["ema_mib"] > 0 == rows["mae-tiny-digits", "ddp"]["ema_mib"]
     assert "DDP/FSDP2" in stdout
+
+
+def test_parallel_step_times_ddp_and_fsdp2_side_by_side(tmp_path):
+    # in a process of its own: it starts a one-rank process group
+    stdout, result = run_benchmark("parallel_step.py", "--presets", "mae-tiny-digits", "--batch-size", "8", "--warmup",
+                                   "1", "--steps", "1", "--rounds", "1", "--threads", "1", tmp_path=tmp_path)
+    assert [r["layout"] for r in result["rows"]] == ["ddp", "fsdp2"] and result["rows"][0]["ratio"] == 1.0
+    assert all(r["ms"] > 0 and r["mfu"] is None for r in result["rows"]) and "x ddp" in stdout
 
 
 def test_gpu_rows_refuses_an_unknown_row_before_doing_anything(tmp_path):

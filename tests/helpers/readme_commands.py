@@ -143,6 +143,9 @@ PLANS: dict[str, Plan] = {
     ".venv/bin/python benchmarks/residual_designs.py": Plan(covered="tests/e2e/test_benchmarks.py::"
                                                            "test_residual_designs_times_every_design_against_the_plain_step",
                                                            needle="residual_designs.py"),
+    ".venv/bin/python benchmarks/fsdp_memory.py": Plan(
+        covered=BENCH + "test_fsdp_memory_reads_each_ranks_share_off_the_sharded_state", needle="fsdp_memory.py"),
+    ".venv/bin/python benchmarks/parallel_step.py --device cuda": Plan(skip=GPU),
     "resdecay pretrain --preset mae-tiny-fmnist alpha_min=0.7 train.epochs=50": Plan(add=FMNIST,
                                                                                       expect=("{tmp}/run/summary.json",)),
     "resdecay pretrain --preset mae-tiny-fmnist --resume auto": Plan(add=(*FMNIST, "train.ckpt_every=1"), setup="killed_run",
