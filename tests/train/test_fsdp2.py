@@ -238,34 +238,55 @@ def test_consolidate_refuses_what_is_not_a_dcp_folder(tmp_path):
         run_consolidate(str(tmp_path / "missing"), str(tmp_path / "x.pt"))
 
 
+
+def one_rank_gradients_match(model, x) -> list:
+    """``parallelize`` ``model`` on a one-rank mesh (in this process) and check the sharded model's gradients of one
+    forward equal the unsharded copy's; returns the modules it sharded one by one."""
+    import copy
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from resdecay.train.parallel import parallelize, shard_units
+
+    plain, units = copy.deepcopy(model), shard_units(model)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        sharded = parallelize(model, init_device_mesh("cpu", (1,)))
+        for m in (plain, sharded):  # the root forward: FSDP2 gathers the root's own weights there
+            torch.manual_seed(1)  # the same masks
+            out = m(x)
+            (out[0] if isinstance(out, tuple) else out).square().mean().backward()
+        grads = {n: p.grad for n, p in plain.named_parameters()}
+        for n, p in sharded.named_parameters():
+            if p.grad is not None:
+                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                torch.testing.assert_close(g, grads[n], rtol=1e-5, atol=1e-7, msg=n)
+    finally:
+        dist.destroy_process_group()
+    return units
+
+
 def test_parallelize_shards_a_decayified_timm_vit_per_block():
     # the function a Lightning ModelParallelStrategy would call, on another library's model (a one-rank mesh here:
     # the several-rank equalities are the torchrun checks above)
-    import copy
-
     import timm
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
 
     from resdecay import decayify
-    from resdecay.train.parallel import parallelize, shard_units
 
     torch.manual_seed(0)
     vit = decayify(timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=3, num_classes=0),
                    alpha_min=0.6)
-    plain = copy.deepcopy(vit)
-    assert shard_units(vit) == list(vit.blocks)  # the blocks decayify found
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        sharded = parallelize(vit, init_device_mesh("cpu", (1,)))
-        assert all(isinstance(b, FSDPModule) for b in sharded.blocks) and isinstance(sharded, FSDPModule)
-        x = torch.randn(2, 3, 32, 32)
-        for model in (plain, sharded):
-            model(x).square().mean().backward()  # the root forward: FSDP2 gathers the root's own weights there
-        grads = {n: p.grad for n, p in plain.named_parameters()}
-        for n, p in sharded.named_parameters():
-            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-            torch.testing.assert_close(g, grads[n], rtol=1e-5, atol=1e-7, msg=n)
-    finally:
-        dist.destroy_process_group()
+    blocks = list(vit.blocks)
+    assert one_rank_gradients_match(vit, torch.randn(2, 3, 32, 32)) == blocks  # the blocks decayify found
+    assert all(isinstance(b, FSDPModule) for b in vit.blocks) and isinstance(vit, FSDPModule)
+
+
+def test_parallelize_takes_a_hyper_connected_mae_whole():
+    # the streams' steps call each block's branches, not its forward: one unit, gathered at once (still sharded state)
+    from resdecay.models import build_model
+
+    cfg = load_config("mae-tiny-digits", [*model_overrides("mae"), "model.hyper_streams=2"])
+    torch.manual_seed(0)
+    assert one_rank_gradients_match(build_model(cfg.model), torch.randn(2, 1, 8, 8)) == []

@@ -200,6 +200,12 @@ def block_steps(model: nn.Module) -> list[nn.Module]:
     return list(hyper.steps) if isinstance(hyper, HyperStreams) else list(model.blocks)
 
 
+def has_streams(model: nn.Module) -> bool:
+    """Whether ``model`` runs hyper-connections: its blocks' branches are then called by the streams' steps, never
+    through the blocks' own ``forward`` (what FSDP2's per-block gathering hooks)."""
+    return isinstance(getattr(model, "hyper", None), HyperStreams)
+
+
 def refuse_streams(model: nn.Module, what: str) -> None:
     """One UserError when ``model`` runs hyper-connections: ``what`` reads a block's adds on one residual stream
     (the diagnostics' taps, the norm profile), which n mixed streams do not have."""

@@ -108,10 +108,15 @@ def mixed_precision(device: torch.device, param_dtype: torch.dtype | None):
 def shard_units(model: nn.Module) -> list[nn.Module]:
     """The modules sharded one by one (each all-gathers its parameters just before its forward): a
     resdecay family's ``blocks`` and ``decoder_blocks`` (the model contract), else every residual block
-    ``decayify`` finds in another library's model; the root takes what is left (embeddings, norms, heads)."""
+    ``decayify`` finds in another library's model; the root takes what is left (embeddings, norms, heads).
+    None with hyper-connections: their steps call each block's branches, not its ``forward``, so the whole model is
+    one unit (gathered at once in the forward; its state is still sharded)."""
     from ..models.contract import ResidualModel
     from ..nn.decayify import residual_blocks
+    from ..nn.hyper import has_streams
 
+    if has_streams(model):
+        return []
     if isinstance(model, ResidualModel):
         return [*model.blocks, *model.decoder_blocks]
 
