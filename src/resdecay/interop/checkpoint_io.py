@@ -34,6 +34,7 @@ from ..io import safe_load
 from ..nn.spec import COMPILED_PREFIX, unwrap_compiled
 from ..train.checkpoint import load_checkpoint, load_model
 from ..train.import_formats import Stated  # noqa: F401  (model field -> (value, where the file says it); the formats import it from here)
+from ..train.sharded_checkpoint import is_dcp_folder
 from .files import read_json_object
 from .pretrained_config import (
     architecture_dict,
@@ -194,7 +195,7 @@ def load_folder(folder: Path) -> tuple[nn.Module, dict]:
 # ----------------------------------------------------------------------------- the model an export reads
 def source_model(checkpoint: str | Path, ema: bool) -> tuple[nn.Module, object]:
     """(model, its model config) of a resdecay checkpoint or of a ``save_pretrained`` folder."""
-    if Path(checkpoint).is_dir():
+    if Path(checkpoint).is_dir() and not is_dcp_folder(checkpoint):  # (a sharded run's checkpoint is a folder too)
         if ema:
             raise UserError(f"--ema applies to a checkpoint; {checkpoint} is a save_pretrained folder with one set of weights")
         model, config = load_folder(Path(checkpoint))

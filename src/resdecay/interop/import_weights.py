@@ -41,6 +41,7 @@ from ..train.import_formats import (
     import_format_names,
     run_hook,
 )
+from ..train.sharded_checkpoint import is_dcp_folder
 from .checkpoint_io import load_strict, read_weights_file
 from .file_meta import check_against_weights, describe
 from .files import check_out_file, make_parent, unwritable
@@ -237,7 +238,7 @@ def pretrained_from(path: Path, form: ImportFormat, import_preset: str | None = 
         if given:
             raise UserError(f"{given[0]} applies to imports; {path} is a resdecay checkpoint, whose config says it all")
         ckpt = path
-        if path.is_dir():
+        if path.is_dir() and not is_dcp_folder(path):  # a run folder (a sharded checkpoint is a folder too)
             found = list_checkpoints(path / "checkpoints") or list_checkpoints(path)
             if not found:
                 raise CheckpointError(f"{path} holds no step_*.pt checkpoint; pass a resdecay run folder or checkpoint")

@@ -91,7 +91,8 @@ def list_checkpoints(ckpt_dir: Path) -> list[Path]:
 def is_resdecay_source(source: SourceFile) -> bool:
     """A run folder (or its checkpoints/ folder) holding step_*.pt files, or a file with resdecay's format marker."""
     if source.contents is None:
-        return bool(list_checkpoints(source.path / "checkpoints") or list_checkpoints(source.path))
+        return bool(list_checkpoints(source.path / "checkpoints") or list_checkpoints(source.path)
+                    or sharded.is_dcp_folder(source.path))
     return isinstance(source.contents, dict) and source.contents.get("format") == FORMAT
 
 

@@ -65,6 +65,8 @@ def check_fits(cfg, device: torch.device) -> int | None:
     if params is None:
         return None
     need = training_bytes(params, cfg.train.optimizer, cfg.train.ema_decay > 0)
+    if cfg.train.parallel != "ddp":  # each rank builds the whole model (and EMA) once, then keeps 1/N of the state
+        need = max(4 * params * (1 + int(cfg.train.ema_decay > 0)), need // int(os.environ.get("WORLD_SIZE", "1")))
     free, what = available_memory(device)
     if free is not None and need > free:
         settings = vars(cfg.model)  # the family's config fields: the size settings it has are named
