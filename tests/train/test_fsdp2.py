@@ -152,7 +152,7 @@ def test_consolidated_checkpoint_equals_the_state_gathered_from_the_shards(runs,
     assert sorted(one["optimizer"]["state"]) == list(range(len(one["optimizer"]["state"])))
     model, _ = ckpt.load_model(folder)  # every command reads the folder itself too
     assert all(torch.equal(model.state_dict()[k], gathered[k]) for k in gathered)
-    assert main(["export", str(folder), "--to", "timm", "--out", str(runs["tmp"] / "timm.safetensors")]) == 0
+    assert main(["export", str(folder), "--to", "hf", "--out", str(runs["tmp"] / "hf")]) == 0  # (timm: no learnable alpha)
     from resdecay.interop.import_weights import load_pretrained
     assert all(torch.equal(load_pretrained(folder).state["model"][k], gathered[k]) for k in gathered)  # --from, finetune
     assert main(["checkpoint", "consolidate", str(folder), "--out", str(out)]) == 2  # never overwritten silently

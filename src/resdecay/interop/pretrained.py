@@ -33,6 +33,7 @@ from ..io import file_sha256, run_dir_of
 from ..nn.spec import unwrap_compiled
 from ..train.checkpoint import list_checkpoints, load_checkpoint, load_model
 from ..train.config import RunConfig, from_dict
+from ..train.sharded_checkpoint import is_dcp_folder
 from .checkpoint_io import CARD_NAME, CONFIG_NAME, EVAL_NAME, WEIGHTS_NAME, load_folder
 from .files import check_out_file, read_json_object, write_bytes_atomically
 from .hub_model import with_hub_methods
@@ -185,7 +186,7 @@ def export_to_hf(checkpoint: str | Path, out: str | Path, ema: bool = False, eva
         eval_json: the evaluation to report.
         license: the card's license identifier.
     """
-    if Path(checkpoint).is_dir():
+    if Path(checkpoint).is_dir() and not is_dcp_folder(checkpoint):  # (a sharded run's checkpoint is a folder)
         raise UserError(f"{checkpoint} is a folder; export --to hf takes a checkpoint file (<run>/checkpoints/step_*.pt), and a "
                         "save_pretrained folder is shared as it is")
     check_out_folder(out)

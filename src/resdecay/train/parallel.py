@@ -24,6 +24,10 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError
+from ..models import build_model
+from ..models.contract import ResidualModel
+from ..nn.decayify import residual_blocks
+from ..nn.hyper import has_streams
 
 SHARDED = ("fsdp2", "hsdp")
 
@@ -111,10 +115,6 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
     ``decayify`` finds in another library's model; the root takes what is left (embeddings, norms, heads).
     None with hyper-connections: their steps call each block's branches, not its ``forward``, so the whole model is
     one unit (gathered at once in the forward; its state is still sharded)."""
-    from ..models.contract import ResidualModel
-    from ..nn.decayify import residual_blocks
-    from ..nn.hyper import has_streams
-
     if has_streams(model):
         return []
     if isinstance(model, ResidualModel):
@@ -211,7 +211,6 @@ def is_sharded(model: nn.Module) -> bool:
 def gathered_copy(model: nn.Module, model_cfg, device: torch.device) -> nn.Module:
     """A whole, unsharded copy of a sharded resdecay model on every rank (a collective), in eval mode: what the
     epoch-end hooks (online evaluation, figures) read."""
-    from ..models import build_model
 
     copy = build_model(model_cfg)
     copy.load_state_dict(full_state_dict(model))
