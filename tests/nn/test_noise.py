@@ -48,3 +48,14 @@ def test_an_mae_and_a_sit_step_split_over_two_ranks_add_up_to_the_one_rank_loss(
             with global_batch_noise(0, 3, 0, rank, 2):
                 halves.append(objective(model, images[rank::2], labels[rank::2]))
         torch.testing.assert_close(sum(halves) / 2, one, rtol=1e-5, atol=1e-6, msg=preset)
+
+
+def test_a_resume_on_another_process_count_is_exact_only_at_the_same_effective_batch_with_global_noise():
+    from resdecay.train.run.previous_run import inexact_changes
+
+    def cfg(batch, scope):
+        return {"data": {}, "train": {"batch_size": batch, "accum_steps": 1, "noise_scope": scope}}
+
+    assert inexact_changes(cfg(8, "global"), cfg(16, "global"), 4, 2) == []  # 4 x 8 -> 2 x 16
+    assert inexact_changes(cfg(8, "global"), cfg(8, "global"), 4, 2) == ["processes 4 -> 2"]  # 32 -> 16 images a step
+    assert inexact_changes(cfg(8, "rank"), cfg(16, "rank"), 4, 2) == ["train.batch_size 8 -> 16", "processes 4 -> 2"]
