@@ -123,23 +123,44 @@ def assert_same_run(run, reference, rel=1e-5, atol=1e-6):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """DDP on 2 processes (the reference), and FSDP2 on 4 processes (8 images each) killed -9, torchrun and every rank
+    at once, once its step-10 checkpoint is on disk, then finished by ``--resume auto`` on 2 processes (16 each)."""
     tmp = tmp_path_factory.mktemp("fsdp2")
-    return {"ddp2": launch(tmp, "ddp2", 2, "train.batch_size=16"),
-            "fsdp2": launch(tmp, "fsdp2", 2, "train.batch_size=16", "train.parallel=fsdp2"),
-            "tmp": tmp}
+    ddp2 = launch(tmp, "ddp2", 2, "train.batch_size=16")
+    out = tmp / "sharded"
+    proc = launch(tmp, "sharded", 4, "train.batch_size=8", "train.parallel=fsdp2", wait=False)
+    deadline = time.time() + 300
+    while not ckpt.list_checkpoints(out / "checkpoints") and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    for pid in [proc.pid, *descendants(proc.pid)]:  # torchrun and its ranks (in sessions of their own) at once
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    killed = {"returncode": proc.returncode, "stdout": proc.stdout.read(), "losses": losses(out),
+              "checkpoints": [p.name for p in ckpt.list_checkpoints(out / "checkpoints")]}
+    launch(tmp, "sharded", 2, "train.batch_size=16", "train.parallel=fsdp2", resume="auto")
+    return {"ddp2": ddp2, "sharded": out, "killed": killed, "tmp": tmp}
 
 
-def test_fsdp2_trains_as_ddp(runs):
-    # the same losses to 1e-5 relative and the same gathered weights and EMA as DDP
-    assert_same_run(runs["fsdp2"], runs["ddp2"])
-    folders = ckpt.list_checkpoints(runs["fsdp2"] / "checkpoints")
+def test_fsdp2_on_four_processes_killed_then_resumed_on_two_trains_as_ddp(runs):
+    # every loss, before the kill (4 ranks) and after the resume (2 ranks), and the gathered end state (weights, EMA,
+    # learnable alphas) are the uninterrupted DDP run's: to 1e-5 and 1e-6, the reductions add in another order
+    killed, out = runs["killed"], runs["sharded"]
+    assert killed["returncode"] == -signal.SIGKILL, "the run finished before it could be killed"
+    assert killed["checkpoints"] == ["step_00000010"] and "mesh shard 4" in killed["stdout"] and min(killed["losses"]) == 1
+    reference = losses(runs["ddp2"])
+    assert all(abs(loss - reference[s]) <= 1e-5 * reference[s] for s, loss in killed["losses"].items() if s <= 10)
+    stdout = (out / "stdout.txt").read_text()
+    assert "resumed from" in stdout and "step_00000010 at step 10" in stdout and "mesh shard 2" in stdout
+    steps = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert steps == list(range(1, STEPS + 1))  # the log continues without duplicates
+    assert_same_run(out, runs["ddp2"])
+    folders = ckpt.list_checkpoints(out / "checkpoints")
     assert [f.name for f in folders] == ["step_00000010", "step_00000020"] and all(f.is_dir() for f in folders)
-    assert "mesh shard 2" in (runs["fsdp2"] / "stdout.txt").read_text()
 
 
 def test_consolidated_checkpoint_equals_the_state_gathered_from_the_shards(runs, capsys):
-    folder = ckpt.list_checkpoints(runs["fsdp2"] / "checkpoints")[-1]
-    gathered = torch.load(runs["tmp"] / "fsdp2-record" / f"gathered_{folder.name}.pt", weights_only=True)
+    folder = ckpt.list_checkpoints(runs["sharded"] / "checkpoints")[-1]
+    gathered = torch.load(runs["tmp"] / "sharded-record" / f"gathered_{folder.name}.pt", weights_only=True)
     state = consolidate(folder, read_meta(folder, ckpt.FORMAT))
     assert gathered.keys() == state["model"].keys()
     assert all(torch.equal(gathered[k], state["model"][k]) for k in gathered)
@@ -151,36 +172,14 @@ def test_consolidated_checkpoint_equals_the_state_gathered_from_the_shards(runs,
     assert all(torch.equal(one["model"][k], gathered[k]) for k in gathered)
     assert sorted(one["optimizer"]["state"]) == list(range(len(one["optimizer"]["state"])))
     model, _ = ckpt.load_model(folder)  # every command reads the folder itself too
-    assert all(torch.equal(model.state_dict()[k], gathered[k]) for k in gathered)
+    weights = model.state_dict()
+    assert all(torch.equal(weights[k], gathered[k]) for k in gathered)
     assert main(["export", str(folder), "--to", "hf", "--out", str(runs["tmp"] / "hf")]) == 0  # (timm: no learnable alpha)
     from resdecay.interop.import_weights import load_pretrained
-    assert all(torch.equal(load_pretrained(folder).state["model"][k], gathered[k]) for k in gathered)  # --from, finetune
+    pretrained = load_pretrained(folder).state["model"]  # what pretrain --from and finetune read
+    assert all(torch.equal(pretrained[k], gathered[k]) for k in gathered)
     assert main(["checkpoint", "consolidate", str(folder), "--out", str(out)]) == 2  # never overwritten silently
     assert "exists" in capsys.readouterr().err
-
-
-def test_four_processes_killed_then_resumed_on_two_continue_the_run(runs):
-    # FSDP2 on 4 processes (8 images each) is killed -9, every rank at once, once its step-10 checkpoint is on disk;
-    # --resume auto on 2 processes (16 each) finishes it: every loss, before and after, and the end state are the
-    # uninterrupted DDP run's (to 1e-5 and 1e-6: the reductions add in another order on 4 ranks)
-    out = runs["tmp"] / "killed"
-    proc = launch(runs["tmp"], "killed", 4, "train.batch_size=8", "train.parallel=fsdp2", wait=False)
-    deadline = time.time() + 300
-    while not ckpt.list_checkpoints(out / "checkpoints") and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    for pid in [proc.pid, *descendants(proc.pid)]:  # torchrun and its ranks (in sessions of their own) at once
-        os.kill(pid, signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    assert ckpt.list_checkpoints(out / "checkpoints")[-1].name == "step_00000010"
-    first = losses(out)
-    assert "mesh shard 4" in proc.stdout.read() and min(first) == 1
-    launch(runs["tmp"], "killed", 2, "train.batch_size=16", "train.parallel=fsdp2", resume="auto")
-    steps = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines() if '"loss"' in line]
-    assert steps == list(range(1, STEPS + 1))  # the log continues without duplicates
-    assert "resumed from" in (out / "stdout.txt").read_text()
-    assert_same_run(out, runs["ddp2"])
-    assert all(abs(first[s] - losses(runs["ddp2"])[s]) <= 1e-5 * losses(runs["ddp2"])[s] for s in first if s <= 10)
 
 
 def test_hsdp_on_two_nodes_of_two_processes(runs):
