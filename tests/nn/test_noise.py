@@ -59,3 +59,6 @@ def test_a_resume_on_another_process_count_is_exact_only_at_the_same_effective_b
     assert inexact_changes(cfg(8, "global"), cfg(16, "global"), 4, 2) == []  # 4 x 8 -> 2 x 16
     assert inexact_changes(cfg(8, "global"), cfg(8, "global"), 4, 2) == ["processes 4 -> 2"]  # 32 -> 16 images a step
     assert inexact_changes(cfg(8, "rank"), cfg(16, "rank"), 4, 2) == ["train.batch_size 8 -> 16", "processes 4 -> 2"]
+    accumulated = {"data": {}, "train": {"batch_size": 8, "accum_steps": 2, "noise_scope": "global"}}
+    # 4 x 8 x 1 -> 2 x 8 x 2: the same 32 images a step, but the draws are grouped by micro-step: not exact
+    assert inexact_changes(cfg(8, "global"), accumulated, 4, 2) == ["train.accum_steps 1 -> 2", "processes 4 -> 2"]

@@ -59,7 +59,7 @@ def inexact_changes(saved: dict, current: dict, saved_world: int | None, world: 
     """Settings that differ between a checkpoint and this run in a way that breaks exact resume."""
     changes = []
     # train.noise_scope=global: the losses depend on the effective batch, not on how it is split (nn/noise.py)
-    split = {"batch_size", "accum_steps"} if same_effective_batch(saved, current, saved_world, world) else set()
+    split = {"batch_size"} if same_effective_batch(saved, current, saved_world, world) else set()
     for section in ("data", "train"):
         for k, v in current[section].items():
             if k in HARMLESS[section] or k not in saved.get(section, {}) or (section == "train" and k in split):
@@ -72,11 +72,12 @@ def inexact_changes(saved: dict, current: dict, saved_world: int | None, world: 
 
 
 def same_effective_batch(saved: dict, current: dict, saved_world: int | None, world: int) -> bool:
-    """Both runs draw their noise for the whole effective batch and split the same effective batch."""
+    """Both runs draw their noise for the whole batch of each micro-step (nn/noise.py), and those batches are the
+    same: as many images per micro-step over all ranks, as many micro-steps (another accumulation regroups the draws)."""
     s, c = saved.get("train", {}), current["train"]
     if saved_world is None or s.get("noise_scope") != "global" or c.get("noise_scope") != "global":
         return False
-    return s["batch_size"] * s["accum_steps"] * saved_world == c["batch_size"] * c["accum_steps"] * world
+    return s["accum_steps"] == c["accum_steps"] and s["batch_size"] * saved_world == c["batch_size"] * world
 
 
 def check_resume_changes(changes: list[str], allow: bool, path: Path, say=print) -> None:
