@@ -5,8 +5,9 @@ on how many processes share the batch.
 Under ``global`` every rank draws the masks / times / noise of the *whole* effective batch from a
 generator seeded by (seed, step, micro-batch, draw) and keeps the rows of its own samples. The samplers
 deal the global order out round-robin (rank r holds positions r, r + W, r + 2W, ...), so rank r keeps
-rows ``r::W`` — the same rows whatever W is, as long as the effective batch is the same. That is what
-makes a run saved on 4 processes and resumed on 2 (twice the per-rank batch) continue exactly.
+rows ``r::W`` — the same rows whatever W is, as long as a micro-step holds the same images over all ranks
+(and the accumulation is the same: each micro-batch draws apart). That is what makes a run saved on 4
+processes and resumed on 2 (twice the per-rank batch) continue exactly.
 The cost: each rank draws W times the numbers (masks and noise: negligible beside the forward).
 
 The draws that go through here: MAE's masking noise, the diffusion time and noise, classifier-free
