@@ -29,12 +29,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 import re
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..errors import CheckpointError
@@ -45,34 +43,11 @@ from . import sharded_checkpoint as sharded
 from .config import RunConfig, from_dict
 from .import_formats import ImportFormat, SourceFile, detect_import_format, register_import_format
 from .parallel import is_sharded
+from .rng_state import rng_state, set_rng_state
 from .run.previous_run import HARMLESS, check_resume_changes, inexact_changes
 
 FORMAT = "resdecay-checkpoint-v1"
 _STEP_FILE = re.compile(r"^step_(\d{8,})(\.pt)?$")  # a file, or a DCP folder (sharded runs)
-
-
-def rng_state() -> dict:
-    """This process's random generator states, in types ``weights_only`` loading accepts."""
-    np_state = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def checkpoint_path(ckpt_dir: Path, step: int) -> Path:
