@@ -95,10 +95,7 @@ def load_checkpoint(path: str | Path) -> dict:
     if exported is not None:  # else "does not exist" (the folder) or "a facebookresearch/mae checkpoint" (its weights)
         raise CheckpointError(exported_message(path, exported))
     if sharded.is_dcp_folder(path):  # a sharded run's checkpoint: read whole, as the single file would hold it
-        state = sharded.consolidate(path, sharded.read_meta(path, FORMAT))
-        upgrade_config(state.get("config") or {})
-        check_plugins(state, path)
-        return state
+        return checked(sharded.consolidate(path, sharded.read_meta(path, FORMAT)), path)
     if path.is_dir():  # a run folder: name the checkpoint file it holds
         newest = (list_checkpoints(path / "checkpoints") or list_checkpoints(path) or [None])[-1]
         hint = f"pass {newest}" if newest is not None else "it holds no checkpoints/step_*.pt"
@@ -114,9 +111,14 @@ def load_checkpoint(path: str | Path) -> dict:
                                   "imported.pt")
         raise CheckpointError(f"{path} is not a resdecay checkpoint (no '{FORMAT}' marker); "
                               "pass a file from <run>/checkpoints/")
-    upgrade_config(ckpt.get("config") or {})
-    check_plugins(ckpt, path)
-    return ckpt
+    return checked(ckpt, path)
+
+
+def checked(state: dict, path: Path) -> dict:
+    """A loaded checkpoint (a file's, or a DCP folder's) with its config upgraded and its family's plugin loaded."""
+    upgrade_config(state.get("config") or {})
+    check_plugins(state, path)
+    return state
 
 
 def exported_message(path: Path, folder: Path) -> str:
@@ -210,11 +212,7 @@ def load_resume(resume: str | None, ckpt_dir: Path, say=print) -> tuple[Path | N
 
 def resume_state(path: Path) -> dict:
     """A checkpoint file loaded whole, or a DCP folder's non-tensor parts (each rank reads its own shards later)."""
-    if not sharded.is_dcp_folder(path):
-        return load_checkpoint(path)
-    state = sharded.read_meta(path, FORMAT)
-    check_plugins(state, path)
-    return state
+    return checked(sharded.read_meta(path, FORMAT), path) if sharded.is_dcp_folder(path) else load_checkpoint(path)
 
 
 # model settings that change how a step is computed, not the function: a run may resume with them changed
@@ -365,7 +363,7 @@ def check_resumable(cfg: RunConfig, env, path: Path, state: dict, say, images: i
                               f"run's checkpoint, so there is no optimizer state to resume; evaluate it (resdecay eval "
                               f"{path}), fine-tune from it (resdecay finetune {path}) or continue pretraining it as a new "
                               f"run (resdecay pretrain --preset PRESET --from {path})")
-    saved_images = state["train_state"].get("images")  # (below: the layout is known to match)
+    saved_images = state["train_state"].get("images")
     if images is not None and saved_images is not None and saved_images != images:
         say(f"note: the training set has {images} images now but had {saved_images} when {path.name} was written; "
             "the data order from here on differs from the original run's")
@@ -380,4 +378,3 @@ def check_resumable(cfg: RunConfig, env, path: Path, state: dict, say, images: i
         for k, v in now[section].items():
             if k in HARMLESS[section] and state["config"][section].get(k, v) != v:
                 say(f"note: {section}.{k} changed since the checkpoint ({state['config'][section].get(k)!r} -> {v!r})")
-
