@@ -292,3 +292,34 @@ def test_parallelize_takes_a_hyper_connected_mae_whole():
     cfg = load_config("mae-tiny-digits", [*model_overrides("mae"), "model.hyper_streams=2"])
     torch.manual_seed(0)
     assert one_rank_gradients_match(build_model(cfg.model), torch.randn(2, 1, 8, 8)) == []
+
+
+def test_bad_sharded_input_is_one_line_at_the_command_and_loses_nothing(tmp_path, capsys):
+    from helpers import assert_one_line_error, run
+
+    def pretrain(out, *more):
+        return run(capsys, "pretrain", *COMMON, "train.batch_size=32", *more, f"train.out_dir={out}")
+
+    sharded, single = tmp_path / "sharded", tmp_path / "single"
+    assert pretrain(sharded, "train.parallel=fsdp2")[0] == 0 and pretrain(single)[0] == 0
+    before = {p: p.stat().st_mtime_ns for p in (sharded / "checkpoints").rglob("*")}
+    folder = ckpt.list_checkpoints(sharded / "checkpoints")[-1]
+    for code_out_err, fragments in [
+        (pretrain(sharded, "train.epochs=2", "--resume", "auto"), ("sharded (DCP) checkpoint, but train.parallel=ddp",
+                                                                   "resdecay checkpoint consolidate")),
+        (pretrain(single, "train.parallel=fsdp2", "train.epochs=2", "--resume", "auto"),
+         ("single-file (DDP) checkpoint, but train.parallel=fsdp2",)),
+        (pretrain(sharded, "train.parallel=fsdp2", "model.depth=6", "train.epochs=2", "--resume", "auto"),
+         ("different model", "model.depth")),
+        (pretrain(tmp_path / "x", "train.parallel=fsdp3"), ("train.parallel", "fsdp3")),
+        (pretrain(tmp_path / "x", "train.noise_scope=batch"), ("train.noise_scope", "batch")),
+        (pretrain(tmp_path / "x", "train.hsdp_nodes=0"), ("train.hsdp_nodes must be a positive integer",)),
+        (pretrain(tmp_path / "x", "train.parallel=fsdp2", "train.aux=dispersive"), ("train.aux",)),
+        (run(capsys, "checkpoint", "consolidate", str(folder), "--out", str(tmp_path / "one.txt")), ("FILE.pt",)),
+        (run(capsys, "checkpoint", "consolidate", str(single), "--out", str(tmp_path / "one.pt")),
+         ("not a sharded (DCP) resdecay checkpoint",)),
+    ]:
+        code, _, err = code_out_err
+        assert_one_line_error(code, err, *fragments)
+    assert {p: p.stat().st_mtime_ns for p in (sharded / "checkpoints").rglob("*")} == before  # nothing lost
+    assert not (tmp_path / "x").exists() and not (tmp_path / "one.txt").exists()
