@@ -97,4 +97,11 @@ def test_alternatives_grid_collector(clone, tmp_path):
     assert set(table) == {"plain MAE", "orthogonal"} and table["plain MAE"]["d_knn"] is None
     assert abs(table["orthogonal"]["d_knn"]["mean"] - 0.02) < 1e-9 and table["orthogonal"]["wins_knn"] == "1/2"
     assert "| orthogonal | 0.730 ± 0.028 (n=2)" in printed
+    # --versus: a second pairing, here against the orthogonal design itself (the plain MAE is behind it in seed 0)
+    run_script(clone, "alternatives/collect_grid.py", str(tmp_path / "runs"), "--out", str(tmp_path / "v"),
+               "--versus", "orthogonal")
+    versus = json.loads((tmp_path / "v" / "grid.json").read_text())["clean"]
+    assert versus["orthogonal"]["d_knn vs orthogonal"] is None and versus["orthogonal"]["d_knn"] == table["orthogonal"]["d_knn"]
+    assert abs(versus["plain MAE"]["d_knn vs orthogonal"]["mean"] + 0.02) < 1e-9
+    assert versus["plain MAE"]["wins_knn vs orthogonal"] == "1/2"
 

@@ -5,8 +5,8 @@ conversion against the state gathered from the live shards.
 Every run is the same tiny digits MAE (4 blocks of width 32, 640 images, 32 per optimizer step: 20 steps, a log row
 each, checkpoints every 10) with an EMA and a learnable α (0-d parameters, which FSDP2 cannot split: kept whole on
 every rank, their gradients averaged) and ``train.noise_scope=global``, so its losses depend on the effective batch, not on how
-many processes share it: DDP on 2 processes is the reference of every other layout. Starting torchrun costs ~10 s of
-a 2-core machine, so the runs are module fixtures, each read by several checks.
+many processes share it: one process (this one) is the reference of every other layout. Starting torchrun costs ~10 s
+of a 2-core machine, so the runs are module fixtures, each read by several checks.
 """
 
 import json
@@ -123,10 +123,12 @@ def assert_same_run(run, reference, rel=1e-5, atol=1e-6):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """DDP on 2 processes (the reference), and FSDP2 on 4 processes (8 images each) killed -9, torchrun and every rank
-    at once, once its step-10 checkpoint is on disk, then finished by ``--resume auto`` on 2 processes (16 each)."""
+    """One process (the reference, 32 images a step, in this process), and FSDP2 on 4 processes (8 images each)
+    killed -9, torchrun and every rank at once, once its step-10 checkpoint is on disk, then finished by
+    ``--resume auto`` on 2 processes (16 each)."""
     tmp = tmp_path_factory.mktemp("fsdp2")
-    ddp2 = launch(tmp, "ddp2", 2, "train.batch_size=16")
+    reference = tmp / "reference"
+    train(tiny(reference, "train.batch_size=32"), progress=False)
     out = tmp / "sharded"
     proc = launch(tmp, "sharded", 4, "train.batch_size=8", "train.parallel=fsdp2", wait=False)
     deadline = time.time() + 300
@@ -138,22 +140,22 @@ def runs(tmp_path_factory):
     killed = {"returncode": proc.returncode, "stdout": proc.stdout.read(), "losses": losses(out),
               "checkpoints": [p.name for p in ckpt.list_checkpoints(out / "checkpoints")]}
     launch(tmp, "sharded", 2, "train.batch_size=16", "train.parallel=fsdp2", resume="auto")
-    return {"ddp2": ddp2, "sharded": out, "killed": killed, "tmp": tmp}
+    return {"reference": reference, "sharded": out, "killed": killed, "tmp": tmp}
 
 
-def test_fsdp2_on_four_processes_killed_then_resumed_on_two_trains_as_ddp(runs):
+def test_fsdp2_on_four_processes_killed_then_resumed_on_two_trains_as_one_process(runs):
     # every loss, before the kill (4 ranks) and after the resume (2 ranks), and the gathered end state (weights, EMA,
-    # learnable alphas) are the uninterrupted DDP run's: to 1e-5 and 1e-6, the reductions add in another order
+    # learnable alphas) are the uninterrupted one-process run's: to 1e-5 and 1e-6, the reductions add in another order
     killed, out = runs["killed"], runs["sharded"]
     assert killed["returncode"] == -signal.SIGKILL, "the run finished before it could be killed"
     assert killed["checkpoints"] == ["step_00000010"] and "mesh shard 4" in killed["stdout"] and min(killed["losses"]) == 1
-    reference = losses(runs["ddp2"])
+    reference = losses(runs["reference"])
     assert all(abs(loss - reference[s]) <= 1e-5 * reference[s] for s, loss in killed["losses"].items() if s <= 10)
     stdout = (out / "stdout.txt").read_text()
     assert "resumed from" in stdout and "step_00000010 at step 10" in stdout and "mesh shard 2" in stdout
     steps = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines() if '"loss"' in line]
     assert steps == list(range(1, STEPS + 1))  # the log continues without duplicates
-    assert_same_run(out, runs["ddp2"])
+    assert_same_run(out, runs["reference"])
     folders = ckpt.list_checkpoints(out / "checkpoints")
     assert [f.name for f in folders] == ["step_00000010", "step_00000020"] and all(f.is_dir() for f in folders)
 
@@ -184,7 +186,7 @@ def test_consolidated_checkpoint_equals_the_state_gathered_from_the_shards(runs,
 
 def test_hsdp_on_two_nodes_of_two_processes(runs):
     out = launch(runs["tmp"], "hsdp", 2, "train.batch_size=8", "train.parallel=hsdp", nodes=2)
-    assert_same_run(out, runs["ddp2"])
+    assert_same_run(out, runs["reference"])
     assert "mesh replicate 2 node(s) x shard 2 per node" in (out / "stdout.txt").read_text()
     ranks = [json.loads((runs["tmp"] / "hsdp-record" / f"rank{r}.json").read_text()) for r in range(4)]
     # the second node's ranks 2 and 3 are its local ranks 0 and 1 (willisma/SiT#8: a device from the global rank)

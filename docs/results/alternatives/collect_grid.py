@@ -1,9 +1,10 @@
 """RESULTS §19 (a): the table of grid_fmnistm.sh's runs, read from each finished variant's eval.json — per cell and
 design, kNN top-1, linear-probe top-1 and effective rank (cls) as mean ± sample std over the seeds that finished, the
-paired difference against the plain MAE of the same seed, and how many seeds the design is ahead in.
+paired difference against the plain MAE of the same seed (and, with --versus NAME, against that design too), and
+how many seeds the design is ahead in.
 
-    python docs/results/alternatives/collect_grid.py [RUNS] [--out DIR]   (RUNS default runs/alternatives/grid;
-                                                                            DIR default docs/results/alternatives/grid)
+    python docs/results/alternatives/collect_grid.py [RUNS] [--out DIR] [--versus "decay 0.8"]
+        (RUNS default runs/alternatives/grid; DIR default docs/results/alternatives/grid)
 writes DIR/grid.json and DIR/grid.md and prints the tables. It reads, never trains (unlike `ablate --seeds`, which
 would train a missing seed).
 """
@@ -36,7 +37,7 @@ def spread(values: list[float]) -> dict:
             "n": len(values)}
 
 
-def collect_cell(folder: Path, names: list[str]) -> dict:
+def collect_cell(folder: Path, names: list[str], versus: list[str]) -> dict:
     seeds = {p.name: p for p in sorted(folder.glob("seed*"))}
     runs = {name: {s: measures(p / slug(name) / "eval" / "eval.json") for s, p in seeds.items()
                    if (p / slug(name) / "eval" / "eval.json").is_file()} for name in names}
@@ -45,11 +46,13 @@ def collect_cell(folder: Path, names: list[str]) -> dict:
         if not by_seed:
             continue
         row = {m: spread([v[m] for v in by_seed.values()]) for m in ("knn", "probe", "rank")}
-        paired = [s for s in by_seed if s in runs[BASELINE]] if name != BASELINE else []
-        for m in ("knn", "probe"):
-            deltas = [by_seed[s][m] - runs[BASELINE][s][m] for s in paired]
-            row[f"d_{m}"] = spread(deltas) if deltas else None
-            row[f"wins_{m}"] = f"{sum(d > 0 for d in deltas)}/{len(deltas)}"
+        for ref in versus:
+            key = "" if ref == BASELINE else f" vs {ref}"
+            paired = [s for s in by_seed if s in runs[ref]] if name != ref else []
+            for m in ("knn", "probe"):
+                deltas = [by_seed[s][m] - runs[ref][s][m] for s in paired]
+                row[f"d_{m}{key}"] = spread(deltas) if deltas else None
+                row[f"wins_{m}{key}"] = f"{sum(d > 0 for d in deltas)}/{len(deltas)}"
         row["seeds"] = sorted(by_seed)
         table[name] = row
     return table
@@ -62,12 +65,15 @@ def fmt(s: dict | None, signed: bool = False) -> str:
     return mean + (f" ± {s['std']:.3f}" if s["std"] is not None else "") + f" (n={s['n']})"
 
 
-def markdown(cell: str, table: dict) -> str:
-    lines = [f"**{CELLS.get(cell, cell)}**", "",
-             "| design | kNN | probe | rank (cls) | Δ kNN (wins) | Δ probe (wins) |", "|---|---|---|---|---|---|"]
+def markdown(cell: str, table: dict, versus: list[str]) -> str:
+    keys = ["" if ref == BASELINE else f" vs {ref}" for ref in versus]
+    heads = [f"Δ {m} (wins){key}" for key in keys for m in ("kNN", "probe")]
+    lines = [f"**{CELLS.get(cell, cell)}**", "", "| design | kNN | probe | rank (cls) | " + " | ".join(heads) + " |",
+             "|---|---|---|---|" + "---|" * len(heads)]
     for name, r in table.items():
-        deltas = ["-" if r[f"d_{m}"] is None else f"{fmt(r[f'd_{m}'], True)} ({r[f'wins_{m}']})" for m in ("knn", "probe")]
-        lines.append(f"| {name} | {fmt(r['knn'])} | {fmt(r['probe'])} | {fmt(r['rank'])} | {deltas[0]} | {deltas[1]} |")
+        deltas = ["-" if r[f"d_{m}{key}"] is None else f"{fmt(r[f'd_{m}{key}'], True)} ({r[f'wins_{m}{key}']})"
+                  for key in keys for m in ("knn", "probe")]
+        lines.append(f"| {name} | {fmt(r['knn'])} | {fmt(r['probe'])} | {fmt(r['rank'])} | " + " | ".join(deltas) + " |")
     return "\n".join(lines)
 
 
@@ -75,13 +81,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="?", default="runs/alternatives/grid")
     ap.add_argument("--out", default=str(Path(__file__).parent / "grid"))
+    ap.add_argument("--versus", action="append", default=[], help="a second design to pair every design with")
     args = ap.parse_args()
     names = [v["name"] for v in load_grid(GRID)["variants"]]
-    tables = {cell: collect_cell(Path(args.runs) / cell, names) for cell in CELLS if (Path(args.runs) / cell).is_dir()}
+    versus = [BASELINE, *args.versus]
+    tables = {cell: collect_cell(Path(args.runs) / cell, names, versus) for cell in CELLS
+              if (Path(args.runs) / cell).is_dir()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "grid.json").write_text(json.dumps(tables, indent=2))
-    text = "\n\n".join(markdown(cell, t) for cell, t in tables.items())
+    text = "\n\n".join(markdown(cell, t, versus) for cell, t in tables.items())
     (out / "grid.md").write_text(text + "\n")
     print(text)
 

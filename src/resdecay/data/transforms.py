@@ -168,7 +168,12 @@ def _unbuildable(augment: str, recipe: Recipe, pipeline: str) -> str | None:
 
 
 def _memory_ops(recipe: Recipe, size: int, native: int | None, resize: bool):
-    """transforms.v2 on in-memory float images; normalisation follows in ``TensorImages``."""
+    """transforms.v2 on in-memory float images; normalisation follows in ``TensorImages``. None when the view
+    changes nothing (data.augment=none at the native size): torchvision, whose import loads torch._dynamo (≈ 1 s),
+    is then never imported."""
+    if recipe.crop_scale is None and not (native != size and resize) and not (recipe.pad or recipe.flip
+                                                                               or recipe.randaug):
+        return None
     import torchvision.transforms.v2 as T
 
     ops = []

@@ -21,12 +21,19 @@ import shutil
 from pathlib import Path
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 from ..errors import CheckpointError
 from ..io import atomic_save, first_sentence, safe_load
 
 SIDE = "run_state.pt"  # the non-tensor parts, beside DCP's files
+
+
+def _dcp():
+    """torch.distributed.checkpoint, imported on first use: it takes ≈ 0.6 s, and every command imports this module
+    through train/checkpoint.py, sharded run or not."""
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
 
 
 def is_dcp_folder(path: Path) -> bool:
@@ -60,7 +67,7 @@ def save_sharded(folder: Path, tensors: dict, meta: dict | None, is_main: bool, 
         for stale in folder.parent.glob(".step_*.tmp"):  # a killed save's leftovers
             shutil.rmtree(stale, ignore_errors=True)
     _barrier()
-    dcp.save(tensors, checkpoint_id=tmp)
+    _dcp().save(tensors, checkpoint_id=tmp)
     if is_main:
         atomic_save(meta, tmp / SIDE)
         if folder.exists():
@@ -82,7 +89,7 @@ def check_complete(folder: Path) -> None:
     """Every shard file DCP's index names is there and long enough: a truncated or missing shard is one
     line here, not a deserialisation error from inside DCP halfway through loading."""
     try:
-        metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+        metadata = _dcp().FileSystemReader(str(folder)).read_metadata()
     except Exception as e:
         raise CheckpointError(f"{folder}: DCP's index .metadata cannot be read ({first_sentence(str(e), 120)})") from None
     need: dict[str, int] = {}
@@ -112,7 +119,7 @@ def restore_sharded(folder: Path, model, optimizer, ema_module=None) -> None:
 
     state = sharded_state(model, optimizer, ema_module)
     try:
-        dcp.load(state, checkpoint_id=str(folder))
+        _dcp().load(state, checkpoint_id=str(folder))
     except Exception as e:  # DCP raises CheckpointException listing every rank's failure
         raise CheckpointError(f"{folder} does not fit this model ({first_sentence(str(e), 200)}); resume it with the "
                               "settings it was trained with, or start a new train.out_dir") from None
@@ -130,7 +137,7 @@ def consolidate(folder: Path, meta: dict) -> dict:
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     full: dict = {}
-    _load_state_dict(full, storage_reader=dcp.FileSystemReader(str(folder)), planner=_EmptyStateDictLoadPlanner(),
+    _load_state_dict(full, storage_reader=_dcp().FileSystemReader(str(folder)), planner=_EmptyStateDictLoadPlanner(),
                      no_dist=True)
     out = {k: v for k, v in meta.items() if k != "sharded"}
     out["model"] = full["model"]
