@@ -7,6 +7,12 @@
 #   docs/results/alternatives/grid_fmnistm.sh & docs/results/alternatives/grid_fmnistm.sh &   # workers
 #   docs/results/alternatives/grid_fmnistm.sh --collect                                       # mean ± std per cell
 #
+# The all-nuisance cell is at chance after 312 steps; RESULTS §19 (a) ran it again at 936 steps (12 epochs of 20,000):
+#
+#   CELLS=all EXTRA="data.train_subset=20000 train.epochs=12" grid_fmnistm.sh runs/alternatives/grid-all-e12 &  # x2
+#   python docs/results/alternatives/collect_grid.py runs/alternatives/grid-all-e12 --versus "decay 0.8" \
+#       --out docs/results/alternatives/grid-all-e12
+#
 # Usage: grid_fmnistm.sh [--dry-run] [--collect] [RUNS]   (RUNS default <repo>/runs/alternatives/grid)
 #   CELLS (default "all clean"), SEEDS (default "0 1 2"), VARIANTS (a |-separated list; default every variant),
 #   EXTRA (more key=value overrides, e.g. a toy size); ROOT, RESDECAY, DRY_RUN: docs/results/common.sh
