@@ -148,9 +148,9 @@ PLANS: dict[str, Plan] = {
     "torchrun --nproc_per_node 8 -m resdecay pretrain --preset mae-b16 data.path=/data/imagenet": Plan(add=IMAGENET),
     # docs/training.md "Past DDP": the digits MAE of test_fsdp2.py stands for Fashion-MNIST (the same code path)
     "torchrun --nproc_per_node 2 -m resdecay pretrain --preset mae-tiny-fmnist train.parallel=fsdp2": Plan(
-        covered=FSDP + "test_fsdp2_on_four_processes_killed_then_resumed_on_two_trains_as_one_process", needle="mesh shard 2"),
+        covered=FSDP + "test_hsdp_on_two_nodes_killed_then_resumed_as_fsdp2_on_two_trains_as_one_process", needle="mesh shard 2"),
     "torchrun --nproc_per_node 2 -m resdecay pretrain --preset mae-tiny-fmnist train.parallel=fsdp2 --resume auto": Plan(
-        covered=FSDP + "test_fsdp2_on_four_processes_killed_then_resumed_on_two_trains_as_one_process", needle="resumed from"),
+        covered=FSDP + "test_hsdp_on_two_nodes_killed_then_resumed_as_fsdp2_on_two_trains_as_one_process", needle="resumed from"),
     "resdecay checkpoint consolidate runs/mae-tiny-fmnist/checkpoints/step_00000020 --out step_00000020.pt": Plan(
         covered=FSDP + "test_consolidated_checkpoint_equals_the_state_gathered_from_the_shards", needle="consolidate"),
     "torchrun --nproc_per_node 8 -m resdecay pretrain --preset sit-xl2 data.path=/data/imagenet-latents": Plan(add=SIT_LATENT),

@@ -1,6 +1,6 @@
-"""Past DDP on this machine's CPUs (gloo): ``train.parallel=fsdp2 | hsdp`` against DDP, DCP checkpoints resumed on
-another number of processes, a kill -9 of every rank, HSDP on two "nodes" of two processes, and the single-file
-conversion against the state gathered from the live shards.
+"""Past DDP on this machine's CPUs (gloo): ``train.parallel=hsdp | fsdp2`` against one process, HSDP on two "nodes"
+of two processes killed -9 (every rank) and its DCP checkpoint resumed as FSDP2 on another number of processes, and
+the single-file conversion against the state gathered from the live shards.
 
 Every run is the same tiny digits MAE (4 blocks of width 32, 640 images, 32 per optimizer step: 20 steps, a log row
 each, checkpoints every 10) with an EMA and a learnable α (0-d parameters, which FSDP2 cannot split: kept whole on
@@ -9,6 +9,7 @@ many processes share it: one process (this one) is the reference of every other 
 of a 2-core machine, so the runs are module fixtures, each read by several checks.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -66,7 +67,7 @@ DRIVER = textwrap.dedent('''
 
 def launch(tmp, name, procs, *settings, nodes=1, resume=None, wait=True):
     """``torchrun`` (``nodes`` launches of ``procs`` processes each, as two machines would) of ``COMMON`` into
-    ``tmp/name``; returns the run folder (or, ``wait=False``, the Popen of a one-node launch)."""
+    ``tmp/name``; returns the run folder (or, ``wait=False``, the launches' Popens)."""
     record, out = tmp / f"{name}-record", tmp / name
     record.mkdir(exist_ok=True)
     (record / "driver.py").write_text(DRIVER)
@@ -78,7 +79,7 @@ def launch(tmp, name, procs, *settings, nodes=1, resume=None, wait=True):
                                 str(port), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                start_new_session=True) for n in range(nodes)]
     if not wait:
-        return procs_[0]
+        return procs_
     outs = [p.communicate(timeout=600)[0] for p in procs_]
     assert all(p.returncode == 0 for p in procs_), "\n".join(outs)[-4000:]
     (out / "stdout.txt").write_text(outs[0])
@@ -123,32 +124,40 @@ def assert_same_run(run, reference, rel=1e-5, atol=1e-6):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One process (the reference, 32 images a step, in this process), and FSDP2 on 4 processes (8 images each)
-    killed -9, torchrun and every rank at once, once its step-10 checkpoint is on disk, then finished by
-    ``--resume auto`` on 2 processes (16 each)."""
+    """One process (the reference, 32 images a step, in this process), and HSDP on two "nodes" of 2 processes (8 images
+    each; two torchrun launches, ``--nnodes 2``) killed -9, both torchruns and every rank at once, once its step-10
+    checkpoint is on disk, then finished by ``--resume auto`` as FSDP2 on 2 processes (16 each): DCP reshards the
+    2-D mesh's checkpoint (replicate 2 x shard 2) onto a 1-D mesh of 2."""
     tmp = tmp_path_factory.mktemp("fsdp2")
     reference = tmp / "reference"
     train(tiny(reference, "train.batch_size=32"), progress=False)
     out = tmp / "sharded"
-    proc = launch(tmp, "sharded", 4, "train.batch_size=8", "train.parallel=fsdp2", wait=False)
+    nodes = launch(tmp, "sharded", 2, "train.batch_size=8", "train.parallel=hsdp", nodes=2, wait=False)
     deadline = time.time() + 300
-    while not ckpt.list_checkpoints(out / "checkpoints") and time.time() < deadline and proc.poll() is None:
+    while (not ckpt.list_checkpoints(out / "checkpoints") and time.time() < deadline
+           and all(p.poll() is None for p in nodes)):
         time.sleep(0.05)
-    for pid in [proc.pid, *descendants(proc.pid)]:  # torchrun and its ranks (in sessions of their own) at once
-        os.kill(pid, signal.SIGKILL)
-    proc.wait()
-    killed = {"returncode": proc.returncode, "stdout": proc.stdout.read(), "losses": losses(out),
-              "checkpoints": [p.name for p in ckpt.list_checkpoints(out / "checkpoints")]}
+    for pid in [q for p in nodes for q in (p.pid, *descendants(p.pid))]:  # both torchruns and their ranks at once
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    record = tmp / "sharded-record"
+    killed = {"returncodes": [p.wait() for p in nodes], "stdout": nodes[0].stdout.read(), "losses": losses(out),
+              "checkpoints": [p.name for p in ckpt.list_checkpoints(out / "checkpoints")],
+              "ranks": [json.loads((record / f"rank{r}.json").read_text()) for r in range(4)]}
     launch(tmp, "sharded", 2, "train.batch_size=16", "train.parallel=fsdp2", resume="auto")
     return {"reference": reference, "sharded": out, "killed": killed, "tmp": tmp}
 
 
-def test_fsdp2_on_four_processes_killed_then_resumed_on_two_trains_as_one_process(runs):
-    # every loss, before the kill (4 ranks) and after the resume (2 ranks), and the gathered end state (weights, EMA,
-    # learnable alphas) are the uninterrupted one-process run's: to 1e-5 and 1e-6, the reductions add in another order
+def test_hsdp_on_two_nodes_killed_then_resumed_as_fsdp2_on_two_trains_as_one_process(runs):
+    # every loss, before the kill (HSDP, 4 ranks) and after the resume (FSDP2, 2 ranks), and the gathered end state
+    # (weights, EMA, learnable alphas) are the uninterrupted one-process run's: to 1e-5 and 1e-6, the reductions add
+    # in another order
     killed, out = runs["killed"], runs["sharded"]
-    assert killed["returncode"] == -signal.SIGKILL, "the run finished before it could be killed"
-    assert killed["checkpoints"] == ["step_00000010"] and "mesh shard 4" in killed["stdout"] and min(killed["losses"]) == 1
+    assert killed["returncodes"] == [-signal.SIGKILL] * 2, "the run finished before it could be killed"
+    assert killed["checkpoints"] == ["step_00000010"] and min(killed["losses"]) == 1
+    assert "mesh replicate 2 node(s) x shard 2 per node" in killed["stdout"]
+    # the second node's ranks 2 and 3 are its local ranks 0 and 1 (willisma/SiT#8: a device from the global rank)
+    assert [(int(r["RANK"]), r["local_rank"]) for r in killed["ranks"]] == [(0, 0), (1, 1), (2, 0), (3, 1)]
     reference = losses(runs["reference"])
     assert all(abs(loss - reference[s]) <= 1e-5 * reference[s] for s, loss in killed["losses"].items() if s <= 10)
     stdout = (out / "stdout.txt").read_text()
@@ -182,15 +191,6 @@ def test_consolidated_checkpoint_equals_the_state_gathered_from_the_shards(runs,
     assert all(torch.equal(pretrained[k], gathered[k]) for k in gathered)
     assert main(["checkpoint", "consolidate", str(folder), "--out", str(out)]) == 2  # never overwritten silently
     assert "exists" in capsys.readouterr().err
-
-
-def test_hsdp_on_two_nodes_of_two_processes(runs):
-    out = launch(runs["tmp"], "hsdp", 2, "train.batch_size=8", "train.parallel=hsdp", nodes=2)
-    assert_same_run(out, runs["reference"])
-    assert "mesh replicate 2 node(s) x shard 2 per node" in (out / "stdout.txt").read_text()
-    ranks = [json.loads((runs["tmp"] / "hsdp-record" / f"rank{r}.json").read_text()) for r in range(4)]
-    # the second node's ranks 2 and 3 are its local ranks 0 and 1 (willisma/SiT#8: a device from the global rank)
-    assert [(int(r["RANK"]), r["local_rank"]) for r in ranks] == [(0, 0), (1, 1), (2, 0), (3, 1)]
 
 
 # ----------------------------------------------------------------------------- one process, bad input
