@@ -60,7 +60,8 @@ def test_every_module_imports_in_dependency_order_in_a_fresh_interpreter():
 
 
 ROOT_MODULES = ["resdecay.schedule", "resdecay.errors", "resdecay.io"]
-HEAVY = ("matplotlib", "torchvision", "timm", "sklearn", "wandb", "mlflow", "diffusers")
+HEAVY = ("matplotlib", "torchvision", "timm", "sklearn", "wandb", "mlflow", "diffusers",
+         "torch.distributed.checkpoint")  # DCP: sharded runs only (train/sharded_checkpoint.py imports it on first use)
 
 # One fresh interpreter for the import checks below, each still asserted on its own: it imports the root modules
 # one by one, printing after each the package modules then loaded, then resdecay.cli.main, printing the heavy
