@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 from resdecay.commands.ablate import load_grid, slug
@@ -84,6 +85,11 @@ def main() -> None:
     ap.add_argument("--versus", action="append", default=[], help="a second design to pair every design with")
     args = ap.parse_args()
     names = [v["name"] for v in load_grid(GRID)["variants"]]
+    unknown = [v for v in args.versus if v not in names]
+    if unknown:
+        print(f"error: --versus {unknown[0]!r} is not a design of {GRID}; choose one of: {', '.join(names)}",
+              file=sys.stderr)
+        raise SystemExit(2)
     versus = [BASELINE, *args.versus]
     tables = {cell: collect_cell(Path(args.runs) / cell, names, versus) for cell in CELLS
               if (Path(args.runs) / cell).is_dir()}
