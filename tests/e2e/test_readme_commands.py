@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from helpers import readme_commands as rc
+from helpers import seed_proxy_cache
 from helpers.readme_blocks import PYTHON_BLOCKS
 from helpers.readme_workspace import Workspace
 from resdecay.cli import main
@@ -38,8 +39,10 @@ def shared(tmp_path_factory):
 
 
 @pytest.fixture
-def workspace(shared, monkeypatch):
-    """The shared artifacts; proxy-FID extractors (trained once) are cached inside it, never in the home folder."""
+def workspace(shared, monkeypatch, digits_proxy):
+    """The shared artifacts; proxy-FID extractors (trained once) are cached inside it, never in the home folder. The
+    digits one (`demo --diffusion`'s) is the session's own, trained once for every test that needs it."""
+    seed_proxy_cache(digits_proxy, shared.root / "cache" / "resdecay" / "fid")
     monkeypatch.setenv("XDG_CACHE_HOME", str(shared.root / "cache"))
     return shared
 
@@ -135,12 +138,27 @@ def run_subprocess(argv: list[str], cwd: Path, timeout: int) -> tuple[int, str]:
     return proc.returncode, log.read_text()[-6000:]
 
 
-def skip_if_covered(nodeid: str, needle: str) -> None:
-    """Skip, naming the test that runs this already, once that test is checked to exist and to mention it."""
+def check_runs(nodeid: str, *needles: str) -> None:
+    """The test (or fixture) ``nodeid`` exists and its body still says each of ``needles``."""
     path, name = nodeid.split("::")
     body = re.search(rf"^def {name}\(.*?(?=^def |^@|\Z)", (ROOT / path).read_text(), re.S | re.M)
-    assert body and needle in body.group(0), f"{nodeid} does not exist or no longer runs {needle!r}"
+    for needle in needles:
+        assert body and needle in body.group(0), f"{nodeid} does not exist or no longer runs {needle!r}"
+
+
+def skip_if_covered(nodeid: str, needle: str) -> None:
+    """Skip, naming the test that runs this already, once that test is checked to exist and to mention it."""
+    check_runs(nodeid, needle)
     pytest.skip(f"{needle!r} runs in {nodeid}")
+
+
+def one_process(argv: list[str], torchrun_in: str) -> list[str]:
+    """A torchrun line's ``resdecay SUBCOMMAND ...`` for this process, once ``torchrun_in`` is checked to launch that
+    subcommand on 2 processes: each launch starts 3 interpreters (~12 s of a 2-core machine), and what the 2-process
+    run adds (the split, the global means, rank 0 alone writing) is what that test asserts."""
+    sub = argv[argv.index("resdecay") + 1]
+    check_runs(torchrun_in, "torch.distributed.run", f'"{sub}"')
+    return argv[argv.index("resdecay"):]
 
 
 def _params(table: dict, known: dict):
@@ -264,6 +282,8 @@ def test_readme_command(command, workspace, tmp_path, request, capsys, monkeypat
     if plan.patch:
         PATCHES[plan.patch](monkeypatch, ctx)
     argv = rc.resolve(COMMANDS[command], plan, ctx)
+    if plan.torchrun_in:
+        argv = one_process(argv, plan.torchrun_in)
     if argv[0] == "resdecay" or argv[0].endswith("/resdecay"):
         code = main(argv[1:])
         log = "".join(capsys.readouterr())

@@ -4,10 +4,8 @@ valid one) and their collectors (on fake run trees)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from test_results_scripts import commands, parses, run_script
+from test_results_scripts import commands, parses, run_python_here, run_script
 
 
 def test_alternatives_dry_run(clone, capsys):
@@ -106,8 +104,8 @@ def test_alternatives_grid_collector(clone, tmp_path):
     assert versus["orthogonal"]["d_knn vs orthogonal"] is None and versus["orthogonal"]["d_knn"] == table["orthogonal"]["d_knn"]
     assert abs(versus["plain MAE"]["d_knn vs orthogonal"]["mean"] + 0.02) < 1e-9
     assert versus["plain MAE"]["wins_knn vs orthogonal"] == "1/2"
-    bad = subprocess.run([sys.executable, str(clone / "docs/results/alternatives/collect_grid.py"), str(tmp_path / "runs"),
-                          "--out", str(tmp_path / "b"), "--versus", "decay 0.9"], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "--versus 'decay 0.9' is not a design" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    code, _, err = run_python_here(clone / "docs/results/alternatives/collect_grid.py", [str(tmp_path / "runs"), "--out",
+                                   str(tmp_path / "b"), "--versus", "decay 0.9"], tmp_path, {})
+    assert code == 2 and "--versus 'decay 0.9' is not a design" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "b").exists()
 

@@ -7,17 +7,19 @@ under docs/results/ may hold one."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from helpers import ROOT
+from helpers.benchmarks import run_path_here
 
 RESULTS = ROOT / "docs" / "results"
 SOURCED = {"common.sh", "segmentation-patch4/checkpoints.sh"}  # sourced by the scripts, not run on their own
@@ -72,18 +74,40 @@ def test_no_absolute_work_path_under_docs_results():
 
 def run_script(clone: Path, rel: str, *args: str, **env: str) -> str:
     """Run docs/results/REL of ``clone`` from another folder; assert exit 0 and no /work path in what it prints
-    (the clone's own temporary path aside); return stdout."""
+    (the clone's own temporary path aside); return stdout. A python script runs as ``__main__`` in this process (its
+    own interpreter would start torch again: ~3 s of a 2-core machine each), with the environment it would get."""
     script = clone / "docs" / "results" / rel
-    cmd = ["bash", str(script)] if script.suffix == ".sh" else [sys.executable, str(script)]
-    base = {k: v for k, v in os.environ.items() if k not in SCRIPT_ENV}
     elsewhere = clone.parent / "elsewhere"
     elsewhere.mkdir(exist_ok=True)
-    proc = subprocess.run([*cmd, *args], cwd=elsewhere, capture_output=True, text=True, timeout=300,
-                          env={**base, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", **env})
-    assert proc.returncode == 0, f"{rel} {args}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
-    text = (proc.stdout + proc.stderr).replace(str(clone.parent), "<tmp>")
+    env = {"OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", **env}
+    if script.suffix == ".py":
+        code, out, err = run_python_here(script, args, elsewhere, env)
+    else:
+        base = {k: v for k, v in os.environ.items() if k not in SCRIPT_ENV}
+        proc = subprocess.run(["bash", str(script), *args], cwd=elsewhere, capture_output=True, text=True, timeout=300,
+                              env={**base, **env})
+        code, out, err = proc.returncode, proc.stdout, proc.stderr
+    assert code == 0, f"{rel} {args}: exit {code}\n{out[-2000:]}\n{err[-2000:]}"
+    text = (out + err).replace(str(clone.parent), "<tmp>")
     assert "/work/" not in text, f"{rel} printed an absolute /work path:\n{text[:2000]}"
-    return proc.stdout
+    return out
+
+
+def run_python_here(script: Path, args, cwd: Path, env: dict) -> tuple[int | str | None, str, str]:
+    """``python SCRIPT ARGS`` from ``cwd`` with ``env`` over this process's environment (the scripts' own variables
+    dropped): (exit code, stdout, stderr)."""
+    import matplotlib.pyplot as plt
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        mp.chdir(cwd)
+        for key in SCRIPT_ENV:
+            mp.delenv(key, raising=False)
+        for key, value in env.items():
+            mp.setenv(key, value)
+        code = run_path_here(script, *args, monkeypatch=mp)
+    plt.close("all")
+    return code, out.getvalue(), err.getvalue()
 
 
 def commands(printed: str) -> list[list[str]]:

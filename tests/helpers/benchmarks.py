@@ -23,12 +23,19 @@ def run_script(script: str, *args: str) -> subprocess.CompletedProcess:
 def run_script_here(script: str, *args: str, capfd, monkeypatch) -> tuple[int | str | None, str, str]:
     """``python benchmarks/SCRIPT ARGS`` run as ``__main__`` in this process: (its exit code, stdout, stderr). The
     benchmark modules it imports (``_measure``, ...) are dropped afterwards, so no other test sees them."""
-    path = ROOT / "benchmarks" / script
-    monkeypatch.setattr(sys, "argv", [str(path), *args])
-    monkeypatch.syspath_prepend(str(path.parent))  # as `python benchmarks/x.py` puts its folder first
-    before = set(sys.modules)
-    rng, threads = torch.get_rng_state(), torch.get_num_threads()  # what a script's seeds and --threads change
     capfd.readouterr()
+    code = run_path_here(ROOT / "benchmarks" / script, *args, monkeypatch=monkeypatch)
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def run_path_here(path: Path, *args: str, monkeypatch) -> int | str | None:
+    """``python PATH ARGS`` as ``__main__`` in this process: its exit code. What a script changes on the process is put
+    back: the modules of its own folder it imported, torch's RNG and threads (its seeds, its --threads)."""
+    monkeypatch.setattr(sys, "argv", [str(path), *args])
+    monkeypatch.syspath_prepend(str(path.parent))  # as `python dir/x.py` puts its folder first
+    before = set(sys.modules)
+    rng, threads = torch.get_rng_state(), torch.get_num_threads()
     try:
         runpy.run_path(str(path), run_name="__main__")
         code = 0
@@ -40,5 +47,4 @@ def run_script_here(script: str, *args: str, capfd, monkeypatch) -> tuple[int | 
                 del sys.modules[name]
         torch.set_rng_state(rng)
         torch.set_num_threads(threads)
-    out, err = capfd.readouterr()
-    return code, out, err
+    return code

@@ -38,6 +38,9 @@ class Plan:
     add: tuple[str, ...] = ()  # smallest sizes, outputs in the test's own folder ({tmp})
     skip: str = ""  # why it cannot run here; reported by pytest -ra
     covered: str = ""  # the test that already runs it at its smallest size ("file.py::test_name")
+    # a torchrun line: the test that launches this subcommand on 2 processes already ("file.py::test_name", checked
+    # like ``covered``); the line's resdecay command then runs here on one process, its own flags and sizes
+    torchrun_in: str = ""
     needle: str = ""  # text that test must contain (default: the script's or subcommand's name)
     xfail: str = ""  # a known defect being fixed elsewhere (strict: remove once it passes)
     racy: bool = False  # the defect is a race that a tiny run sometimes wins: xfail not strict
@@ -145,7 +148,8 @@ PLANS: dict[str, Plan] = {
         expect=("{tmp}/run/summary.json::aux_target_s",)),
     "resdecay pretrain --preset sit-tiny-fmnist train.online_eval_every=1 train.online_eval_size=1000": Plan(
         add=(*SIT, "train.online_eval_size=130")),
-    "torchrun --nproc_per_node 8 -m resdecay pretrain --preset mae-b16 data.path=/data/imagenet": Plan(add=IMAGENET),
+    "torchrun --nproc_per_node 8 -m resdecay pretrain --preset mae-b16 data.path=/data/imagenet": Plan(
+        add=IMAGENET, torchrun_in="tests/train/test_torchrun.py::ddp_run"),
     # docs/training.md "Past DDP": the digits MAE of test_fsdp2.py stands for Fashion-MNIST (the same code path)
     "torchrun --nproc_per_node 2 -m resdecay pretrain --preset mae-tiny-fmnist train.parallel=fsdp2": Plan(
         covered=FSDP + "test_hsdp_on_two_nodes_killed_then_resumed_as_fsdp2_on_two_trains_as_one_process", needle="mesh shard 2"),
@@ -153,7 +157,8 @@ PLANS: dict[str, Plan] = {
         covered=FSDP + "test_hsdp_on_two_nodes_killed_then_resumed_as_fsdp2_on_two_trains_as_one_process", needle="resumed from"),
     "resdecay checkpoint consolidate runs/mae-tiny-fmnist/checkpoints/step_00000020 --out step_00000020.pt": Plan(
         covered=FSDP + "test_consolidated_checkpoint_equals_the_state_gathered_from_the_shards", needle="consolidate"),
-    "torchrun --nproc_per_node 8 -m resdecay pretrain --preset sit-xl2 data.path=/data/imagenet-latents": Plan(add=SIT_LATENT),
+    "torchrun --nproc_per_node 8 -m resdecay pretrain --preset sit-xl2 data.path=/data/imagenet-latents": Plan(
+        add=SIT_LATENT, torchrun_in="tests/train/test_aux_losses.py::test_torchrun_ranks_share_one_projector"),
     # data
     "resdecay check-data --data-path /data/imagenet": Plan(add=("--no-progress",)),
     "resdecay check-data --data digits": Plan(add=("--no-progress",)),
@@ -320,7 +325,8 @@ PLANS: dict[str, Plan] = {
     "resdecay ablate --grid where-fmnistm --only plain MAE,alpha 0.8,alpha 0.6": Plan(add=GRID),
     "resdecay ablate --grid where-fmnistm --only plain MAE,alpha 0.8": Plan(add=GRID),
     "resdecay ablate --grid where-fmnistm-long": Plan(add=ONLINE_GRID),
-    "resdecay ablate --grid where-small --seeds 0,1,2": Plan(add=ONLINE_GRID,
+    # 3 seeds of 2 of its 3 variants (its alpha 0.6 runs alpha 0.8's code): the pooling over seeds is what it adds
+    "resdecay ablate --grid where-small --seeds 0,1,2": Plan(add=(*ONLINE_GRID, "--only", "plain MAE,alpha 0.8"),
                                                              expect=("{tmp}/grid/seed2/table.txt", "{tmp}/grid/table.txt::±")),
     "torchrun --nproc_per_node 4 -m resdecay ablate --grid table2-in100 data.path=/data/imagenet100": Plan(
         add=(*IMAGENET, "data.num_workers=0", "eval.num_workers=0", "--only", "alpha_min 1.0,alpha_min 0.6", "--out", "{tmp}/grid"),
@@ -341,7 +347,8 @@ PLANS: dict[str, Plan] = {
     "resdecay plot runs/sit-tiny-fmnist runs/sit-tiny-fmnist-plain --out runs/plot": Plan(expect=("runs/plot/*.png",)),
     "torchrun --nproc_per_node 8 -m resdecay sample runs/sit-xl2/checkpoints/step_00400000.pt --num-samples 50000 --guidance-scale 1.5 "
     "--vae /models/sd-vae-ft-ema": Plan(add=("--num-samples", "3", "--steps", "4", "--device", "cpu", "--out", "{tmp}/samples",
-                                             "--no-progress"), expect=("{tmp}/samples/*.npz",)),
+                                             "--no-progress"), expect=("{tmp}/samples/*.npz",),
+                                        torchrun_in="tests/cli/test_diffusion_cli.py::test_torchrun_sampling_splits_n_across_ranks"),
     # benchmarks: each script's smoke run lives in tests/e2e/test_benchmarks.py (checked to exist and to run it)
     ".venv/bin/python benchmarks/block_overhead.py": Plan(covered=BENCH + "test_block_overhead_times_both_blocks_per_shape"),
     ".venv/bin/python benchmarks/mae_throughput.py": Plan(
