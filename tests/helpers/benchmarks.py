@@ -3,6 +3,7 @@ torch start-up) with what they change on the process (modules, RNG, threads) put
 
 from __future__ import annotations
 
+import gc
 import os
 import runpy
 import subprocess
@@ -31,10 +32,11 @@ def run_script_here(script: str, *args: str, capfd, monkeypatch) -> tuple[int | 
 
 def run_path_here(path: Path, *args: str, monkeypatch) -> int | str | None:
     """``python PATH ARGS`` as ``__main__`` in this process: its exit code. What a script changes on the process is put
-    back: the modules of its own folder it imported, torch's RNG and threads (its seeds, its --threads)."""
+    back: the modules of its own folder it imported, torch's RNG and threads (its seeds, its --threads), and the objects
+    a benchmark froze out of the garbage collector (``_measure.collect_garbage``)."""
     monkeypatch.setattr(sys, "argv", [str(path), *args])
     monkeypatch.syspath_prepend(str(path.parent))  # as `python dir/x.py` puts its folder first
-    before = set(sys.modules)
+    before, frozen = set(sys.modules), gc.get_freeze_count()
     rng, threads = torch.get_rng_state(), torch.get_num_threads()
     try:
         runpy.run_path(str(path), run_name="__main__")
@@ -47,4 +49,6 @@ def run_path_here(path: Path, *args: str, monkeypatch) -> int | str | None:
                 del sys.modules[name]
         torch.set_rng_state(rng)
         torch.set_num_threads(threads)
+        if not frozen:
+            gc.unfreeze()
     return code
