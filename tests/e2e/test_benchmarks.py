@@ -158,17 +158,18 @@ def test_gpu_rows_smoke_mode_runs_data_throughput_on_every_decoder_path(tmp_path
 
 def test_segmentation_cost_times_every_solver_and_skips_a_row_past_the_timeout(tmp_path, capfd, monkeypatch):
     """Issue 33 item 6: the segmentation metric's cost per solver beside the kNN row; a row past
-    --timeout-per-row is stopped and printed as skipped, and larger sizes of that solver are not started."""
+    --timeout-per-row is stopped and printed as skipped, and larger sizes of that solver are not started. Each row
+    runs in a process of its own (the script started again with --_row), the script itself in this one."""
     small = ["--tokens", "4", "--dim", "16", "--classes", "3", "--epochs", "2", "--graph-rounds", "2", "--threads", "1"]
-    stdout, result = run_benchmark("segmentation_cost.py", "--images", "40", *small, tmp_path=tmp_path)
+    stdout, result = run_benchmark("segmentation_cost.py", "--images", "40", *small, tmp_path=tmp_path, capfd=capfd,
+                                   monkeypatch=monkeypatch)
     rows = {r["solver"]: r for r in result["rows"]}
     assert list(rows) == ["knn", "exact", "learned", "kmeans"] and all(r["status"] == "ok" for r in rows.values())
     assert all(r["seconds"] > 0 and r["images"] == 40 and r["tokens"] == 4 for r in rows.values())
     assert rows["knn"]["sanity_name"] == "knn_top1" and rows["knn"]["bank"] == rows["knn"]["queries"] == 80
     assert all(0 <= rows[s]["sanity"] <= 1 and rows[s]["sanity_name"] == "miou" for s in ("exact", "learned", "kmeans"))
     assert rows["learned"]["protocol"]["epochs"] == 2 and "mIoU (knn: top-1)" in stdout
-    # the child's imports alone take longer than 0.3 s: the first row is stopped, the larger one not started. The
-    # parent runs in this process this time (it ran as a process of its own above): the row it stops is still a child
+    # the child's imports alone take longer than 0.3 s: the first row is stopped, the larger one not started
     code, stdout, stderr = run_script_here("segmentation_cost.py", "--images", "40,80", "--solvers", "learned",
                                            "--timeout-per-row", "0.3", *small, "--json", str(tmp_path / "timeout.json"),
                                            capfd=capfd, monkeypatch=monkeypatch)
