@@ -154,8 +154,9 @@ def skip_if_covered(nodeid: str, needle: str) -> None:
 
 def one_process(argv: list[str], torchrun_in: str) -> list[str]:
     """A torchrun line's ``resdecay SUBCOMMAND ...`` for this process, once ``torchrun_in`` is checked to launch that
-    subcommand on 2 processes: each launch starts 3 interpreters (~12 s of a 2-core machine), and what the 2-process
-    run adds (the split, the global means, rank 0 alone writing) is what that test asserts."""
+    subcommand on 2 processes: each launch starts 3 interpreters (~10 CPU-s here; the three lines took 52.6 CPU-s
+    launched, 22.6 here), and what the 2-process run adds (the split, the global means, rank 0 alone writing) is
+    what that test asserts."""
     sub = argv[argv.index("resdecay") + 1]
     check_runs(torchrun_in, "torch.distributed.run", f'"{sub}"')
     return argv[argv.index("resdecay"):]

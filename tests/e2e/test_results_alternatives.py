@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
-from test_results_scripts import commands, parses, run_python_here, run_script
+from test_results_scripts import commands, parses, run_script
+
+from helpers.benchmarks import run_python_here
 
 
 def test_alternatives_dry_run(clone, capsys):

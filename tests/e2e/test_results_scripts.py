@@ -7,8 +7,6 @@ under docs/results/ may hold one."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shlex
@@ -19,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT
-from helpers.benchmarks import run_path_here
+from helpers.benchmarks import run_python_here
 
 RESULTS = ROOT / "docs" / "results"
 SOURCED = {"common.sh", "segmentation-patch4/checkpoints.sh"}  # sourced by the scripts, not run on their own
@@ -81,7 +79,7 @@ def run_script(clone: Path, rel: str, *args: str, **env: str) -> str:
     elsewhere.mkdir(exist_ok=True)
     env = {"OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", **env}
     if script.suffix == ".py":
-        code, out, err = run_python_here(script, args, elsewhere, env)
+        code, out, err = run_python_here(script, args, elsewhere, env, drop=SCRIPT_ENV)
     else:
         base = {k: v for k, v in os.environ.items() if k not in SCRIPT_ENV}
         proc = subprocess.run(["bash", str(script), *args], cwd=elsewhere, capture_output=True, text=True, timeout=300,
@@ -91,23 +89,6 @@ def run_script(clone: Path, rel: str, *args: str, **env: str) -> str:
     text = (out + err).replace(str(clone.parent), "<tmp>")
     assert "/work/" not in text, f"{rel} printed an absolute /work path:\n{text[:2000]}"
     return out
-
-
-def run_python_here(script: Path, args, cwd: Path, env: dict) -> tuple[int | str | None, str, str]:
-    """``python SCRIPT ARGS`` from ``cwd`` with ``env`` over this process's environment (the scripts' own variables
-    dropped): (exit code, stdout, stderr)."""
-    import matplotlib.pyplot as plt
-
-    out, err = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        mp.chdir(cwd)
-        for key in SCRIPT_ENV:
-            mp.delenv(key, raising=False)
-        for key, value in env.items():
-            mp.setenv(key, value)
-        code = run_path_here(script, *args, monkeypatch=mp)
-    plt.close("all")
-    return code, out.getvalue(), err.getvalue()
 
 
 def commands(printed: str) -> list[list[str]]:

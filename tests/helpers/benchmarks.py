@@ -1,15 +1,18 @@
-"""Running benchmarks/ scripts from the tests: in a subprocess, or as ``__main__`` in the test's own process (no second
-torch start-up) with what they change on the process (modules, RNG, threads) put back."""
+"""Running scripts (benchmarks/, docs/results/) from the tests: in a subprocess, or as ``__main__`` in the test's own
+process (no second torch start-up) with what they change on the process (modules, RNG, threads) put back."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import os
 import runpy
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,3 +55,20 @@ def run_path_here(path: Path, *args: str, monkeypatch) -> int | str | None:
         if not frozen:
             gc.unfreeze()
     return code
+
+
+def run_python_here(script: Path, args, cwd: Path, env: dict, drop=()) -> tuple[int | str | None, str, str]:
+    """``python SCRIPT ARGS`` from ``cwd`` with ``env`` over this process's environment (``drop``: variables
+    it must not see): (exit code, stdout, stderr)."""
+    import matplotlib.pyplot as plt
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        mp.chdir(cwd)
+        for key in drop:
+            mp.delenv(key, raising=False)
+        for key, value in env.items():
+            mp.setenv(key, value)
+        code = run_path_here(script, *args, monkeypatch=mp)
+    plt.close("all")
+    return code, out.getvalue(), err.getvalue()
