@@ -13,6 +13,13 @@
 #   python docs/results/alternatives/collect_grid.py runs/alternatives/grid-all-e12 --versus "decay 0.8" \
 #       --out docs/results/alternatives/grid-all-e12
 #
+# and RESULTS §19 (a″) at the where-map's own length (32 epochs of 20,000), seed 0, four designs:
+#
+#   CELLS=all SEEDS=0 VARIANTS="plain MAE|decay 0.8|alpha 1 + skips|orthogonal" \
+#     EXTRA="data.train_subset=20000 train.epochs=32" grid_fmnistm.sh runs/alternatives/grid-all-e32 &  # x2
+#   python docs/results/alternatives/collect_grid.py runs/alternatives/grid-all-e32 --versus "decay 0.8" \
+#       --out docs/results/alternatives/grid-all-e32
+#
 # Usage: grid_fmnistm.sh [--dry-run] [--collect] [RUNS]   (RUNS default <repo>/runs/alternatives/grid)
 #   CELLS (default "all clean"), SEEDS (default "0 1 2"), VARIANTS (a |-separated list; default every variant),
 #   EXTRA (more key=value overrides, e.g. a toy size); ROOT, RESDECAY, DRY_RUN: docs/results/common.sh
