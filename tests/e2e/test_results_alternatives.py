@@ -99,6 +99,7 @@ def test_alternatives_grid_collector(clone, tmp_path):
     assert set(table) == {"plain MAE", "orthogonal"} and table["plain MAE"]["d_knn"] is None
     assert abs(table["orthogonal"]["d_knn"]["mean"] - 0.02) < 1e-9 and table["orthogonal"]["wins_knn"] == "1/2"
     assert "| orthogonal | 0.730 ± 0.028 (n=2)" in printed
+    assert table["orthogonal"]["per_seed"]["seed1"] == {"knn": 0.71, "probe": 0.72, "rank": 1.0}
     # --versus: a second pairing, here against the orthogonal design itself (the plain MAE is behind it in seed 0)
     run_script(clone, "alternatives/collect_grid.py", str(tmp_path / "runs"), "--out", str(tmp_path / "v"),
                "--versus", "orthogonal")

@@ -1,7 +1,7 @@
 """RESULTS §19 (a): the table of grid_fmnistm.sh's runs, read from each finished variant's eval.json — per cell and
-design, kNN top-1, linear-probe top-1 and effective rank (cls) as mean ± sample std over the seeds that finished, the
-paired difference against the plain MAE of the same seed (and, with --versus NAME, against that design too), and
-how many seeds the design is ahead in.
+design, kNN top-1, linear-probe top-1 and effective rank (cls) as mean ± sample std over the seeds that finished (and
+each seed's own numbers, grid.json's "per_seed"), the paired difference against the plain MAE of the same seed (and,
+with --versus NAME, against that design too), and how many seeds the design is ahead in.
 
     python docs/results/alternatives/collect_grid.py [RUNS] [--out DIR] [--versus "decay 0.8"]
         (RUNS default runs/alternatives/grid; DIR default docs/results/alternatives/grid)
@@ -55,6 +55,7 @@ def collect_cell(folder: Path, names: list[str], versus: list[str]) -> dict:
                 row[f"d_{m}{key}"] = spread(deltas) if deltas else None
                 row[f"wins_{m}{key}"] = f"{sum(d > 0 for d in deltas)}/{len(deltas)}"
         row["seeds"] = sorted(by_seed)
+        row["per_seed"] = {s: by_seed[s] for s in sorted(by_seed)}  # the raw numbers, so later seeds can be paired
         table[name] = row
     return table
 
