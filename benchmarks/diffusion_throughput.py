@@ -5,10 +5,12 @@ residual alpha = 1, no long skips), i.e. what the method costs. A torch.compile 
 
     python benchmarks/diffusion_throughput.py                          # CPU: uvit-tiny-fmnist, sit-tiny-fmnist
     python benchmarks/diffusion_throughput.py --device cuda --preset sit-xl2 --batch-size 256 --compile
-    python benchmarks/diffusion_throughput.py --preset sit-tiny-fmnist --repa-target timm:vit_tiny_patch16_224
+    python benchmarks/diffusion_throughput.py --preset sit-tiny-fmnist --repa-target timm:vit_tiny_patch16_224 \
+        --repa-target-weights random
 
 --repa-target SPEC (a pixel-space preset) adds a row: the decayed network's step with REPA (train.aux=repa, its
-projector and frozen encoder) and, timed apart on the same batch, the frozen encoder's forward alone.
+projector and frozen encoder) and, timed apart on the same batch, the frozen encoder's forward alone. A timm /
+torchvision encoder needs --repa-target-weights: a file, or ``random`` (its random weights; the time is the same).
 
 Sampling: a fixed-step sampler, so rows compare like with like (dpm-solver++ for DDPM eps models,
 euler-maruyama for velocity models; not the adaptive dopri5) with --sample-steps steps, no guidance, batch = --sample-n. bf16 autocast on CUDA.
@@ -24,10 +26,11 @@ import time
 
 import torch
 
-from _measure import MEM_LABEL, mem_peak, mem_start, sync, timed_steps
+from _measure import MEM_LABEL, bad_input, mem_peak, mem_start, sync, timed_steps
 from resdecay.commands.aux_target import load_aux_target
 from resdecay.diffusion import diffusion_loss
 from resdecay.diffusion.samplers import sample
+from resdecay.errors import UserError, one_line
 from resdecay.models import build_model, get_family
 from resdecay.train import param_groups
 from resdecay.train.aux_objective import AuxObjective
@@ -58,15 +61,24 @@ def train_row(model, cfg, batch: int, args, device) -> dict:
             "peak_mem_mb": mem_peak(device, method, base)}
 
 
-def repa_row(preset: str, batch: int, args, device) -> dict:
-    """The step with REPA beside the denoising loss, and the frozen encoder's forward alone on the same batch."""
+def repa_setup(preset: str, args):
+    """The REPA row's run config and frozen encoder, resolved before anything is timed: a target that cannot be
+    used (no weights, a grid it cannot meet, ...) is one line, exit 2."""
     weights = [f"train.aux_target_weights={args.repa_target_weights}"] if args.repa_target_weights else []
-    cfg = load_config(preset, ["train.aux=repa", f"train.aux_target={args.repa_target}", *weights])
+    try:
+        cfg = load_config(preset, ["train.aux=repa", f"train.aux_target={args.repa_target}", *weights])
+        return cfg, load_aux_target(cfg)
+    except UserError as e:
+        bad_input(one_line(e))
+
+
+def repa_row(preset: str, cfg, target, batch: int, args, device) -> dict:
+    """The step with REPA beside the denoising loss, and the frozen encoder's forward alone on the same batch."""
     m = cfg.model
     torch.manual_seed(0)
     model = build_model(m).to(device)
     half = (0.5,) * m.in_chans  # the images are random: any pixel statistics do
-    aux = AuxObjective(cfg.train, model, load_aux_target(cfg), half, half, device)
+    aux = AuxObjective(cfg.train, model, target, half, half, device)
     aux.attach(model)
     x = torch.randn(batch, m.in_chans, m.img_size, m.img_size, device=device)
     y = torch.randint(0, max(m.num_classes, 1), (batch,), device=device)
@@ -126,7 +138,7 @@ def main() -> int:
     ap.add_argument("--sample-steps", type=int, default=None, help="sampler steps (default cpu 10, cuda 50)")
     ap.add_argument("--compile", action="store_true", help="add a torch.compile row (training only)")
     ap.add_argument("--repa-target", metavar="SPEC", help="add a REPA row with this frozen encoder (train.aux_target)")
-    ap.add_argument("--repa-target-weights", metavar="FILE", help="its weights file (train.aux_target_weights)")
+    ap.add_argument("--repa-target-weights", metavar="FILE", help="its weights file, or 'random' (train.aux_target_weights)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args()
@@ -146,6 +158,7 @@ def main() -> int:
           f"| threads {torch.get_num_threads()} | {args.warmup} warmup + {args.steps} timed steps | sampling {args.sample_n} "
           f"images x {args.sample_steps} steps")
     gpu_peak = peak_flops(device)
+    repa = {preset: repa_setup(preset, args) for preset in presets} if args.repa_target else {}
     results = []
     for preset in presets:
         cfg = load_config(preset, [])
@@ -178,7 +191,7 @@ def main() -> int:
         print(f"decayed + skips vs plain: training {ours['img_per_s'] / ref['img_per_s']:.2f}x, "
               f"sampling {ours['sample_img_per_s'] / ref['sample_img_per_s']:.2f}x the reference's speed")
         if args.repa_target:
-            r = repa_row(preset, batch, args, device)
+            r = repa_row(preset, *repa[preset], batch, args, device)
             print(f"{r['row']:<44} {r['params'] / 1e6:>8.2f}M {r['steps_per_s']:>8.2f} {r['img_per_s']:>9.1f}")
             print(f"REPA: {r['ms_per_step']:.1f} ms a step ({ours['ms_per_step']:.1f} without), of which the frozen encoder's "
                   f"forward alone takes {r['encoder_ms_per_step']:.1f} ms ({r['encoder_side']} px, {r['encoder_grid']}^2 tokens)")

@@ -214,6 +214,9 @@ def test_grad_checkpointing_rows_pair_each_preset_with_and_without(tmp_path, cap
     ("parallel_step.py", ["--rounds", "0"], "--rounds must be >= 1"),
     ("parallel_step.py", ["--device", "cuda"], "--device cuda: no CUDA device visible"),
     ("fsdp_memory.py", ["--presets", "mae-giant"], "--presets mae-giant"),
+    # refused before any row is timed: a timm encoder without weights would be timed as a random one unasked
+    ("diffusion_throughput.py", ["--preset", "sit-tiny-fmnist", "--repa-target", "timm:vit_tiny_patch16_224"],
+     "train.aux_target_weights=random"),
 ])
 def test_bad_arguments_are_one_line_exit_2(script, args, needle, capfd, monkeypatch):
     """Run in this process: a bad argument is answered before any work, so the check needs no fresh interpreter

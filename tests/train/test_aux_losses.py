@@ -195,6 +195,30 @@ def test_a_timm_vit_takes_the_side_of_the_model_grid(tmp_path):
     assert target.mean == (0.5,) and target.std == (0.5,)  # timm's pretrained_cfg stats, averaged to its one channel
 
 
+def test_a_timm_target_without_weights_is_refused_unless_random_is_asked_for(tmp_path, capsys, vit_folder):
+    """A timm / torchvision name is built with random weights, and REPA to it would align to noise: a forgotten
+    weights file is one line, nothing written; ``random`` asks for it (named in the header and the summary). A
+    folder holds its own weights: ``random`` is refused for it."""
+    args = "{img_size: 16, patch_size: 2, depth: 1, embed_dim: 32, num_heads: 2, in_chans: 1}"
+    by_name = ["train.aux=repa", "train.aux_target=timm:vit_tiny_patch16_224", f"train.aux_target_args={args}"]
+    out = tmp_path / "run"
+    code, _, err = run(capsys, "pretrain", "--preset", "sit-tiny-fmnist", "--no-progress", *SIT, *by_name,
+                       f"train.out_dir={out}")
+    assert_one_line_error(code, err, "train.aux_target=timm:vit_tiny_patch16_224", "no weights", "randomly initialised",
+                          "train.aux_target_weights=random")
+    assert not out.exists()
+    code, printed, err = run(capsys, "pretrain", "--preset", "sit-tiny-fmnist", "--no-progress", *SIT, *by_name,
+                             "train.aux_target_weights=random", f"train.out_dir={out}")
+    assert code == 0, err
+    assert "target timm:vit_tiny_patch16_224, random weights (seed 0) at 8 px" in printed
+    assert json.loads((out / "summary.json").read_text())["aux"]["target_weights"] == "random"
+    folder = tmp_path / "folder"
+    code, _, err = run(capsys, "pretrain", "--preset", "sit-tiny-fmnist", "--no-progress", *SIT, "train.aux=repa",
+                       f"train.aux_target={vit_folder}", "train.aux_target_weights=random", f"train.out_dir={folder}")
+    assert_one_line_error(code, err, "train.aux_target_weights=random", "holds its own weights")
+    assert not folder.exists()
+
+
 def test_an_encoder_with_a_finer_fixed_grid_has_its_tokens_resampled(tmp_path):
     transformers = pytest.importorskip("transformers")
     config = transformers.ViTConfig(image_size=16, patch_size=2, num_channels=1, hidden_size=16, num_hidden_layers=1,

@@ -1,5 +1,6 @@
 """REPA's frozen target encoder (``train.aux=repa``), loaded from what ``resdecay eval`` can load, before a run
-writes anything: ``timm:NAME`` / ``torchvision:NAME`` with ``train.aux_target_weights=FILE``, a transformers
+writes anything: ``timm:NAME`` / ``torchvision:NAME`` with ``train.aux_target_weights=FILE`` (``random``: its
+random initialisation on purpose, seed 0; without either it is refused, as REPA to an untrained encoder), a transformers
 folder (``interop/foreign_model.load_foreign`` builds it, ``stream/foreign.ForeignEncoder`` reads its last
 block's tokens), or a resdecay MAE checkpoint (its encoder's last block). The training loop cannot import
 these layers; it receives the result, an ``AuxTarget``.
@@ -25,7 +26,7 @@ import torch
 from ..data import build_dataset
 from ..data.info import IMAGENET_MEAN, IMAGENET_STD
 from ..errors import CheckpointError, ConfigError, UserError, one_line
-from ..interop.foreign_model import load_foreign
+from ..interop.foreign_model import load_foreign, model_format
 from ..stream.foreign import ForeignEncoder
 from ..train.aux_objective import AuxTarget
 from ..train.checkpoint import FORMAT, load_model
@@ -82,10 +83,15 @@ def _resdecay_encoder(spec: str):
     return model, tokens, run.model.img_size, run.model.in_chans, (info.mean, info.std)
 
 
+RANDOM_WEIGHTS = "random"  # train.aux_target_weights: the encoder's random initialisation (seed 0), on purpose
+
+
 def _foreign_encoder(spec: str, weights: str | None, args: dict):
     """A model ``resdecay eval --model`` reads (``args``: its ``--model-arg`` values), behind ``ForeignEncoder``:
     its prefix tokens dropped."""
     try:
+        _check_target_weights(spec, weights)
+        weights = None if weights == RANDOM_WEIGHTS else weights
         built = load_foreign(spec, weights, dict(args))
         encoder = ForeignEncoder(built.model, spec, weights, built.inputs.get("img_size"), built.inputs.get("in_chans"),
                                  built.conditioning)
@@ -97,6 +103,20 @@ def _foreign_encoder(spec: str, weights: str | None, args: dict):
         return encoder.forward_features(x)[:, prefix:]
 
     return encoder, tokens, encoder.cfg.img_size, encoder.cfg.in_chans, _input_stats(built.model, spec)
+
+
+def _check_target_weights(spec: str, weights: str | None) -> None:
+    """A by-name encoder (timm / torchvision) is built with random weights: REPA's gain comes from aligning to a
+    *trained* encoder, so a forgotten weights file would make a run that looks like REPA and aligns to noise.
+    It is refused unless its weights are given or ``random`` asks for that on purpose."""
+    fmt = model_format(spec, None if weights == RANDOM_WEIGHTS else weights)
+    if fmt.takes_weights and weights is None:
+        raise ConfigError(f"no weights, and REPA would align to a randomly initialised encoder: give "
+                          f"train.aux_target_weights=FILE (or train.aux_target_weights={RANDOM_WEIGHTS} to align to "
+                          "one on purpose)")
+    if not fmt.takes_weights and weights == RANDOM_WEIGHTS:
+        raise ConfigError(f"train.aux_target_weights={RANDOM_WEIGHTS} applies to timm:NAME / torchvision:NAME; this is "
+                          f"{fmt.written}, which holds its own weights: drop train.aux_target_weights")
 
 
 def _input_stats(model: torch.nn.Module, spec: str) -> tuple[tuple, tuple]:

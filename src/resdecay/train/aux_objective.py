@@ -57,8 +57,8 @@ def check_aux_settings(tc) -> None:
         raise ConfigError(f"train.aux_proj_dim must be a positive integer (REPA: 2048), got {tc.aux_proj_dim}")
     if tc.aux == "repa" and not tc.aux_target:
         raise ConfigError("train.aux=repa aligns to a frozen encoder and none is named: give train.aux_target=timm:NAME "
-                          "(with train.aux_target_weights=FILE), torchvision:NAME, a transformers folder or a resdecay "
-                          "MAE checkpoint")
+                          "or torchvision:NAME (with train.aux_target_weights=FILE), a transformers folder or a "
+                          "resdecay MAE checkpoint")
     if not isinstance(tc.aux_target_args, dict) or not all(isinstance(k, str) for k in tc.aux_target_args):
         raise ConfigError(f"train.aux_target_args must be a mapping of constructor arguments like "
                           f"'{{img_size: 32, depth: 4}}', got {tc.aux_target_args!r:.60}")
@@ -120,7 +120,8 @@ class AuxTarget:
     """REPA's frozen encoder, resolved by the command layer (``commands/aux_target.py``).
 
     Args:
-        spec: how it was named (``train.aux_target``); weights: its weights file, or None.
+        spec: how it was named (``train.aux_target``); weights: its weights file, ``random`` (its random
+            initialisation, asked for), or None (a folder or a checkpoint holds its own).
         encoder: the network (moved to the training device and kept in eval mode here).
         tokens: ``tokens(images) -> (B, N, dim)``: its patch tokens (prefix tokens dropped) of images at
             ``side`` x ``side`` with ``in_chans`` channels, normalised with ``mean`` / ``std``.
@@ -349,4 +350,6 @@ class AuxObjective:
         meet = (f"its {t.grid}x{t.grid} tokens equal the model's grid" if t.grid == self.grid else
                 f"its {t.grid}x{t.grid} tokens resampled (bilinear) to the model's {self.grid}x{self.grid}: it cannot "
                 f"take a side that gives them")
-        return f"{head}, projector {self.projector[0].out_features} wide, target {t.spec} at {t.side} px ({meet})"
+        weights = ", random weights (seed 0)" if t.weights == "random" else ""
+        return (f"{head}, projector {self.projector[0].out_features} wide, target {t.spec}{weights} at {t.side} px "
+                f"({meet})")

@@ -76,7 +76,7 @@ class TrainConfig:
     aux_layer: int | None = None  # 0-based block index (negative: from the end); None: block depth//3 - 1 (repa), the last (dispersive)
     aux_proj_dim: int = 2048  # REPA's projector width (build_mlp's projector_dim)
     aux_target: str | None = None  # REPA's frozen encoder: timm:NAME | torchvision:NAME | a transformers folder | a resdecay MAE checkpoint
-    aux_target_weights: str | None = None  # its weights file (timm: / torchvision:); None: random weights drawn with seed 0
+    aux_target_weights: str | None = None  # its weights file (timm: / torchvision:; "random": seed 0's, on purpose)
     aux_target_args: dict = field(default_factory=dict)  # its constructor arguments, as eval's --model-arg ({img_size: 32, depth: 4})
     aux_tau: float = 1.0  # dispersive temperature: D_ij = ||h_i - h_j||^2 / (features x tau)
 
