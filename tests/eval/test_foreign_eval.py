@@ -101,7 +101,7 @@ def test_eval_of_a_timm_vit_runs_the_suite_and_the_diagnostics(foreign_files, tm
     report = json.loads((folder / "eval.json").read_text())
     metrics = {(r["metric"], r["feature"]) for r in report["results"]}
     assert {("knn", "mean"), ("rank", "cls"), ("diagnostics", "direct_share"), ("diagnostics", "pixel_r2")} <= metrics
-    assert report["step"] is None and report["label"].startswith("timm:vit_tiny_patch16_224 (plain)")
+    assert report["step"] is None and report["label"] == "timm:vit_tiny_patch16_224 (plain)"
     assert {b["source"] for b in report["baselines"]} == {"pixels", "random-init"}
     diag = [r for r in report["results"] if r["metric"] == "diagnostics"]
     assert sorted({r["layer"] for r in diag}) == [0, 1, 2]
@@ -179,6 +179,9 @@ def test_segmentation_of_a_timm_vit_reads_its_patch_tokens(fake_fmnist, tmp_path
     assert {b["source"] for b in report["baselines"]} == {"pixels", "random-init"}
     random_init = next(b for b in report["baselines"] if b["source"] == "random-init")
     assert random_init["values"]["miou"] == row["values"]["miou"]
+    # no downloads: a timm name alone is never timm's pretrained model, and the report's label says what it is
+    assert report["label"] == "timm:vit_tiny_patch16_224 (plain), random weights (seed 0: no --weights)"
+    assert report["label"] in out
 
 
 def test_load_foreign_hands_the_spec_to_the_first_registered_format_that_takes_it(tmp_path):

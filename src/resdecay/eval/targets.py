@@ -178,11 +178,14 @@ class ForeignTarget:
             sha = folder_sha256(folder)
         else:  # random weights, drawn with seed 0: the spec and its arguments name them
             sha = hashlib.sha256(json.dumps(run.to_dict()).encode()).hexdigest()
+        # no downloads: timm:NAME without --weights is never timm's pretrained model, and the report says so
+        random = not weights and not folder.is_dir()
+        label = f"{run.label}, random weights (seed 0: no --weights)" if random else run.label
         device = resolve_device(s.device, "--device")
         ev = Evaluation(Path(weights) if weights else None, sha, {"train_state": {"step": None}, "config": run.to_dict()},
                         run, model.to(device).eval(), run.data, s, measured_layers(model, s.layer), device,
                         Path(report_dir), cache_dir=self.cache_dir(Path(report_dir)))
-        return described(ev, run.label)
+        return described(ev, label)
 
 
 def folder_sha256(folder: Path) -> str:
