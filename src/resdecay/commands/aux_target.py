@@ -26,9 +26,9 @@ import torch
 from ..data import build_dataset
 from ..data.info import IMAGENET_MEAN, IMAGENET_STD
 from ..errors import CheckpointError, ConfigError, UserError, one_line
-from ..interop.foreign_model import load_foreign, model_format
+from ..interop.foreign_model import load_foreign
 from ..stream.foreign import ForeignEncoder
-from ..train.aux_objective import AuxTarget
+from ..train.aux_objective import RANDOM_WEIGHTS, AuxTarget
 from ..train.checkpoint import FORMAT, load_model
 from ..train.config import RunConfig
 
@@ -83,18 +83,14 @@ def _resdecay_encoder(spec: str):
     return model, tokens, run.model.img_size, run.model.in_chans, (info.mean, info.std)
 
 
-RANDOM_WEIGHTS = "random"  # train.aux_target_weights: the encoder's random initialisation (seed 0), on purpose
-
-
 def _foreign_encoder(spec: str, weights: str | None, args: dict):
     """A model ``resdecay eval --model`` reads (``args``: its ``--model-arg`` values), behind ``ForeignEncoder``:
     its prefix tokens dropped."""
     try:
-        _check_target_weights(spec, weights)
-        weights = None if weights == RANDOM_WEIGHTS else weights
-        built = load_foreign(spec, weights, dict(args))
-        encoder = ForeignEncoder(built.model, spec, weights, built.inputs.get("img_size"), built.inputs.get("in_chans"),
-                                 built.conditioning)
+        built = load_foreign(spec, None if weights == RANDOM_WEIGHTS else weights, dict(args))
+        _check_target_weights(built, weights)
+        encoder = ForeignEncoder(built.model, spec, built.weights, built.inputs.get("img_size"),
+                                 built.inputs.get("in_chans"), built.conditioning)
     except (UserError, CheckpointError) as e:
         raise UserError(f"train.aux_target={spec}: {one_line(e)}") from None
     prefix = encoder.cfg.prefix_tokens
@@ -105,18 +101,17 @@ def _foreign_encoder(spec: str, weights: str | None, args: dict):
     return encoder, tokens, encoder.cfg.img_size, encoder.cfg.in_chans, _input_stats(built.model, spec)
 
 
-def _check_target_weights(spec: str, weights: str | None) -> None:
-    """A by-name encoder (timm / torchvision) is built with random weights: REPA's gain comes from aligning to a
-    *trained* encoder, so a forgotten weights file would make a run that looks like REPA and aligns to noise.
-    It is refused unless its weights are given or ``random`` asks for that on purpose."""
-    fmt = model_format(spec, None if weights == RANDOM_WEIGHTS else weights)
-    if fmt.takes_weights and weights is None:
+def _check_target_weights(built, weights: str | None) -> None:
+    """A by-name encoder (timm / torchvision) without a weights file is built with random weights: REPA's gain
+    comes from aligning to a *trained* encoder, so a forgotten file would make a run that looks like REPA and aligns
+    to noise. It is refused unless ``random`` asks for that on purpose."""
+    if built.random_weights and weights != RANDOM_WEIGHTS:
         raise ConfigError(f"no weights, and REPA would align to a randomly initialised encoder: give "
                           f"train.aux_target_weights=FILE (or train.aux_target_weights={RANDOM_WEIGHTS} to align to "
                           "one on purpose)")
-    if not fmt.takes_weights and weights == RANDOM_WEIGHTS:
-        raise ConfigError(f"train.aux_target_weights={RANDOM_WEIGHTS} applies to timm:NAME / torchvision:NAME; this is "
-                          f"{fmt.written}, which holds its own weights: drop train.aux_target_weights")
+    if weights == RANDOM_WEIGHTS and not built.random_weights:
+        raise ConfigError(f"train.aux_target_weights={RANDOM_WEIGHTS} applies to timm:NAME / torchvision:NAME, which "
+                          "are built by name; this one holds its own weights: drop train.aux_target_weights")
 
 
 def _input_stats(model: torch.nn.Module, spec: str) -> tuple[tuple, tuple]:

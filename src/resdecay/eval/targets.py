@@ -102,6 +102,7 @@ class BuiltModel(Protocol):
     conditioning: tuple
     inputs: dict  # the img_size / in_chans given as --model-arg
     settable_inputs: tuple[str, ...]  # those a --model-arg can set for this model
+    random_weights: bool  # built with random weights (seed 0): no weights file for a format that takes one
 
 
 @dataclass(eq=False)
@@ -179,8 +180,7 @@ class ForeignTarget:
         else:  # random weights, drawn with seed 0: the spec and its arguments name them
             sha = hashlib.sha256(json.dumps(run.to_dict()).encode()).hexdigest()
         # no downloads: timm:NAME without --weights is never timm's pretrained model, and the report says so
-        random = not weights and not folder.is_dir()
-        label = f"{run.label}, random weights (seed 0: no --weights)" if random else run.label
+        label = f"{run.label}, random weights (seed 0: no --weights)" if self.built.random_weights else run.label
         device = resolve_device(s.device, "--device")
         ev = Evaluation(Path(weights) if weights else None, sha, {"train_state": {"step": None}, "config": run.to_dict()},
                         run, model.to(device).eval(), run.data, s, measured_layers(model, s.layer), device,

@@ -54,6 +54,8 @@ class ForeignModel:
         conditioning: the fixed values a diffusion backbone is run with after x.
         kwargs: the constructor arguments given; inputs: the ``img_size`` / ``in_chans`` among them;
         settable_inputs: those a ``--model-arg`` can set (its format's ``settable_inputs``).
+        random_weights: built with random weights (seed 0): a format that takes a weights file, given none.
+            Nothing is downloaded, so ``timm:NAME`` alone is never the pretrained model.
     """
 
     model: nn.Module
@@ -64,6 +66,7 @@ class ForeignModel:
     kwargs: dict = field(default_factory=dict)
     inputs: dict = field(default_factory=dict)
     settable_inputs: tuple[str, ...] = INPUTS
+    random_weights: bool = False
 
 
 def _library(name: str):
@@ -328,7 +331,7 @@ def load_foreign(spec: str, weights: str | None = None, model_args: dict[str, An
     model, fresh = built
     conditioning = _conditioning(spec, model, cond)
     return ForeignModel(model.eval(), fresh, spec, weights, conditioning, args, {k: args[k] for k in INPUTS if k in args},
-                        fmt.settable_inputs)
+                        fmt.settable_inputs, fmt.takes_weights and weights is None)
 
 
 def _conditioning(spec: str, model: nn.Module, given: dict) -> tuple:

@@ -115,6 +115,9 @@ def aux_weight(tc) -> float:
 
 
 # ----------------------------------------------------------------------------- REPA's frozen encoder
+RANDOM_WEIGHTS = "random"  # train.aux_target_weights: a timm / torchvision target's random initialisation, on purpose
+
+
 @dataclass
 class AuxTarget:
     """REPA's frozen encoder, resolved by the command layer (``commands/aux_target.py``).
@@ -350,6 +353,6 @@ class AuxObjective:
         meet = (f"its {t.grid}x{t.grid} tokens equal the model's grid" if t.grid == self.grid else
                 f"its {t.grid}x{t.grid} tokens resampled (bilinear) to the model's {self.grid}x{self.grid}: it cannot "
                 f"take a side that gives them")
-        weights = ", random weights (seed 0)" if t.weights == "random" else ""
+        weights = ", random weights (seed 0)" if t.weights == RANDOM_WEIGHTS else ""
         return (f"{head}, projector {self.projector[0].out_features} wide, target {t.spec}{weights} at {t.side} px "
                 f"({meet})")
