@@ -84,22 +84,39 @@ def test_alternatives_sit_collector(clone, tmp_path):
 def test_alternatives_grid_collector(clone, tmp_path):
     """collect_grid.py: per design the mean ± std over the seeds that finished and the paired Δ against the plain MAE
     of the same seed, read from eval.json (it never trains)."""
-    def write(seed: int, folder: str, knn: float) -> None:
-        run = tmp_path / "runs" / "clean" / f"seed{seed}" / folder / "eval"
-        run.mkdir(parents=True)
+    def write(seed: int, folder: str, knn: float, ep: float | None = None) -> None:
+        run = tmp_path / "runs" / "clean" / f"seed{seed}" / folder
+        (run / "eval").mkdir(parents=True)
         results = [{"metric": "knn", "values": {"top1": knn}}, {"metric": "probe", "values": {"top1": knn + 0.01}},
                    {"metric": "rank", "values": {"effective_rank": 1.0}}]
-        (run / "eval.json").write_text(json.dumps({"results": results}))
+        (run / "eval" / "eval.json").write_text(json.dumps({"results": results}))
+        if ep is not None:  # `resdecay eval … --evals ep,linear_sweep --out <run>/eval-probes`
+            (run / "eval-probes" / folder).mkdir(parents=True)
+            probes = [{"metric": "ep", "values": {"top1": ep}}, {"metric": "linear_sweep", "values": {"top1": ep - 0.1}}]
+            (run / "eval-probes" / folder / "eval.json").write_text(json.dumps({"results": probes}))
 
+    # the orthogonal design's seed 1 has no probes yet: its EP is not averaged over one seed
     for seed, (plain, ortho) in enumerate(((0.70, 0.75), (0.72, 0.71))):
-        write(seed, "plain-mae", plain)
-        write(seed, "orthogonal", ortho)
+        write(seed, "plain-mae", plain, ep=0.8 + seed / 10)
+        write(seed, "orthogonal", ortho, ep=0.85 if seed == 0 else None)
     printed = run_script(clone, "alternatives/collect_grid.py", str(tmp_path / "runs"), "--out", str(tmp_path / "o"))
     table = json.loads((tmp_path / "o" / "grid.json").read_text())["clean"]
     assert set(table) == {"plain MAE", "orthogonal"} and table["plain MAE"]["d_knn"] is None
     assert abs(table["orthogonal"]["d_knn"]["mean"] - 0.02) < 1e-9 and table["orthogonal"]["wins_knn"] == "1/2"
     assert "| orthogonal | 0.730 ± 0.028 (n=2)" in printed
     assert table["orthogonal"]["per_seed"]["seed1"] == {"knn": 0.71, "probe": 0.72, "rank": 1.0}
+    assert abs(table["plain MAE"]["ep"]["mean"] - 0.85) < 1e-9 and "ep" not in table["orthogonal"]
+    assert "| plain MAE | 0.850 ± 0.071 (n=2) | 0.750 ± 0.071 (n=2) | - | - |" in printed
+    assert "| orthogonal | 0.850" not in printed
+    # once its seed 1 is measured too, the design's EP is paired seed by seed: +0.05 and -0.02
+    folder = tmp_path / "runs/clean/seed1/orthogonal/eval-probes/orthogonal"
+    folder.mkdir(parents=True)
+    probes = [{"metric": "ep", "values": {"top1": 0.88}}, {"metric": "linear_sweep", "values": {"top1": 0.5}}]
+    (folder / "eval.json").write_text(json.dumps({"results": probes}))
+    printed = run_script(clone, "alternatives/collect_grid.py", str(tmp_path / "runs"), "--out", str(tmp_path / "o"))
+    table = json.loads((tmp_path / "o" / "grid.json").read_text())["clean"]
+    assert abs(table["orthogonal"]["d_ep"]["mean"] - 0.015) < 1e-9 and table["orthogonal"]["wins_ep"] == "1/2"
+    assert "| orthogonal | 0.865 ± 0.021 (n=2) |" in printed
     # --versus: a second pairing, here against the orthogonal design itself (the plain MAE is behind it in seed 0)
     run_script(clone, "alternatives/collect_grid.py", str(tmp_path / "runs"), "--out", str(tmp_path / "v"),
                "--versus", "orthogonal")

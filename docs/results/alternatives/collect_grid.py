@@ -1,7 +1,9 @@
 """RESULTS §19 (a): the table of grid_fmnistm.sh's runs, read from each finished variant's eval.json — per cell and
 design, kNN top-1, linear-probe top-1 and effective rank (cls) as mean ± sample std over the seeds that finished (and
 each seed's own numbers, grid.json's "per_seed"), the paired difference against the plain MAE of the same seed (and,
-with --versus NAME, against that design too), and how many seeds the design is ahead in.
+with --versus NAME, against that design too), and how many seeds the design is ahead in. Where a run also holds
+`resdecay eval … --evals ep,linear_sweep --out <run>/eval-probes` (issue 50's probes: EP, Q 32, and the 48 swept
+linear heads), a second table per cell gives those two the same way.
 
     python docs/results/alternatives/collect_grid.py [RUNS] [--out DIR] [--versus "decay 0.8"]
         (RUNS default runs/alternatives/grid; DIR default docs/results/alternatives/grid)
@@ -24,13 +26,21 @@ BASELINE = "plain MAE"
 CELLS = {"all": "all four nuisances", "clean": "clean garments"}
 
 
-def measures(eval_json: Path) -> dict:
-    """kNN and probe top-1 and the cls token's effective rank (the first rank row is the cls feature's)."""
-    results = json.loads(eval_json.read_text())["results"]
+PROBES = {"ep": "EP (Q 32)", "linear_sweep": "swept linear"}  # read from <run>/eval-probes/*/eval.json when there
+
+
+def measures(run: Path) -> dict:
+    """kNN and probe top-1 and the cls token's effective rank (the first rank row is the cls feature's); EP and the
+    swept linear heads' top-1 too where the run was measured by them."""
+    results = json.loads((run / "eval" / "eval.json").read_text())["results"]
     knn = next(r["values"]["top1"] for r in results if r["metric"] == "knn")
     probe = next(r["values"]["top1"] for r in results if r["metric"] == "probe")
     rank = next(r["values"]["effective_rank"] for r in results if r["metric"] == "rank")
-    return {"knn": knn, "probe": probe, "rank": rank}
+    found = {"knn": knn, "probe": probe, "rank": rank}
+    for eval_json in sorted(run.glob("eval-probes/*/eval.json")):
+        found.update({r["metric"]: r["values"]["top1"] for r in json.loads(eval_json.read_text())["results"]
+                      if r["metric"] in PROBES})
+    return found
 
 
 def spread(values: list[float]) -> dict:
@@ -40,18 +50,20 @@ def spread(values: list[float]) -> dict:
 
 def collect_cell(folder: Path, names: list[str], versus: list[str]) -> dict:
     seeds = {p.name: p for p in sorted(folder.glob("seed*"))}
-    runs = {name: {s: measures(p / slug(name) / "eval" / "eval.json") for s, p in seeds.items()
+    runs = {name: {s: measures(p / slug(name)) for s, p in seeds.items()
                    if (p / slug(name) / "eval" / "eval.json").is_file()} for name in names}
     table = {}
     for name, by_seed in runs.items():
         if not by_seed:
             continue
-        row = {m: spread([v[m] for v in by_seed.values()]) for m in ("knn", "probe", "rank")}
+        # a probe counts for a design only once every seed of it was measured by it: no mean over fewer seeds
+        probes = [m for m in PROBES if all(m in v for v in by_seed.values())]
+        row = {m: spread([v[m] for v in by_seed.values()]) for m in ("knn", "probe", "rank", *probes)}
         for ref in versus:
             key = "" if ref == BASELINE else f" vs {ref}"
             paired = [s for s in by_seed if s in runs[ref]] if name != ref else []
-            for m in ("knn", "probe"):
-                deltas = [by_seed[s][m] - runs[ref][s][m] for s in paired]
+            for m in ("knn", "probe", *probes):
+                deltas = [by_seed[s][m] - runs[ref][s][m] for s in paired if m in runs[ref][s]]
                 row[f"d_{m}{key}"] = spread(deltas) if deltas else None
                 row[f"wins_{m}{key}"] = f"{sum(d > 0 for d in deltas)}/{len(deltas)}"
         row["seeds"] = sorted(by_seed)
@@ -76,7 +88,22 @@ def markdown(cell: str, table: dict, versus: list[str]) -> str:
         deltas = ["-" if r[f"d_{m}{key}"] is None else f"{fmt(r[f'd_{m}{key}'], True)} ({r[f'wins_{m}{key}']})"
                   for key in keys for m in ("knn", "probe")]
         lines.append(f"| {name} | {fmt(r['knn'])} | {fmt(r['probe'])} | {fmt(r['rank'])} | " + " | ".join(deltas) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + probe_lines(table, keys))
+
+
+def probe_lines(table: dict, keys: list[str]) -> list[str]:
+    """The second table of a cell: EP and the swept linear heads, for the designs measured by them."""
+    measured = {name: r for name, r in table.items() if all(m in r for m in PROBES)}
+    if not measured:
+        return []
+    heads = [f"Δ {label} (wins){key}" for key in keys for label in PROBES.values()]
+    lines = ["", "| design | " + " | ".join(PROBES.values()) + " | " + " | ".join(heads) + " |",
+             "|---|" + "---|" * (len(PROBES) + len(heads))]
+    for name, r in measured.items():
+        deltas = ["-" if r.get(f"d_{m}{key}") is None else f"{fmt(r[f'd_{m}{key}'], True)} ({r[f'wins_{m}{key}']})"
+                  for key in keys for m in PROBES]
+        lines.append(f"| {name} | " + " | ".join(fmt(r[m]) for m in PROBES) + " | " + " | ".join(deltas) + " |")
+    return lines
 
 
 def main() -> None:
