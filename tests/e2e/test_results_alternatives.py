@@ -4,6 +4,7 @@ valid one) and their collectors (on fake run trees)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from test_results_scripts import commands, parses, run_script
 
@@ -47,6 +48,31 @@ def test_alternatives_grid_dry_run(clone):
     collect = commands(run_script(clone, "alternatives/grid_fmnistm.sh", "--dry-run", "--collect", str(clone.parent / "r")))
     assert [c[c.index("--seeds") + 1] for c in collect] == ["0,1,2", "0,1,2"]
     assert not (clone / "runs").exists()
+
+
+def test_alternatives_grid_probes_measure_each_finished_run_once(clone, tmp_path):
+    """--probes: EP and the swept linear heads on the last checkpoint of every run whose grid evaluation is written,
+    into <run>/eval-probes, on the grid's banks; a run still training, or already measured, is left alone."""
+    runs = tmp_path / "r"
+    def run(seed: int, name: str, finished: bool = True, measured: bool = False) -> Path:
+        folder = runs / "all" / f"seed{seed}" / name
+        for sub in ("checkpoints", "eval", "eval-probes/x"):
+            (folder / sub).mkdir(parents=True)
+        for step in (10, 2496):
+            (folder / "checkpoints" / f"step_{step:08d}.pt").touch()
+        if finished:
+            (folder / "eval" / "eval.json").touch()
+        if measured:
+            (folder / "eval-probes" / "x" / "eval.json").touch()
+        return folder
+
+    done = run(0, "decay-0-8")
+    run(0, "plain-mae", finished=False)
+    run(1, "orthogonal", measured=True)
+    cmds = commands(run_script(clone, "alternatives/grid_fmnistm.sh", "--dry-run", "--probes", str(runs)))
+    assert cmds == [["eval", str(done / "checkpoints" / "step_00002496.pt"), "--evals", "ep,linear_sweep",
+                     "--max-train", "10000", "--out", str(done / "eval-probes"), "--no-baselines", "--no-progress"]]
+    parses(cmds[0])
 
 
 def test_alternatives_sit_grid_dry_run(clone, capsys):

@@ -20,7 +20,12 @@
 #   python docs/results/alternatives/collect_grid.py runs/alternatives/grid-all-e32 --versus "decay 0.8" \
 #       --out docs/results/alternatives/grid-all-e32
 #
-# Usage: grid_fmnistm.sh [--dry-run] [--collect] [RUNS]   (RUNS default <repo>/runs/alternatives/grid)
+# and EP and the swept linear heads (issue 50's probes) on every finished run of RUNS that lacks them, the grid's banks
+# (10,000 train -> 10,000 test images, last block), written to <run>/eval-probes and read by collect_grid.py:
+#
+#   CELLS=all grid_fmnistm.sh --probes runs/alternatives/grid-all-e32 &  # x2: workers share the runs
+#
+# Usage: grid_fmnistm.sh [--dry-run] [--collect | --probes] [RUNS]   (RUNS default <repo>/runs/alternatives/grid)
 #   CELLS (default "all clean"), SEEDS (default "0 1 2"), VARIANTS (a |-separated list; default every variant),
 #   EXTRA (more key=value overrides, e.g. a toy size); ROOT, RESDECAY, DRY_RUN: docs/results/common.sh
 # Needs the Debian package dataset-fashion-mnist. About 1.5 CPU-minutes per run uncontended (2-core AVX-512 VM).
@@ -28,7 +33,10 @@ set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 COLLECT=0
 REST=()
-for arg in "$@"; do if [ "$arg" = "--collect" ]; then COLLECT=1; else REST+=("$arg"); fi; done
+PROBES=0
+for arg in "$@"; do
+  case $arg in --collect) COLLECT=1 ;; --probes) PROBES=1 ;; *) REST+=("$arg") ;; esac
+done
 source "$HERE/../common.sh" "${REST[@]}"
 set -f  # the key=value words below hold [...]: never a file pattern
 RUNS=${ARGS[0]:-$ROOT/runs/alternatives/grid}
@@ -39,6 +47,24 @@ SEEDS=${SEEDS:-0 1 2}
 DEFAULT_VARIANTS="plain MAE|alpha 1 + skips|sqrt(0.5) (x + f)|x + sqrt(0.5) f|decay 0.8|learnable alpha|orthogonal"
 DEFAULT_VARIANTS+="|hyper-connections n=4|ReZero|LayerScale|drop identity 0.1"
 IFS='|' read -r -a VARIANT_LIST <<< "${VARIANTS:-$DEFAULT_VARIANTS}"
+if [ "$PROBES" = 1 ]; then
+  set +f  # the run folders and their checkpoints are found by pattern
+  export OMP_NUM_THREADS=1  # one thread per worker, as the grid's runs (train.threads=1)
+  for cell in $CELLS; do
+    for run in "$RUNS/$cell"/seed*/*/; do
+      run=${run%/}
+      checkpoints=("$run"/checkpoints/step_*.pt)
+      # finished (its grid evaluation written) and not yet measured by the probes
+      [ -f "$run/eval/eval.json" ] && [ -f "${checkpoints[-1]}" ] || continue
+      compgen -G "$run/eval-probes/*/eval.json" > /dev/null && continue
+      if claim "$RUNS/.claims-probes" "${run//[^A-Za-z0-9]/_}"; then
+        show nice -n 10 "$RESDECAY" eval "${checkpoints[-1]}" --evals ep,linear_sweep --max-train 10000 \
+          --out "$run/eval-probes" --no-baselines --no-progress || echo "FAILED probes $run"
+      fi
+    done
+  done
+  exit 0
+fi
 if [ "$COLLECT" = 1 ]; then
   only=$(IFS=,; echo "${VARIANT_LIST[*]}")
   for cell in $CELLS; do
