@@ -79,14 +79,19 @@ def fmt(s: dict | None, signed: bool = False) -> str:
     return mean + (f" ± {s['std']:.3f}" if s["std"] is not None else "") + f" (n={s['n']})"
 
 
+def delta(row: dict, measure: str) -> str:
+    """A paired Δ cell, e.g. measure "probe vs decay 0.8": mean ± std (n) and the seeds the design is ahead in."""
+    d = row.get(f"d_{measure}")
+    return "-" if d is None else f"{fmt(d, True)} ({row[f'wins_{measure}']})"
+
+
 def markdown(cell: str, table: dict, versus: list[str]) -> str:
     keys = ["" if ref == BASELINE else f" vs {ref}" for ref in versus]
     heads = [f"Δ {m} (wins){key}" for key in keys for m in ("kNN", "probe")]
     lines = [f"**{CELLS.get(cell, cell)}**", "", "| design | kNN | probe | rank (cls) | " + " | ".join(heads) + " |",
              "|---|---|---|---|" + "---|" * len(heads)]
     for name, r in table.items():
-        deltas = ["-" if r[f"d_{m}{key}"] is None else f"{fmt(r[f'd_{m}{key}'], True)} ({r[f'wins_{m}{key}']})"
-                  for key in keys for m in ("knn", "probe")]
+        deltas = [delta(r, m + key) for key in keys for m in ("knn", "probe")]
         lines.append(f"| {name} | {fmt(r['knn'])} | {fmt(r['probe'])} | {fmt(r['rank'])} | " + " | ".join(deltas) + " |")
     return "\n".join(lines + probe_lines(table, keys))
 
@@ -100,8 +105,7 @@ def probe_lines(table: dict, keys: list[str]) -> list[str]:
     lines = ["", "| design | " + " | ".join(PROBES.values()) + " | " + " | ".join(heads) + " |",
              "|---|" + "---|" * (len(PROBES) + len(heads))]
     for name, r in measured.items():
-        deltas = ["-" if r.get(f"d_{m}{key}") is None else f"{fmt(r[f'd_{m}{key}'], True)} ({r[f'wins_{m}{key}']})"
-                  for key in keys for m in PROBES]
+        deltas = [delta(r, m + key) for key in keys for m in PROBES]
         lines.append(f"| {name} | " + " | ".join(fmt(r[m]) for m in PROBES) + " | " + " | ".join(deltas) + " |")
     return lines
 
