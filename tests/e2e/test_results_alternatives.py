@@ -4,6 +4,8 @@ valid one) and their collectors (on fake run trees)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 from test_results_scripts import commands, parses, run_script
@@ -73,6 +75,14 @@ def test_alternatives_grid_probes_measure_each_finished_run_once(clone, tmp_path
     assert cmds == [["eval", str(done / "checkpoints" / "step_00002496.pt"), "--evals", "ep,linear_sweep",
                      "--max-train", "10000", "--out", str(done / "eval-probes"), "--no-baselines", "--no-progress"]]
     parses(cmds[0])
+    # bad input: a folder the grid did not write, or both steps at once: one line each, exit 2, nothing run
+    script = str(clone / "docs/results/alternatives/grid_fmnistm.sh")
+    for args, says in ((["--probes", str(tmp_path / "elsewhere")], "no finished run in"),
+                       (["--probes", "--collect", str(runs)], "are two steps")):
+        proc = subprocess.run(["bash", script, "--dry-run", *args], capture_output=True, text=True, timeout=60,
+                              env=os.environ)
+        assert proc.returncode == 2 and not proc.stdout and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert says in proc.stderr
 
 
 def test_alternatives_sit_grid_dry_run(clone, capsys):

@@ -38,6 +38,9 @@ PROBES=0
 for arg in "$@"; do
   case $arg in --collect) COLLECT=1 ;; --probes) PROBES=1 ;; *) REST+=("$arg") ;; esac
 done
+if [ "$COLLECT" = 1 ] && [ "$PROBES" = 1 ]; then
+  echo "grid_fmnistm.sh: --collect and --probes are two steps: give one (--probes first, then --collect)" >&2; exit 2
+fi
 source "$HERE/../common.sh" "${REST[@]}"
 set -f  # the key=value words below hold [...]: never a file pattern
 RUNS=${ARGS[0]:-$ROOT/runs/alternatives/grid}
@@ -51,6 +54,12 @@ IFS='|' read -r -a VARIANT_LIST <<< "${VARIANTS:-$DEFAULT_VARIANTS}"
 if [ "$PROBES" = 1 ]; then
   set +f  # the run folders and their checkpoints are found by pattern
   export OMP_NUM_THREADS=1  # one thread per worker, as the grid's runs (train.threads=1)
+  finished=0
+  for cell in $CELLS; do compgen -G "$RUNS/$cell/seed*/*/eval/eval.json" > /dev/null && finished=1; done
+  if [ "$finished" = 0 ]; then
+    echo "grid_fmnistm.sh --probes: no finished run in $RUNS (cells $CELLS); give the RUNS folder the grid wrote" >&2
+    exit 2
+  fi
   for cell in $CELLS; do
     for run in "$RUNS/$cell"/seed*/*/; do
       run=${run%/}
