@@ -64,7 +64,7 @@ if [ "$PROBES" = 1 ]; then
     for run in "$RUNS/$cell"/seed*/*/; do
       run=${run%/}
       checkpoints=("$run"/checkpoints/step_*.pt)
-      # finished (its grid evaluation written) and not yet measured by the probes
+      # finished (its grid evaluation written) and not yet measured by the probes; 10,000: the grid's eval.max_train
       [ -f "$run/eval/eval.json" ] && [ -f "${checkpoints[-1]}" ] || continue
       compgen -G "$run/eval-probes/*/eval.json" > /dev/null && continue
       if claim "$RUNS/.claims-probes" "${run//[^A-Za-z0-9]/_}"; then
