@@ -26,6 +26,10 @@
 #
 #   CELLS=all grid_fmnistm.sh --probes runs/alternatives/grid-all-e32 &  # x2: workers share the runs
 #
+# RESULTS §19 (a)'s clean cell was run again the same way, to be read by them (collect with --versus "decay 0.8"):
+#
+#   CELLS=clean grid_fmnistm.sh runs/alternatives/grid-clean &  # x2, then --probes on the same folder
+#
 # Usage: grid_fmnistm.sh [--dry-run] [--collect | --probes] [RUNS]   (RUNS default <repo>/runs/alternatives/grid)
 #   CELLS (default "all clean"), SEEDS (default "0 1 2"), VARIANTS (a |-separated list; default every variant),
 #   EXTRA (more key=value overrides, e.g. a toy size); ROOT, RESDECAY, DRY_RUN: docs/results/common.sh
