@@ -180,7 +180,7 @@ def knn_probe_rows(data: dict) -> list[str]:
         parts = []
         for m in ("knn", "probe"):
             plain, a08 = ([c[v][m] for c in cells.values()] for v in VARIANTS)
-            deltas = [a - p for a, p in zip(a08, plain) if a is not None and p is not None]
+            deltas = [a - p for a, p in zip(a08, plain, strict=True) if a is not None and p is not None]
             parts.append(f"{spread(plain)} | {spread(a08)} | {spread(deltas)} | {sum(x > 0 for x in deltas)}/{len(deltas)}")
         pixels = " / ".join(fmt(mean([c["plain"][f"pixels {m}"] for c in cells.values()])) for m in ("knn", "probe"))
         rows.append(f"| {level} | {' | '.join(parts)} | {pixels} | {plateau_note(d, cells)} |")

@@ -259,8 +259,8 @@ def cost_curve(d: dict, path: Path, levels: tuple[str, ...] = ("all", "all-e64")
     """Δ (decayed − plain) against the CPU-seconds both models need to reach that epoch (the online points of the
     32-epoch and, dashed, the 64-epoch schedule), mean ± std over seeds, for kNN and the probe."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for ax, m in zip(axes, MEASURES.values()):
-        for level, style in zip(levels, ("-", "--")):
+    for ax, m in zip(axes, MEASURES.values(), strict=True):
+        for level, style in zip(levels, ("-", "--"), strict=False):
             for variant, colour in (("alpha 0.8", "tab:orange"), ("alpha 0.6", "tab:red")):
                 pts = sorted((e, v) for (lv, var, e, mm), v in d.items() if lv == level and var == variant and mm == m)
                 if not pts:
@@ -269,9 +269,9 @@ def cost_curve(d: dict, path: Path, levels: tuple[str, ...] = ("all", "all-e64")
                 err = [v[1] if v[2] > 1 else 0.0 for _, v in pts]
                 ax.errorbar(x, [v[0] for _, v in pts], yerr=err, marker="o", ms=3, capsize=3, color=colour, ls=style,
                             label=f"{level}, {variant} (n = {min(v[2] for _, v in pts)}-{max(v[2] for _, v in pts)} seeds)")
-                every = [(xi, v[0]) for xi, (_, v) in zip(x, pts) if v[2] >= 3 and v[3] == v[2]]
+                every = [(xi, v[0]) for xi, (_, v) in zip(x, pts, strict=True) if v[2] >= 3 and v[3] == v[2]]
                 if every:  # the reliable points: >= 3 seeds, the decay ahead in each
-                    ax.scatter(*zip(*every), s=70, facecolors="none", edgecolors=colour, zorder=3)
+                    ax.scatter(*zip(*every, strict=True), s=70, facecolors="none", edgecolors=colour, zorder=3)
         ax.axhline(0, color="k", lw=0.8)
         ax.axhline(0.05, color="gray", ls=":", lw=0.8)
         ax.set_xlabel("CPU-minutes for both models (1 core each) to reach the epoch")
