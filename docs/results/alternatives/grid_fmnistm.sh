@@ -13,11 +13,12 @@
 #   python docs/results/alternatives/collect_grid.py runs/alternatives/grid-all-e12 --versus "decay 0.8" \
 #       --out docs/results/alternatives/grid-all-e12
 #
-# and RESULTS §19 (a″) at the where-map's own length (32 epochs of 20,000), seeds 0-2, seven designs:
+# and RESULTS §19 (a″) at the where-map's own length (32 epochs of 20,000), seeds 0-2, all eleven designs, a few at a time:
 #
 #   CELLS=all VARIANTS="plain MAE|decay 0.8|alpha 1 + skips|orthogonal" \
 #     EXTRA="data.train_subset=20000 train.epochs=32" grid_fmnistm.sh runs/alternatives/grid-all-e32 &  # x2
-#   (then the same with VARIANTS="hyper-connections n=4|learnable alpha|drop identity 0.1")
+#   (then the same with VARIANTS="hyper-connections n=4|learnable alpha|drop identity 0.1",
+#    "sqrt(0.5) (x + f)|x + sqrt(0.5) f" and "ReZero|LayerScale")
 #   python docs/results/alternatives/collect_grid.py runs/alternatives/grid-all-e32 --versus "decay 0.8" \
 #       --out docs/results/alternatives/grid-all-e32
 #
