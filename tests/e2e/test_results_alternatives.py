@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from test_results_scripts import commands, parses, run_script
+from test_results_scripts import SCRIPT_ENV, commands, parses, run_script
 
 from helpers.benchmarks import run_python_here
 
@@ -100,6 +100,36 @@ def test_alternatives_sit_grid_dry_run(clone, capsys):
     assert main([*cmds[1], "--print-config"]) == 0
     assert any(w.startswith("train.aux_target=") and w.endswith(".pt") for w in cmds[2])
     assert not (clone / "runs").exists()
+
+
+def test_alternatives_sit_s2_gpu_script_dry_run(clone, tmp_path, capsys):
+    """Issue 52 item 6 (for a session lent a GPU): the REPA target at the SiT-S/2 token grid first, then the 2 x 3 table
+    in (plain, decayed) pairs, aux none first, at SiT-S/2 size, each a valid config; then the collector. Without
+    Fashion-MNIST it is one line, exit 2, before anything runs."""
+    from resdecay.cli import main
+
+    out = clone.parent / "s2"
+    printed = run_script(clone, "alternatives/gpu_sit_s2.sh", "--dry-run", str(out), FMNIST="/fm")
+    *runs, collect = printed.splitlines()
+    cmds = commands("\n".join(runs))
+    assert len(cmds) == 1 + 2 * 3 and "collect_sit.py" in collect and f"{out}/table" in collect
+    assert cmds[0][cmds[0].index("--preset") + 1] == "mae-tiny-fmnist-plain" and "model.patch_size=2" in cmds[0]
+    cells = [(c[c.index("--preset") + 1], next(w for w in c if w.startswith("train.aux="))) for c in cmds[1:]]
+    assert cells == [(p, f"train.aux={a}") for a in ("none", "repa", "dispersive")
+                     for p in ("sit-tiny-fmnist-plain", "sit-tiny-fmnist")]
+    for argv in cmds[1:]:
+        assert {"model.embed_dim=384", "model.depth=12", "model.patch_size=2", "data.path=/fm"} <= set(argv)
+        assert "--resume" in argv and f"train.out_dir={out}/target" not in argv
+    target = next(w for w in cmds[3] if w.startswith("train.aux_target="))
+    assert target.startswith(f"train.aux_target={out}/target/checkpoints/")
+    assert main([*cmds[4], "--print-config"]) == 0  # decayed + REPA at SiT-S/2: 384 wide, 12 blocks, patch 2
+    assert "embed_dim: 384" in capsys.readouterr().out
+    script = clone / "docs" / "results" / "alternatives" / "gpu_sit_s2.sh"
+    proc = subprocess.run(["bash", str(script), str(tmp_path / "s2")], capture_output=True, text=True, timeout=60,
+                          env={**{k: v for k, v in os.environ.items() if k not in SCRIPT_ENV},
+                               "FMNIST": str(tmp_path / "none")})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "set FMNIST=DIR" in proc.stderr
+    assert not (tmp_path / "s2").exists() and not (clone / "runs").exists()
 
 
 def test_alternatives_sit_collector(clone, tmp_path):

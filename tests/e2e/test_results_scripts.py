@@ -45,12 +45,13 @@ COVERED = {
     "alternatives/orthogonal_fmnist.sh": "test_results_alternatives.py::test_alternatives_dry_run",
     "alternatives/grid_fmnistm.sh": "test_results_alternatives.py::test_alternatives_grid_dry_run",
     "alternatives/grid_sit.sh": "test_results_alternatives.py::test_alternatives_sit_grid_dry_run",
+    "alternatives/gpu_sit_s2.sh": "test_results_alternatives.py::test_alternatives_sit_s2_gpu_script_dry_run",
     "alternatives/collect_sit.py": "test_results_alternatives.py::test_alternatives_sit_collector",
     "alternatives/collect_grid.py": "test_results_alternatives.py::test_alternatives_grid_collector",
 }
 SCRIPT_ENV = ("ROOT", "RUNS", "QUEUE", "RESDECAY", "PYTHON", "DRY_RUN", "EXTRA", "SEG_SEEDS", "SOLVERS", "SEG_IMAGES",
               "KNN_PROBE", "STEP", "STEPS", "DEST", "LEVELS", "SEEDS", "WIDTH", "EPOCHS", "EVAL", "CELLS", "VARIANTS",
-              "SUBSET", "EVAL_SIZE")
+              "SUBSET", "EVAL_SIZE", "FMNIST", "BATCH", "BUDGET_S", "TARGET_EXTRA")
 
 
 def scripts() -> set[str]:
