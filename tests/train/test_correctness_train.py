@@ -106,6 +106,23 @@ def test_tensorboard_keeps_the_resumed_from_step(tmp_path):
     assert [e.value for e in scalars] == pytest.approx([r["loss"] for r in rows], rel=1e-6)
 
 
+def test_an_event_file_opened_in_the_same_second_sorts_after_the_last_one(tmp_path):
+    """The test above failed once in a full suite run: its two launches fell in one second of one process, their
+    files' counters were 99 and 100, the resumed launch's file sorted (and was replayed) first and its purge purged
+    nothing. A file there of this second that sorts after any other (host zzzz) stands for the killed launch's."""
+    from resdecay.train.log.trackers import TensorBoardTracker
+
+    tb = tmp_path / "run" / "tb"
+    tb.mkdir(parents=True)
+    killed = tb / f"events.out.tfevents.{int(time.time())}.zzzz.99999.999"
+    killed.write_bytes(b"")
+    tracker = TensorBoardTracker()
+    tracker.start(None, tmp_path / "run", resume_step=4)
+    tracker.finish()
+    names = sorted(p.name for p in tb.iterdir())
+    assert len(names) == 2 and names[0] == killed.name
+
+
 # ----------------------------------------------------------------------------- 23.6
 # The torchrun checks (logged loss the global mean, rank 0 alone reports) are in test_torchrun.py.
 

@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import os
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,20 @@ def config_text(config: dict) -> str:
     return "\n".join("    " + line for line in yaml.safe_dump(config, sort_keys=False).splitlines())
 
 
+def after_the_last_event_file(folder: Path) -> None:
+    """Wait, if need be, until a new event file in ``folder`` will sort after the ones there. Readers (TensorBoard,
+    its EventAccumulator) replay a folder's files in name order, and a name is ``events.out.tfevents.<second>.<host>.
+    <pid>.<counter>``: a file opened in the same second as the last one (a resume right after a kill, a second
+    ``train`` in one process) can sort before it (pid 812 before 8495, counter 100 before 99), and a resume's purge of
+    the killed launch's steps is then replayed first and purges nothing. At most a second; a later clock is left
+    alone."""
+    stamps = [int(parts[3]) for parts in (p.name.split(".") for p in folder.glob("events.out.tfevents.*"))
+              if len(parts) > 3 and parts[3].isdigit()]
+    delay = max(stamps, default=0) + 1 - time.time()
+    if 0 < delay <= 1:
+        time.sleep(delay)
+
+
 class TensorBoardTracker(Tracker):
     """Event files in ``<run>/tb``: scalars, the config and text cards, figures. On resume, events
     past the resumed step (the killed launch's) are purged, so curves continue without duplicates."""
@@ -118,6 +133,8 @@ class TensorBoardTracker(Tracker):
         # purge_step drops events at steps >= it: the resumed-from step's row stays in log.jsonl,
         # so it must stay in TensorBoard too (the two must agree); only later steps are the killed run's
         purge = None if resume_step is None else resume_step + 1
+        if resume_step is not None:  # the purge must be replayed after the events it purges
+            after_the_last_event_file(Path(run_dir) / "tb")
         self.writer = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=purge)
         if resume_step is None and config is not None:
             self.writer.add_text("config", config_text(config), 0)
