@@ -129,6 +129,9 @@ def test_alternatives_sit_s2_gpu_script_dry_run(clone, tmp_path, capsys):
                           env={**{k: v for k, v in os.environ.items() if k not in SCRIPT_ENV},
                                "FMNIST": str(tmp_path / "none")})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "set FMNIST=DIR" in proc.stderr
+    proc = subprocess.run(["bash", str(script), str(tmp_path / "s2")], capture_output=True, text=True, timeout=60,
+                          env={**{k: v for k, v in os.environ.items() if k not in SCRIPT_ENV}, "BUDGET_S": "8 min"})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "BUDGET_S=8 min is not a positive" in proc.stderr
     assert not (tmp_path / "s2").exists() and not (clone / "runs").exists()
 
 

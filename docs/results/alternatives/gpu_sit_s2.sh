@@ -20,11 +20,17 @@
 # BUDGET_S (480), EXTRA / TARGET_EXTRA (more key=value overrides of the SiT runs / of the target MAE); ROOT, RESDECAY,
 # PYTHON, DRY_RUN: ../common.sh. On a CPU, a toy that checks the script end to end (RESULTS §19 (b), item 6):
 #   SUBSET=256 EPOCHS=1 BATCH=32 EVAL_SIZE=130 EXTRA="model.embed_dim=32 model.depth=2 model.num_heads=2
-#   train.aux_proj_dim=32" TARGET_EXTRA="model.depth=2 model.decoder_depth=1" gpu_sit_s2.sh /tmp/sit-s2-toy
+#   train.aux_proj_dim=32" TARGET_EXTRA="model.depth=2 model.decoder_depth=1" gpu_sit_s2.sh runs/sit-s2-toy
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/../common.sh" "$@"
 OUT=${ARGS[0]:-$ROOT/runs/alternatives/sit-s2}
+for knob in EPOCHS BUDGET_S SUBSET BATCH EVAL_SIZE; do
+  if [ -n "${!knob:-}" ] && ! [[ "${!knob}" =~ ^[1-9][0-9]*$ ]]; then
+    echo "gpu_sit_s2.sh: error: $knob=${!knob} is not a positive whole number; give one (e.g. $knob=2) or leave it unset" >&2
+    exit 2
+  fi
+done
 FMNIST=${FMNIST:-/usr/share/datasets/fashion-mnist}
 if [ "$DRY_RUN" != 1 ] && [ ! -f "$FMNIST/train-images-idx3-ubyte.gz" ] && [ ! -f "$FMNIST/train-images-idx3-ubyte" ]; then
   echo "gpu_sit_s2.sh: error: no Fashion-MNIST IDX files in $FMNIST; install dataset-fashion-mnist or set FMNIST=DIR" >&2
